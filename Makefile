@@ -1,0 +1,22 @@
+# Two entry points: `make demo` (set up + train tiny CoLA on the built-in corpus) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test bench
+
+$(BIN)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/tensorslim train
+
+test: setup
+	$(BIN)/ruff check tensorslim tests benchmarks
+	$(BIN)/ruff format --check tensorslim tests benchmarks
+	$(BIN)/pytest -q -n 2 --durations=15

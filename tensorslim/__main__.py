@@ -1,0 +1,5 @@
+"""`python -m tensorslim` is the same as the `tensorslim` console script."""
+
+from tensorslim.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Data: built-in corpora, tokenizers, packing into fixed-length sequences."""

@@ -1,0 +1,1 @@
+"""Pure tensor -> factors decompositions (NumPy/PyTorch in, factors out)."""
