@@ -1,0 +1,238 @@
+"""``tensorslim bench``: the same preset built once per method and measured side by side in one process.
+
+For each method: parameters, FLOPs per token (``torch.utils.flop_counter``, forward and forward+backward),
+median train-step time (forward, backward, AdamW step) over alternating repeats after warm-up, tokens/s, and peak
+training memory (CUDA: the allocator's high-water mark; CPU: params + grads + optimizer state + saved activations,
+see :mod:`tensorslim.bench.memory`), each with its ratio to dense. Output: a Markdown table, JSON and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tensorslim.bench.memory import count_saved_tensors, training_memory
+from tensorslim.books import count_params, flops_per_token
+from tensorslim.methods import build_model, check_method
+from tensorslim.models.llama import get_preset
+from tensorslim.train.optim import build_optimizer
+from tensorslim.train.trainer import causal_lm_loss
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What ``tensorslim bench`` measures."""
+
+    preset: str = field(default="60m", metadata=_help("model size: tiny, 60m, 130m, 350m, 1b, 7b"))
+    methods: str = field(default="dense,cola", metadata=_help("comma-separated methods; dense is always added"))
+    batch_size: int = field(default=4, metadata=_help("sequences per step"))
+    seq_len: int = field(default=256, metadata=_help("tokens per sequence"))
+    warmup: int = field(default=2, metadata=_help("untimed steps per method"))
+    repeats: int = field(default=5, metadata=_help("timed steps per method, alternating between methods"))
+    rank: int | None = field(default=None, metadata=_help("low-rank / GaLore rank (default: the preset's)"))
+    seed: int = field(default=0, metadata=_help("seed of model init and the random token batch"))
+    device: str = field(default="cpu", metadata=_help("cpu or cuda"))
+    out: str | None = field(default=None, metadata=_help("output stem for .md/.json/.png (default: print only)"))
+
+    def __post_init__(self) -> None:
+        get_preset(self.preset)
+        for method in self.method_list:
+            check_method(method)
+        for name in ("batch_size", "seq_len", "repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+        if self.warmup < 0:
+            raise ValueError(f"warmup={self.warmup} is invalid; allowed: an integer >= 0")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
+
+    @property
+    def method_list(self) -> list[str]:
+        names = [m.strip() for m in self.methods.split(",") if m.strip()]
+        return ["dense"] + [m for m in names if m != "dense"]
+
+
+class _Arm:
+    """One method's model, optimizer and timings."""
+
+    def __init__(self, config: BenchConfig, method: str) -> None:
+        self.method = method
+        preset = get_preset(config.preset)
+        torch.manual_seed(config.seed)
+        self.model, _ = build_model(
+            config.preset, method, max_seq_len=config.seq_len, rank=config.rank, device=config.device
+        )
+        rank = config.rank or preset.cola_rank
+        self.optimizer = build_optimizer(
+            self.model, lr=1e-4, weight_decay=0.0, galore_rank=rank if method == "galore" else None
+        )
+        meta, _ = build_model(config.preset, method, max_seq_len=config.seq_len, rank=config.rank, device="meta")
+        params = count_params(meta)
+        self.books = {
+            "params_total": params.total,
+            "params_non_embedding": params.non_embedding,
+            "fwd_flops_per_token": flops_per_token(meta, seq_len=config.seq_len),
+            "train_flops_per_token": flops_per_token(meta, seq_len=config.seq_len, backward=True),
+        }
+        self.times: list[float] = []
+        self.saved_bytes = 0
+        self.cuda_peak = 0
+
+    def step(self, batch: torch.Tensor, *, timed: bool) -> None:
+        cuda = batch.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        with count_saved_tensors(self.model) as tally:
+            loss = causal_lm_loss(self.model(batch), batch)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+            self.cuda_peak = max(self.cuda_peak, torch.cuda.max_memory_allocated())
+        if timed:
+            self.times.append(time.perf_counter() - start)
+        self.saved_bytes = max(self.saved_bytes, tally.bytes)
+
+
+def machine_description() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "load_average": os.getloadavg(),
+    }
+
+
+def measure(config: BenchConfig) -> dict[str, Any]:
+    """Run the benchmark and return every figure (also the basis of the table, JSON and chart)."""
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
+    arms = [_Arm(config, method) for method in config.method_list]
+    vocab = get_preset(config.preset).model.vocab_size
+    generator = torch.Generator().manual_seed(config.seed)
+    batch = torch.randint(vocab, (config.batch_size, config.seq_len), generator=generator).to(config.device)
+    for round_index in range(config.warmup + config.repeats):
+        for arm in arms:  # alternate methods so that machine noise hits all of them alike
+            arm.step(batch, timed=round_index >= config.warmup)
+    tokens = config.batch_size * config.seq_len
+    rows = []
+    for arm in arms:
+        memory = training_memory(arm.model, arm.optimizer, arm.saved_bytes)
+        step_time = statistics.median(arm.times)
+        rows.append(
+            {
+                "method": arm.method,
+                **arm.books,
+                "step_time_s": step_time,
+                "step_times_s": arm.times,
+                "tokens_per_s": tokens / step_time,
+                "memory": {**asdict(memory), "total": memory.total},
+                "peak_memory_bytes": arm.cuda_peak if config.device == "cuda" else memory.total,
+            }
+        )
+    dense = rows[0]
+    for row in rows:
+        row["vs_dense"] = {
+            "params": row["params_total"] / dense["params_total"],
+            "fwd_flops": row["fwd_flops_per_token"] / dense["fwd_flops_per_token"],
+            "train_flops": row["train_flops_per_token"] / dense["train_flops_per_token"],
+            "speedup": dense["step_time_s"] / row["step_time_s"],
+            "peak_memory": row["peak_memory_bytes"] / dense["peak_memory_bytes"],
+        }
+    return {
+        "command": "tensorslim bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
+        "config": asdict(config),
+        "machine": machine_description(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "rows": rows,
+    }
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    config = result["config"]
+    lines = [
+        f"Preset `{config['preset']}`, batch {config['batch_size']} × seq {config['seq_len']}, "
+        f"{config['warmup']} warm-up + {config['repeats']} timed steps per method (alternating), "
+        f"device {config['device']}.",
+        "",
+        "| method | params (M) | ×dense | fwd FLOPs/token (M) | ×dense | train-step (s) | speed-up | tokens/s "
+        "| peak mem (MiB) | ×dense |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        ratio = row["vs_dense"]
+        lines.append(
+            f"| {row['method']} | {row['params_total'] / 1e6:.1f} | {ratio['params']:.3f} "
+            f"| {row['fwd_flops_per_token'] / 1e6:.1f} | {ratio['fwd_flops']:.3f} | {row['step_time_s']:.3f} "
+            f"| {ratio['speedup']:.2f}× | {row['tokens_per_s']:,.0f} | {row['peak_memory_bytes'] / 2**20:,.0f} "
+            f"| {ratio['peak_memory']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("params", "params"), ("fwd_flops", "FLOPs/token"), ("peak_memory", "peak memory")]
+    methods = [row["method"] for row in result["rows"]]
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.5))
+    for ax, (key, label) in zip(axes, metrics, strict=False):
+        ax.bar(methods, [row["vs_dense"][key] for row in result["rows"]])
+        ax.set_title(f"{label} (× dense)")
+    axes[3].bar(methods, [row["vs_dense"]["speedup"] for row in result["rows"]], color="tab:green")
+    axes[3].set_title("train-step speed-up vs dense")
+    fig.suptitle(f"tensorslim bench: {result['config']['preset']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_bench(config: BenchConfig) -> dict[str, Any]:
+    """Measure, print the Markdown table, and write ``<out>.md/.json/.png`` when ``config.out`` is set."""
+    result = measure(config)
+    table = markdown_table(result)
+    print(table)
+    if config.out:
+        stem = Path(config.out)
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        machine = result["machine"]
+        header = (
+            f"# tensorslim bench: {config.preset}\n\n"
+            f"- command: `{result['command']}`\n- date: {result['date']}\n"
+            f"- machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']} "
+            f"({machine['torch_threads']} threads), load average at start {machine['load_average']}\n\n"
+        )
+        stem.with_suffix(".md").write_text(header + table)
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        plot(result, stem.with_suffix(".png"))
+    return result

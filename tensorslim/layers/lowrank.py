@@ -1,0 +1,195 @@
+"""Low-rank linear layers: CoLA's bottleneck auto-encoder and plain truncated-SVD factorization.
+
+CoLA: Liu et al., 2025, "CoLA: Compute-Efficient Pre-Training of LLMs via Low-Rank Activation" (arXiv 2502.10940),
+§3: every projection ``W x`` becomes ``B σ(A x)`` with σ = SiLU, rank r = d/4 by default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from tensorslim.decomp.svd import truncated_svd
+from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
+from tensorslim.layers._source import linear_shape, linear_weight
+
+Init = Literal["svd", "random"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LowRankConfig:
+    """How ``convert_`` turns a dense linear layer into a :class:`LowRankLinear`.
+
+    Attributes:
+        rank: the latent size r; when None, ``round(rank_ratio · min(d_in, d_out))``.
+        rank_ratio: used only when ``rank`` is None, in (0, 1].
+        activation: latent nonlinearity σ (``identity`` gives the classic SVD factorization).
+        init: ``"svd"`` initializes from the dense weights by truncated SVD (for pretrained models);
+            ``"random"`` uses CoLA's initialization (§2.1 of our digest) for training from scratch.
+        only_lr_act: CoLA's ``only_lr_act`` switch: when True, the gated MLPs of LLaMA-style blocks (modules with
+            ``gate_proj``, ``up_proj``, ``down_proj`` and ``act_fn``) drop their own gate activation, because the
+            latent activations supply the nonlinearity. The CoLA configs set it for 350M and larger.
+    """
+
+    rank: int | None = None
+    rank_ratio: float = 0.25
+    activation: str = "identity"
+    init: Init = "svd"
+    only_lr_act: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1):
+            raise ValueError(f"rank={self.rank!r} is invalid; allowed: None or an integer >= 1")
+        if not isinstance(self.rank_ratio, int | float) or not 0 < self.rank_ratio <= 1:
+            raise ValueError(f"rank_ratio={self.rank_ratio!r} is invalid; allowed: a number in (0, 1]")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r} is not supported; allowed: {sorted(ACTIVATIONS)}")
+        if self.init not in ("svd", "random"):
+            raise ValueError(f"init={self.init!r} is invalid; allowed: 'svd' or 'random'")
+
+    def resolve_rank(self, d_in: int, d_out: int) -> int:
+        """The rank for a ``d_in → d_out`` layer; raises ``ValueError`` if it exceeds ``min(d_in, d_out)``."""
+        limit = min(d_in, d_out)
+        rank = self.rank if self.rank is not None else max(1, round(self.rank_ratio * limit))
+        if rank > limit:
+            raise ValueError(f"rank={rank} is out of range for a {d_in}->{d_out} layer; allowed 1..{limit}")
+        return rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoLAConfig(LowRankConfig):
+    """CoLA (arXiv 2502.10940 §3): ``y = B·SiLU(A x)``, r = d/4 by default."""
+
+    activation: str = "silu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SVDConfig(LowRankConfig):
+    """Plain low rank ``y = B A x`` (σ = identity), initialized by truncated SVD."""
+
+    activation: str = "identity"
+
+
+class LowRankLinear(nn.Module):
+    """``y = B σ(A x) + b`` with ``A ∈ R^{r×d_in}``, ``B ∈ R^{d_out×r}``; the product ``B A`` is never formed.
+
+    Args:
+        in_features: d_in.
+        out_features: d_out.
+        rank: r.
+        bias: whether to learn an additive bias.
+        activation: σ, ``"silu"`` for CoLA, ``"identity"`` for SVD-style low rank.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        *,
+        bias: bool = False,
+        activation: str = "identity",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r} is not supported; allowed: {sorted(ACTIVATIONS)}")
+        if not 1 <= rank <= min(in_features, out_features):
+            raise ValueError(f"rank={rank} is out of range; allowed 1..{min(in_features, out_features)}")
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.activation = activation
+        factory = {"device": device, "dtype": dtype}
+        self.weight_a = nn.Parameter(torch.empty(rank, in_features, **factory))
+        self.weight_b = nn.Parameter(torch.empty(out_features, rank, **factory))
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """CoLA init (official ``ColaLayer``): both factors ~ N(0, σ²), σ = r^{-1/4}(d_in+d_out)^{-1/4}.
+
+        The linear product then has entry variance 1/(d_in+d_out), half of Xavier-normal.
+        """
+        std = self.rank**-0.25 * (self.in_features + self.out_features) ** -0.25
+        with torch.no_grad():
+            self.weight_a.normal_(0.0, std)
+            self.weight_b.normal_(0.0, std)
+            if self.bias is not None:
+                bound = 1 / math.sqrt(self.out_features)
+                self.bias.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return low_rank_linear(x, self.weight_a, self.weight_b, self.bias, activation=self.activation)
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, config: LowRankConfig | None = None) -> LowRankLinear:
+        """Build from an ``nn.Linear`` or GPT-2 ``Conv1D``.
+
+        With ``config.init == "svd"`` (the default) the factors are the truncated SVD of the dense weight, so at
+        full rank with σ = identity the layer reproduces the dense one exactly; the bias is copied.
+        """
+        config = config or SVDConfig()
+        d_in, d_out = linear_shape(module)
+        weight, bias = linear_weight(module)
+        layer = cls(
+            d_in,
+            d_out,
+            config.resolve_rank(d_in, d_out),
+            bias=bias is not None,
+            activation=config.activation,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        if config.init == "svd":
+            if weight.is_meta:
+                raise ValueError("init='svd' needs real weights, got a meta-device module; use init='random'")
+            weight_a, weight_b = truncated_svd(weight, layer.rank)
+            with torch.no_grad():
+                layer.weight_a.copy_(weight_a)
+                layer.weight_b.copy_(weight_b)
+                if bias is not None:
+                    layer.bias.copy_(bias)
+        return layer
+
+    def to_dense(self) -> nn.Linear:
+        """The equivalent ``nn.Linear`` (``W = B A``); exact only when σ is the identity."""
+        if self.activation != "identity":
+            raise ValueError(
+                f"to_dense() is exact only for activation='identity'; this layer uses {self.activation!r}, "
+                "whose B·σ(A·x) has no dense equivalent"
+            )
+        dense = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.bias is not None,
+            device=self.weight_a.device,
+            dtype=self.weight_a.dtype,
+        )
+        with torch.no_grad():
+            dense.weight.copy_(self.weight_b @ self.weight_a)
+            if self.bias is not None:
+                dense.bias.copy_(self.bias)
+        return dense
+
+    @staticmethod
+    def count_params(in_features: int, out_features: int, rank: int, *, bias: bool) -> int:
+        """Parameters of a layer of this shape: ``r (d_in + d_out)`` (+ ``d_out`` for the bias)."""
+        return rank * (in_features + out_features) + (out_features if bias else 0)
+
+    def num_params(self) -> int:
+        return self.count_params(self.in_features, self.out_features, self.rank, bias=self.bias is not None)
+
+    def flops(self, tokens: int) -> int:
+        """Forward matmul FLOPs for ``tokens`` input rows, as ``torch.utils.flop_counter`` counts them
+        (2 per multiply-add; the bias add and σ are elementwise and not counted)."""
+        return 2 * tokens * self.rank * (self.in_features + self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+            f"activation={self.activation!r}, bias={self.bias is not None}"
+        )

@@ -1,0 +1,219 @@
+"""LLaMA-style decoder with the GaLore/CoLA size presets.
+
+Architecture (Touvron et al., 2023; the configs of GaLore and CoLA, lowrank digest §1.1): pre-norm RMSNorm
+(eps 1e-6), rotary position embeddings (θ = 10⁴), SwiGLU MLP, no biases, untied input and output embeddings,
+multi-head attention without GQA. Module names follow Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``gate_proj``,
+``input_layernorm`` ...) so that CoLA's and Hugging Face's checkpoints map one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaConfig:
+    """Shape of a LLaMA decoder."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    vocab_size: int = 32000
+    max_seq_len: int = 1024
+    rope_theta: float = 1e4
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size (for RoPE)"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preset:
+    """A model size with the CoLA recipe that goes with it (lowrank digest §1.1, §1.3, §2.2)."""
+
+    model: LlamaConfig
+    cola_rank: int
+    only_lr_act: bool  # CoLA's configs: False at 60M/130M (keep SiLU-GLU), True from 350M
+    lr: float  # CoLA's learning rate for this size
+    warmup_fraction: float = 0.1
+
+
+PRESETS: dict[str, Preset] = {
+    # CPU-sized: trains in minutes on two cores. Not in the papers; same ratios as 60M (r = d/4).
+    "tiny": Preset(
+        model=LlamaConfig(d_model=256, n_layers=4, n_heads=4, d_ff=688, vocab_size=4096, max_seq_len=256),
+        cola_rank=64,
+        only_lr_act=False,
+        lr=6e-3,
+        warmup_fraction=0.1,
+    ),
+    "60m": Preset(
+        model=LlamaConfig(d_model=512, n_layers=8, n_heads=8, d_ff=1376),
+        cola_rank=128,
+        only_lr_act=False,
+        lr=6e-3,
+        warmup_fraction=0.2,
+    ),
+    "130m": Preset(
+        model=LlamaConfig(d_model=768, n_layers=12, n_heads=12, d_ff=2048),
+        cola_rank=256,
+        only_lr_act=False,
+        lr=3e-3,
+    ),
+    "350m": Preset(
+        model=LlamaConfig(d_model=1024, n_layers=24, n_heads=16, d_ff=2736),
+        cola_rank=256,
+        only_lr_act=True,
+        lr=3e-3,
+    ),
+    "1b": Preset(
+        model=LlamaConfig(d_model=2048, n_layers=24, n_heads=32, d_ff=5461),
+        cola_rank=512,
+        only_lr_act=True,
+        lr=2e-3,
+    ),
+    "7b": Preset(
+        model=LlamaConfig(d_model=4096, n_layers=32, n_heads=32, d_ff=11008, max_seq_len=2048),
+        cola_rank=1024,
+        only_lr_act=True,
+        lr=1e-3,
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name`` (``tiny``, ``60m``, ``130m``, ``350m``, ``1b``, ``7b``)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; allowed: {list(PRESETS)}")
+    return PRESETS[name]
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) · g`` computed in float32, as in Hugging Face's ``LlamaRMSNorm``."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rotary_cos_sin(
+    seq_len: int, head_dim: int, *, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape ``(T, head_dim)`` in Hugging Face's half-split layout."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, hd)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` of shape ``(B, H, T, hd)`` by the position angles (``rotate_half`` convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = config.n_heads, config.head_dim
+        d = config.d_model
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, d = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+
+        q = apply_rotary(heads(self.q_proj(x)), cos, sin)
+        k = apply_rotary(heads(self.k_proj(x)), cos, sin)
+        y = F.scaled_dot_product_attention(q, k, heads(self.v_proj(x)), is_causal=True)  # (B, H, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, seq, d))
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(act(gate(x)) ⊙ up(x))``; CoLA's ``only_lr_act`` replaces ``act_fn`` by the identity."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.act_fn: nn.Module = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Token ids ``(B, T)`` → next-token logits ``(B, T, vocab)``."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Hugging Face's LLaMA init: every ``nn.Linear`` and ``nn.Embedding`` ~ N(0, 0.02²), norms at 1."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        seq = input_ids.shape[1]
+        if seq > self.config.max_seq_len:
+            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.config.max_seq_len}")
+        cos, sin = rotary_cos_sin(
+            seq, self.config.head_dim, theta=self.config.rope_theta, device=self.embed_tokens.weight.device
+        )
+        x = self.embed_tokens(input_ids)  # (B, T, d)
+        for block in self.layers:
+            x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))  # (B, T, V)

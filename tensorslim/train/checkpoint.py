@@ -1,0 +1,153 @@
+"""Checkpoints: safetensors for tensors, JSON for the rest, written atomically.
+
+Layout of ``<run>/checkpoints/step_000123/``: ``model.safetensors`` (the model alone, loadable by any safetensors
+reader), ``state.safetensors`` (optimizer tensors and RNG state) and ``state.json`` (step, config, data position and
+the optimizer's non-tensor state). A checkpoint is written to a temporary folder and renamed into place, and the
+``latest`` pointer is replaced atomically afterwards, so an interruption never leaves a half-written checkpoint
+behind. Nothing is unpickled on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+_TENSOR = "__tensor__"
+_PROJECTOR = "__galore_projector__"
+
+
+def _flatten(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """Replace tensors in a nested optimizer state by references into ``tensors``; GaLore's projector objects are
+    stored by their attributes."""
+    if isinstance(obj, torch.Tensor):
+        tensors[key] = obj.detach().contiguous().cpu()
+        return {_TENSOR: key}
+    if isinstance(obj, dict):
+        return {
+            "__dict__": [
+                [_flatten(k, f"{key}.k{i}", tensors), _flatten(v, f"{key}.{i}", tensors)]
+                for i, (k, v) in enumerate(obj.items())
+            ]
+        }
+    if isinstance(obj, list | tuple):
+        return [_flatten(v, f"{key}.{i}", tensors) for i, v in enumerate(obj)]
+    if type(obj).__name__ == "GaLoreProjector":
+        return {_PROJECTOR: _flatten(dict(vars(obj)), key, tensors)}
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"cannot checkpoint optimizer state of type {type(obj).__name__}")
+
+
+def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if _TENSOR in obj:
+        return tensors[obj[_TENSOR]]
+    if _PROJECTOR in obj:
+        from galore_torch.galore_projector import GaLoreProjector
+
+        attrs = _unflatten(obj[_PROJECTOR], tensors)
+        projector = GaLoreProjector(attrs["rank"])
+        vars(projector).update(attrs)
+        return projector
+    return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in obj["__dict__"]}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    root: Path,
+    *,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``step`` under ``root`` atomically and keep the newest ``keep`` of them.
+
+    Args:
+        root: the run's ``checkpoints`` folder.
+        step: optimizer steps completed.
+        model: its ``state_dict()`` goes to ``model.safetensors``.
+        optimizer: its ``state_dict()`` is split into tensors and JSON.
+        state: any JSON-serializable run state (config, data position, ...).
+        keep: how many checkpoints to keep.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:07d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
+    optimizer_tree = _flatten(optimizer.state_dict(), "optim", tensors)
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+    save_file(tensors, tmp / "state.safetensors")
+    with open(tmp / "state.json", "w") as f:
+        json.dump({"format": 1, "step": step, "optimizer": optimizer_tree, **state}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    pointer = root / ".latest.tmp"
+    pointer.write_text(final.name)
+    os.replace(pointer, root / "latest")
+    _fsync_dir(root)
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint that ``latest`` points to, or None when the run has none."""
+    pointer = root / "latest"
+    if not pointer.exists():
+        return None
+    path = root / pointer.read_text().strip()
+    if not path.is_dir():
+        raise ValueError(f"checkpoint pointer {pointer} names {path.name}, which does not exist")
+    return path
+
+
+def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load a checkpoint into ``model`` and ``optimizer``, restore the RNG, and return its JSON state.
+
+    Raises:
+        ValueError: the checkpoint is corrupt or does not fit the model/optimizer.
+    """
+    try:
+        weights = load_file(path / "model.safetensors")
+        tensors = load_file(path / "state.safetensors")
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
+    expected = model.state_dict()
+    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    wrong = [k for k in expected.keys() & weights.keys() if expected[k].shape != weights[k].shape]
+    if missing or extra or wrong:
+        detail = f"missing {missing[:3]}, unexpected {extra[:3]}, wrong shape {wrong[:3]}"
+        raise ValueError(f"checkpoint {path} does not match the model: {detail}")
+    model.load_state_dict(weights)
+    try:
+        optimizer.load_state_dict(_unflatten(state["optimizer"], tensors))
+    except (KeyError, ValueError, RuntimeError) as error:
+        raise ValueError(f"checkpoint {path} does not match the optimizer: {error}") from None
+    torch.set_rng_state(tensors["rng.torch"])
+    return state

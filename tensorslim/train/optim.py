@@ -1,0 +1,51 @@
+"""Optimizers: AdamW for every method, and GaLore (Zhao et al., 2024, arXiv 2403.03507) as the baseline."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def galore_targets(model: nn.Module) -> list[nn.Parameter]:
+    """GaLore projects the 2-D weights of attention and MLP modules; embeddings, norms and the head stay on AdamW
+    (the official ``torchrun_main.py``, lowrank digest §1.4)."""
+    return [
+        p
+        for name, p in model.named_parameters()
+        if p.ndim == 2 and any(key in name for key in ("attn", "mlp")) and p.requires_grad
+    ]
+
+
+def build_optimizer(
+    model: nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    galore_rank: int | None = None,
+    galore_update_proj_gap: int = 200,
+    galore_scale: float = 0.25,
+) -> torch.optim.Optimizer:
+    """AdamW over all trainable parameters, or GaLore-AdamW when ``galore_rank`` is given.
+
+    GaLore comes from the ``galore-torch`` package (imported only when asked for: it pulls transformers and
+    bitsandbytes and takes seconds to import).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if galore_rank is None:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    try:
+        from galore_torch import GaLoreAdamW
+    except ImportError as error:
+        raise ValueError("method 'galore' needs the galore-torch package: pip install galore-torch") from error
+    projected = {id(p) for p in galore_targets(model)}
+    groups = [
+        {"params": [p for p in params if id(p) not in projected]},
+        {
+            "params": [p for p in params if id(p) in projected],
+            "rank": galore_rank,
+            "update_proj_gap": galore_update_proj_gap,
+            "scale": galore_scale,
+            "proj_type": "std",
+        },
+    ]
+    return GaLoreAdamW(groups, lr=lr, weight_decay=weight_decay)

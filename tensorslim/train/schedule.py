@@ -1,0 +1,17 @@
+"""Learning-rate schedule of GaLore and CoLA (lowrank digest §1.2): linear warm-up, then cosine decay to a floor."""
+
+from __future__ import annotations
+
+import math
+
+
+def warmup_cosine(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.1) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
+
+    Rises linearly from 1/warmup to 1 over ``warmup_steps`` steps, then follows a half cosine from 1 down to
+    ``min_ratio`` at ``total_steps``. The schedule is a pure function of the step, so resuming needs no state.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
