@@ -1,0 +1,240 @@
+"""Stateless tensor-train contractions for CoMERA's TT linear layers and TTM embeddings.
+
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) §4 "contraction path optimization" / our digest §1.2 and §1.5:
+
+* **TT linear** (3-way cores, input modes first). The middle bond separates input and output modes, so
+  ``W = L · R`` with ``L = (G_1 … G_d) ∈ R^{d_in×r_d}`` and ``R = (G_{d+1} … G_{2d}) ∈ R^{r_d×d_out}``. ``L`` and
+  ``R`` are token-independent and tiny; the token-dependent work is two skinny GEMMs ``(x L) R``. ``W`` is never
+  formed. The order in which each half-chain is contracted is chosen by FLOP count (a matrix-chain dynamic
+  program over the cores, planned once per shape and cached) — the official code hard-codes left-to-right.
+* **TTM embedding** (4-way cores). The chain is split into two half-tables (token-independent); a row is one small
+  GEMM between a row of each half-table, computed once per *distinct* id (``torch.unique``). The official
+  ``TensorizedEmbedding_order4`` handles order 4 only and hard-codes CUDA index buffers; here any order ≥ 2 works and
+  indices are computed on the ids' device.
+
+Backward is autograd through these paths. Only the token-dependent GEMMs save activations (``x`` and ``x L``), the
+same tensors the official hand-written ``TT_forward.backward`` keeps, and it is valid for any number of cores (the
+official generic loop has an indexing bug for d ≥ 4, digest §1.3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+# A contraction tree over a run of cores: a leaf is a core index, a node is (left subtree, right subtree).
+Tree = int | tuple["Tree", "Tree"]
+
+
+@lru_cache(maxsize=4096)
+def plan_chain(sizes: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[Tree, int]:
+    """The cheapest order to contract a run of TT/TTM cores into one core, and its FLOPs.
+
+    Merging adjacent segments ``(r_a, N_1, r_b)`` and ``(r_b, N_2, r_c)`` is one GEMM of
+    ``2·r_a·N_1·r_b·N_2·r_c`` FLOPs (``N`` = product of the segment's mode sizes; for TTM cores ``m_k·n_k``).
+    Choosing the merge order is the matrix-chain problem, solved by dynamic programming in O(k³).
+
+    Args:
+        sizes: per-core mode size (``n_k`` for TT, ``m_k·n_k`` for TTM), length k.
+        ranks: bond ranks around the run, length k+1.
+
+    Returns:
+        ``(tree, flops)``; the result is cached, so a layer pays for planning once per shape.
+    """
+    k = len(sizes)
+    prefix = [1]
+    for size in sizes:
+        prefix.append(prefix[-1] * size)
+    cost: dict[tuple[int, int], tuple[int, Tree]] = {(i, i): (0, i) for i in range(k)}
+    for length in range(2, k + 1):
+        for i in range(k - length + 1):
+            j = i + length - 1
+            best: tuple[int, Tree] | None = None
+            for s in range(i, j):
+                left_n, right_n = prefix[s + 1] // prefix[i], prefix[j + 1] // prefix[s + 1]
+                flops = (
+                    cost[i, s][0] + cost[s + 1, j][0] + 2 * ranks[i] * left_n * ranks[s + 1] * right_n * ranks[j + 1]
+                )
+                if best is None or flops < best[0]:
+                    best = (flops, (cost[i, s][1], cost[s + 1, j][1]))
+            cost[i, j] = best
+    flops, tree = cost[0, k - 1]
+    return tree, flops
+
+
+def _merge_tt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(r_a, N_a, r_b) × (r_b, N_b, r_c) → (r_a, N_a·N_b, r_c)`` with one GEMM (row-major mode order kept)."""
+    r_a, n_a, r_b = a.shape
+    _, n_b, r_c = b.shape
+    return (a.reshape(r_a * n_a, r_b) @ b.reshape(r_b, n_b * r_c)).reshape(r_a, n_a * n_b, r_c)
+
+
+def _merge_ttm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(r_a, M_a, N_a, r_b) × (r_b, M_b, N_b, r_c) → (r_a, M_a·M_b, N_a·N_b, r_c)`` with one GEMM."""
+    r_a, m_a, n_a, r_b = a.shape
+    _, m_b, n_b, r_c = b.shape
+    merged = (a.reshape(r_a * m_a * n_a, r_b) @ b.reshape(r_b, m_b * n_b * r_c)).reshape(r_a, m_a, n_a, m_b, n_b, r_c)
+    return merged.permute(0, 1, 3, 2, 4, 5).reshape(r_a, m_a * m_b, n_a * n_b, r_c)
+
+
+def _run_tree(tree: Tree, cores: Sequence[torch.Tensor], merge) -> torch.Tensor:
+    if isinstance(tree, int):
+        return cores[tree]
+    return merge(_run_tree(tree[0], cores, merge), _run_tree(tree[1], cores, merge))
+
+
+def contract_tt(cores: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Contract 3-way cores ``(r_{k-1}, n_k, r_k)`` into ``(r_first, ∏ n_k, r_last)`` along the cheapest path."""
+    sizes = tuple(core.shape[1] for core in cores)
+    ranks = (cores[0].shape[0], *(core.shape[-1] for core in cores))
+    tree, _ = plan_chain(sizes, ranks)
+    return _run_tree(tree, cores, _merge_tt)
+
+
+def contract_ttm(cores: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Contract 4-way cores ``(r_{k-1}, m_k, n_k, r_k)`` into ``(r_first, ∏ m_k, ∏ n_k, r_last)``."""
+    sizes = tuple(core.shape[1] * core.shape[2] for core in cores)
+    ranks = (cores[0].shape[0], *(core.shape[-1] for core in cores))
+    tree, _ = plan_chain(sizes, ranks)
+    return _run_tree(tree, cores, _merge_ttm)
+
+
+def apply_gates(
+    cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor], *, threshold: float
+) -> list[torch.Tensor]:
+    """CoMERA's diagonal rank controls (digest §2.1): ``G̃_k = G_k · diag(thr(d_k))`` on the last mode of every core
+    but the last, ``thr(d) = d if d > threshold else 0``. Gates get gradients through the multiply."""
+    if not gates:
+        return list(cores)
+    if len(gates) != len(cores) - 1:
+        raise ValueError(f"got {len(gates)} gate vectors for {len(cores)} cores; need one per internal bond")
+    gated = [core * F.threshold(gate, threshold, 0.0) for core, gate in zip(cores[:-1], gates, strict=True)]
+    return [*gated, cores[-1]]
+
+
+def tt_linear_factors(cores: Sequence[torch.Tensor], *, n_in: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``L (d_in, r_mid)`` and ``R (r_mid, d_out)`` of a CoMERA TT layer (``W = L R``), both tiny."""
+    left = contract_tt(cores[:n_in])  # (1, d_in, r_mid)
+    right = contract_tt(cores[n_in:])  # (r_mid, d_out, 1)
+    return left.reshape(left.shape[1], left.shape[2]), right.reshape(right.shape[0], right.shape[1])
+
+
+def tt_linear(
+    x: torch.Tensor, cores: Sequence[torch.Tensor], bias: torch.Tensor | None = None, *, n_in: int
+) -> torch.Tensor:
+    """``y = x W + b`` for a CoMERA TT weight, without forming ``W`` (digest §1.2).
+
+    Args:
+        x: ``(..., d_in)``.
+        cores: ``2d`` (any number ≥ 2) cores ``(r_{k-1}, n_k, r_k)``, input modes first, ``r_0 = r_last = 1``.
+        bias: optional ``(d_out,)``.
+        n_in: how many leading cores carry input modes.
+
+    Returns:
+        ``(..., d_out)``.
+    """
+    left, right = tt_linear_factors(cores, n_in=n_in)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, left.shape[0])  # (B, d_in)
+    latent = x2 @ left  # (B, r_mid)
+    out = latent @ right if bias is None else torch.addmm(bias, latent, right)  # (B, d_out)
+    return out.reshape(*lead, right.shape[1])
+
+
+def tt_linear_flops(in_factors: Sequence[int], out_factors: Sequence[int], ranks: Sequence[int], *, tokens: int) -> int:
+    """Matmul FLOPs of :func:`tt_linear` on ``tokens`` rows, as ``torch.utils.flop_counter`` counts them."""
+    n_in = len(in_factors)
+    left = plan_chain(tuple(in_factors), tuple(ranks[: n_in + 1]))[1]
+    right = plan_chain(tuple(out_factors), tuple(ranks[n_in:]))[1]
+    return left + right + 2 * tokens * ranks[n_in] * (math.prod(in_factors) + math.prod(out_factors))
+
+
+def best_split(row_factors: Sequence[int], col_factors: Sequence[int], ranks: Sequence[int]) -> int:
+    """The split point of a TTM chain whose two half-tables hold the fewest numbers (CoMERA's order-4 layer splits
+    after core 2: 320×16×32 and 32×100×48)."""
+    sizes = [m * n for m, n in zip(row_factors, col_factors, strict=True)]
+
+    def footprint(split: int) -> int:
+        return ranks[split] * (math.prod(sizes[:split]) + math.prod(sizes[split:]))
+
+    return min(range(1, len(sizes)), key=lambda s: (footprint(s), abs(2 * s - len(sizes))))
+
+
+def ttm_half_tables(cores: Sequence[torch.Tensor], *, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-independent half-tables of §1.5: ``(M_1, N_1, r)`` and ``(M_2, r, N_2)``."""
+    left = contract_ttm(cores[:split])  # (1, M_1, N_1, r)
+    right = contract_ttm(cores[split:])  # (r, M_2, N_2, 1)
+    return left[0], right[..., 0].permute(1, 0, 2)
+
+
+def ttm_lookup_halves(
+    ids: torch.Tensor, cores: Sequence[torch.Tensor], *, split: int, unique: bool = True
+) -> torch.Tensor:
+    """Embedding rows ``E[ids]`` from TTM cores via two half-tables (CoMERA ``TensorizedEmbedding_order4``).
+
+    Args:
+        ids: integer tensor of any shape, every id < ``∏ m_k`` (callers check the vocabulary bound).
+        cores: TTM cores ``(r_{k-1}, m_k, n_k, r_k)``, any order ≥ 2.
+        split: cores ``[:split]`` form the left half-table.
+        unique: compute each distinct id once and scatter back (row-index redundancy removal).
+
+    Returns:
+        ``(*ids.shape, ∏ n_k)``.
+    """
+    left, right = ttm_half_tables(cores, split=split)  # (M_1, N_1, r), (M_2, r, N_2)
+    m_right = right.shape[0]
+    flat = ids.reshape(-1)
+    inverse = None
+    if unique:
+        flat, inverse = torch.unique(flat, return_inverse=True)
+    # Row id → (left row, right row) in the row-major mixed radix; computed on the ids' device (no index buffers).
+    rows = torch.bmm(left[flat // m_right], right[flat % m_right])  # (U, N_1, N_2)
+    rows = rows.reshape(rows.shape[0], -1)  # (U, D): column index = (j_left, j_right) row-major
+    if inverse is not None:
+        rows = rows[inverse]
+    return rows.reshape(*ids.shape, rows.shape[-1])
+
+
+def ttm_lookup_chain(ids: torch.Tensor, cores: Sequence[torch.Tensor], *, unique: bool = True) -> torch.Tensor:
+    """Embedding rows by a per-id chain over the gathered core slices (tltorch/t3nsor style, any order ≥ 1).
+
+    Slower than :func:`ttm_lookup_halves` but its memory does not depend on half-table sizes.
+    """
+    row_factors = [core.shape[1] for core in cores]
+    flat = ids.reshape(-1)
+    inverse = None
+    if unique:
+        flat, inverse = torch.unique(flat, return_inverse=True)
+    digits = []
+    rest = flat
+    for m in reversed(row_factors):
+        digits.append(rest % m)
+        rest = rest // m
+    digits.reverse()
+    acc = None  # (U, N_acc, r_k)
+    for core, digit in zip(cores, digits, strict=True):
+        r0, _, n, r1 = core.shape
+        piece = core.permute(1, 0, 2, 3)[digit]  # (U, r_{k-1}, n_k, r_k)
+        if acc is None:
+            acc = piece.reshape(-1, n, r1)  # r_0 = 1
+        else:
+            acc = torch.bmm(acc, piece.reshape(-1, r0, n * r1)).reshape(acc.shape[0], -1, r1)
+    rows = acc[..., 0]  # (U, D)
+    if inverse is not None:
+        rows = rows[inverse]
+    return rows.reshape(*ids.shape, rows.shape[-1])
+
+
+def ttm_lookup_flops(
+    row_factors: Sequence[int], col_factors: Sequence[int], ranks: Sequence[int], *, split: int, rows: int
+) -> int:
+    """Matmul FLOPs of :func:`ttm_lookup_halves` for ``rows`` distinct ids (half-tables + one bmm per row)."""
+    sizes = [m * n for m, n in zip(row_factors, col_factors, strict=True)]
+    left = plan_chain(tuple(sizes[:split]), tuple(ranks[: split + 1]))[1]
+    right = plan_chain(tuple(sizes[split:]), tuple(ranks[split:]))[1]
+    n_left, n_right = math.prod(col_factors[:split]), math.prod(col_factors[split:])
+    return left + right + 2 * rows * n_left * ranks[split] * n_right

@@ -1,0 +1,243 @@
+"""CoMERA's tensor-train linear layer.
+
+CoMERA: Yang, Liu, Choudhary, Xie, Gao, Kunzmann, Zhang, "CoMERA: Computing- and Memory-Efficient Training via
+Rank-Adaptive Tensor Optimization", NeurIPS 2024, arXiv 2405.14377. §3 (tensor-compressed layers), Table
+"tensorization settings" (appendix); our digest ``shared/research/tensor.md`` §1.1-§1.3, §2.1.
+
+Layout (as the official code): ``y = x W + b`` with ``W ∈ R^{d_in×d_out}`` (the transpose of ``nn.Linear.weight``),
+reshaped row-major to ``[n_1..n_d ‖ n_{d+1}..n_{2d}]`` (input modes, then output modes) and stored as 3-way cores
+``G_k ∈ R^{r_{k-1}×n_k×r_k}``, ``r_0 = r_{2d} = 1``. Any number of cores works (the official layer: 6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from tensorslim.decomp.shapes import check_factors, factorize
+from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
+from tensorslim.functional.tt import apply_gates, tt_linear, tt_linear_factors, tt_linear_flops
+from tensorslim.layers._source import linear_shape, linear_weight
+
+Init = Literal["tt_svd", "random"]
+GATE_THRESHOLD = 1e-2  # CoMERA prunes a rank when its gate falls to ≤ 1e-2 (MNLI_trainer.py, digest §2.1)
+
+
+def resolve_ranks(rank: int | tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
+    """Full rank list ``(1, r_1, …, r_{k-1}, 1)`` for cores with mode sizes ``dims``.
+
+    An integer is a maximum for every internal bond, clipped to the full-rank bound ``min(∏ left, ∏ right)`` (so
+    r=30 over ``[12,8,8 ‖ 8,8,12]`` gives CoMERA's ``[1,12,30,30,30,12,1]``). A tuple is taken as is; it must have
+    ``len(dims)+1`` entries with boundary 1s and internal entries in ``1..bound``.
+    """
+    bounds = full_rank_bounds(dims)
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        if rank < 1:
+            raise ValueError(f"rank={rank} is invalid; allowed: an integer >= 1 or a full rank list")
+        return (1, *(min(rank, bound) for bound in bounds), 1)
+    ranks = tuple(rank)
+    if len(ranks) != len(dims) + 1:
+        raise ValueError(
+            f"rank={list(ranks)} has {len(ranks)} entries; {len(dims)} cores need {len(dims) + 1} (with 1 at both ends)"
+        )
+    if any(isinstance(r, bool) or not isinstance(r, int) for r in ranks) or ranks[0] != 1 or ranks[-1] != 1:
+        raise ValueError(f"rank={list(ranks)} is invalid; allowed: integers with 1 at both ends")
+    for k, (r, bound) in enumerate(zip(ranks[1:-1], bounds, strict=True), start=1):
+        if not 1 <= r <= bound:
+            raise ValueError(f"rank={list(ranks)}: bond {k} has rank {r}; allowed 1..{bound} for modes {list(dims)}")
+    return ranks
+
+
+@dataclass(frozen=True, kw_only=True)
+class TTConfig:
+    """How ``convert_`` turns a dense linear layer into a :class:`TTLinear`.
+
+    Attributes:
+        rank: maximum internal TT rank (CoMERA ``--max-rank``, 30 in ``run_MNLI.sh``), or a full list with boundary
+            1s for explicit control.
+        n_cores: number of cores when the factors are chosen automatically; half carry input modes (CoMERA: 6).
+        in_factors: explicit input modes (∏ = d_in); default: balanced, descending (768 → 12·8·8).
+        out_factors: explicit output modes (∏ = d_out); default: balanced, ascending (768 → 8·8·12).
+        init: ``"tt_svd"`` decomposes the dense weight (pretrained models); ``"random"`` is CoMERA's Gaussian init
+            (§1.1 of the digest) for training from scratch.
+        rank_gates: attach CoMERA's diagonal rank gates (§2.1) at construction.
+    """
+
+    rank: int | tuple[int, ...] = 30
+    n_cores: int = 6
+    in_factors: tuple[int, ...] | None = None
+    out_factors: tuple[int, ...] | None = None
+    init: Init = "tt_svd"
+    rank_gates: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, int) and not isinstance(self.rank, bool):
+            if self.rank < 1:
+                raise ValueError(f"rank={self.rank} is invalid; allowed: an integer >= 1 or a full rank list")
+        elif not isinstance(self.rank, tuple | list):
+            raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
+        if isinstance(self.n_cores, bool) or not isinstance(self.n_cores, int) or self.n_cores < 2:
+            raise ValueError(f"n_cores={self.n_cores!r} is invalid; allowed: an integer >= 2")
+        if self.init not in ("tt_svd", "random"):
+            raise ValueError(f"init={self.init!r} is invalid; allowed: 'tt_svd' or 'random'")
+
+    def resolve_factors(self, d_in: int, d_out: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Input and output modes for a ``d_in → d_out`` layer."""
+        n_in = len(self.in_factors) if self.in_factors else self.n_cores // 2
+        n_out = len(self.out_factors) if self.out_factors else self.n_cores - n_in
+        if n_out < 1:
+            raise ValueError(f"in_factors={self.in_factors} leaves no core for the output modes; allowed: fewer")
+        in_factors = tuple(self.in_factors) if self.in_factors else factorize(d_in, n_in, order="descending")
+        out_factors = tuple(self.out_factors) if self.out_factors else factorize(d_out, n_out, order="ascending")
+        check_factors("in_factors", in_factors, at_least=d_in)
+        check_factors("out_factors", out_factors, at_least=d_out)
+        return in_factors, out_factors
+
+    def resolve(self, d_in: int, d_out: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """``(in_factors, out_factors, ranks)`` for a ``d_in → d_out`` layer; raises a one-line ``ValueError``."""
+        in_factors, out_factors = self.resolve_factors(d_in, d_out)
+        return in_factors, out_factors, resolve_ranks(self.rank, in_factors + out_factors)
+
+
+class TTLinear(nn.Module):
+    """``y = x W + b`` with ``W`` in CoMERA's TT format; the forward never forms ``W`` (§1.2 of the digest).
+
+    Args:
+        in_factors: input modes ``n_1..n_d`` (∏ = in_features).
+        out_factors: output modes (∏ = out_features).
+        ranks: full rank list ``(1, r_1, …, 1)`` of length ``len(in_factors)+len(out_factors)+1``.
+        bias: learn an additive bias (CoMERA: ``U(-1/√d_out, 1/√d_out)`` init).
+
+    Attributes:
+        cores: ``nn.ParameterList`` of ``(r_{k-1}, n_k, r_k)`` cores.
+        gates: ``nn.ParameterList`` of one rank-gate vector per internal bond, empty until
+            :meth:`enable_gates` (CoMERA's "diagonal rank controls", §2.1).
+    """
+
+    def __init__(
+        self,
+        in_factors: tuple[int, ...],
+        out_factors: tuple[int, ...],
+        ranks: tuple[int, ...],
+        *,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_factors, self.out_factors = tuple(in_factors), tuple(out_factors)
+        dims = self.in_factors + self.out_factors
+        self.in_features, self.out_features = math.prod(self.in_factors), math.prod(self.out_factors)
+        ranks = resolve_ranks(tuple(ranks), dims)
+        factory = {"device": device, "dtype": dtype}
+        self.cores = nn.ParameterList(
+            nn.Parameter(torch.empty(r0, n, r1, **factory))
+            for r0, n, r1 in zip(ranks[:-1], dims, ranks[1:], strict=True)
+        )
+        self.gates = nn.ParameterList()
+        self.gate_threshold = GATE_THRESHOLD
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Current (possibly truncated) rank list with boundary 1s."""
+        return (1, *(core.shape[-1] for core in self.cores))
+
+    @property
+    def n_in(self) -> int:
+        return len(self.in_factors)
+
+    def reset_parameters(self) -> None:
+        """CoMERA init (``TensorTrain.build_factors_Gaussian``, ``layers.py`` L247-265; digest §1.1):
+        ``G_k ~ N(0,1)/√r_k · σ^{1/order}`` with ``σ = √(1/(d_in+d_out))``, bias ``U(±1/√d_out)``."""
+        target_sdv = (1.0 / (self.in_features + self.out_features)) ** 0.5
+        scale = target_sdv ** (1.0 / len(self.cores))
+        with torch.no_grad():
+            for core in self.cores:
+                core.normal_().mul_(scale / math.sqrt(core.shape[-1]))
+            if self.bias is not None:
+                bound = 1 / math.sqrt(self.out_features)
+                self.bias.uniform_(-bound, bound)
+
+    def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
+        """Attach one all-ones gate vector per internal bond (CoMERA §3.2 / digest §2.1); idempotent."""
+        self.gate_threshold = threshold
+        if len(self.gates) == 0:
+            for core in self.cores[:-1]:
+                self.gates.append(nn.Parameter(torch.ones(core.shape[-1], device=core.device, dtype=core.dtype)))
+
+    def effective_cores(self) -> list[torch.Tensor]:
+        """Cores with the gate masks folded in (identical to the cores when no gates are attached)."""
+        return apply_gates(list(self.cores), list(self.gates), threshold=self.gate_threshold)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tt_linear(x, self.effective_cores(), self.bias, n_in=self.n_in)  # (..., d_out)
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, config: TTConfig | None = None) -> TTLinear:
+        """Build from an ``nn.Linear`` or GPT-2 ``Conv1D``: TT-SVD of the weight (``init="tt_svd"``) or CoMERA's
+        random init. At full ranks the TT-SVD reproduces the dense layer exactly; the bias is copied."""
+        config = config or TTConfig()
+        d_in, d_out = linear_shape(module)
+        weight, bias = linear_weight(module)  # (d_out, d_in)
+        in_factors, out_factors, ranks = config.resolve(d_in, d_out)
+        layer = cls(in_factors, out_factors, ranks, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+        if config.init == "tt_svd":
+            if weight.is_meta:
+                raise ValueError("init='tt_svd' needs real weights, got a meta-device module; use init='random'")
+            cores = tt_matrix_svd(weight.t(), in_factors, out_factors, ranks[1:-1])
+            with torch.no_grad():
+                for param, core in zip(layer.cores, cores, strict=True):
+                    param.copy_(core)
+                if bias is not None:
+                    layer.bias.copy_(bias)
+        if config.rank_gates:
+            layer.enable_gates()
+        return layer
+
+    def weight_matrix(self) -> torch.Tensor:
+        """``W = L R`` of shape ``(d_in, d_out)`` (debug/export only; the forward never calls it)."""
+        left, right = tt_linear_factors(self.effective_cores(), n_in=self.n_in)
+        return left @ right
+
+    def to_dense(self) -> nn.Linear:
+        """The equivalent ``nn.Linear`` (gates folded in)."""
+        dense = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.bias is not None,
+            device=self.cores[0].device,
+            dtype=self.cores[0].dtype,
+        )
+        with torch.no_grad():
+            dense.weight.copy_(self.weight_matrix().t())
+            if self.bias is not None:
+                dense.bias.copy_(self.bias)
+        return dense
+
+    @staticmethod
+    def count_params(dims: tuple[int, ...], ranks: tuple[int, ...], *, bias: int = 0) -> int:
+        """Core parameters ``Σ r_{k-1} n_k r_k`` plus ``bias`` (pass ``d_out`` for a biased layer)."""
+        return sum(r0 * n * r1 for r0, n, r1 in zip(ranks[:-1], dims, ranks[1:], strict=True)) + bias
+
+    def num_params(self) -> int:
+        """Parameters of cores, gates and bias, i.e. ``sum(p.numel() for p in self.parameters())``."""
+        gates = sum(gate.numel() for gate in self.gates)
+        bias = self.out_features if self.bias is not None else 0
+        return self.count_params(self.in_factors + self.out_factors, self.ranks, bias=bias) + gates
+
+    def flops(self, tokens: int) -> int:
+        """Forward matmul FLOPs for ``tokens`` rows as ``torch.utils.flop_counter`` counts them: the two planned
+        half-chains (token-independent) plus ``2·tokens·r_mid·(d_in+d_out)``."""
+        return tt_linear_flops(self.in_factors, self.out_factors, self.ranks, tokens=tokens)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_factors={list(self.in_factors)}, out_factors={list(self.out_factors)}, ranks={list(self.ranks)}, "
+            f"bias={self.bias is not None}, gates={len(self.gates) > 0}"
+        )

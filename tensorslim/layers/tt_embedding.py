@@ -1,0 +1,211 @@
+"""CoMERA's TT-matrix (TTM) embedding with the optimized lookup.
+
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) §3 and §4.1 "optimized tensorized embedding"; our digest
+§1.4-§1.5. The table ``E ∈ R^{V'×D}`` (``V' = ∏ m_k ≥ V`` rows, the extra rows are padding that is never indexed)
+is a TTM with 4-way cores ``F_k ∈ R^{r_{k-1}×m_k×n_k×r_k}``:
+``E[(i_1..i_d),(j_1..j_d)] = F_1[:,i_1,j_1,:] … F_d[:,i_d,j_d,:]``, row id ↦ ``(i_1..i_d)`` row-major mixed radix.
+
+Deviations from the official ``TensorizedEmbedding_order4``: any order ≥ 2 (the official optimized layer is order 4
+only and its generic fallback calls undefined functions), index arithmetic on the ids' device instead of
+CUDA-pinned buffers, and ids ≥ ``num_embeddings`` are rejected rather than silently reading padding rows.
+``padding_idx`` of a source ``nn.Embedding`` is not enforced (its row is approximated like any other).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
+from tensorslim.decomp.tt import ttm_svd, ttm_to_full
+from tensorslim.functional.tt import (
+    apply_gates,
+    best_split,
+    ttm_lookup_chain,
+    ttm_lookup_flops,
+    ttm_lookup_halves,
+)
+from tensorslim.layers.tt import GATE_THRESHOLD, resolve_ranks
+
+Init = Literal["ttm_svd", "random"]
+Lookup = Literal["halves", "chain"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TTEmbeddingConfig:
+    """How ``convert_`` turns an ``nn.Embedding`` into a :class:`TTEmbedding`.
+
+    Attributes:
+        rank: maximum internal TTM rank (CoMERA hard-codes 32 for the embedding) or a full rank list.
+        n_cores: number of cores when the factors are automatic (CoMERA: 4).
+        row_factors: explicit row modes with ``∏ ≥ num_embeddings`` (CoMERA: 16·20·10·10 for 30,522 rows).
+        col_factors: explicit column modes with ``∏ = embedding_dim`` (CoMERA: 4·4·8·6 for 768).
+        init: ``"ttm_svd"`` decomposes the dense table; ``"random"`` is CoMERA's init (target std 1.0).
+        lookup: ``"halves"`` (§1.5 half-tables + unique ids) or ``"chain"`` (per-id core chain).
+        rank_gates: attach rank gates at construction (§2.1).
+    """
+
+    rank: int | tuple[int, ...] = 32
+    n_cores: int = 4
+    row_factors: tuple[int, ...] | None = None
+    col_factors: tuple[int, ...] | None = None
+    init: Init = "ttm_svd"
+    lookup: Lookup = "halves"
+    rank_gates: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, int) and not isinstance(self.rank, bool):
+            if self.rank < 1:
+                raise ValueError(f"rank={self.rank} is invalid; allowed: an integer >= 1 or a full rank list")
+        elif not isinstance(self.rank, tuple | list):
+            raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
+        if isinstance(self.n_cores, bool) or not isinstance(self.n_cores, int) or self.n_cores < 2:
+            raise ValueError(f"n_cores={self.n_cores!r} is invalid; allowed: an integer >= 2")
+        if self.init not in ("ttm_svd", "random"):
+            raise ValueError(f"init={self.init!r} is invalid; allowed: 'ttm_svd' or 'random'")
+        if self.lookup not in ("halves", "chain"):
+            raise ValueError(f"lookup={self.lookup!r} is invalid; allowed: 'halves' or 'chain'")
+
+    def resolve(self, num_embeddings: int, dim: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """``(row_factors, col_factors, ranks)``; raises a one-line ``ValueError`` on a mismatch."""
+        n = len(self.row_factors or self.col_factors or ()) or self.n_cores
+        rows = tuple(self.row_factors) if self.row_factors else pad_and_factorize(num_embeddings, n)
+        cols = tuple(self.col_factors) if self.col_factors else factorize(dim, n, order="ascending")
+        check_factors("row_factors", rows, at_least=num_embeddings, exact=False)
+        check_factors("col_factors", cols, at_least=dim)
+        if len(rows) != len(cols):
+            raise ValueError(f"row_factors={list(rows)} and col_factors={list(cols)} must have the same length")
+        return rows, cols, resolve_ranks(self.rank, tuple(m * n for m, n in zip(rows, cols, strict=True)))
+
+
+class TTEmbedding(nn.Module):
+    """An embedding table stored as TTM cores; rows are computed without forming the table.
+
+    Args:
+        num_embeddings: real vocabulary size ``V`` (ids must be < V).
+        row_factors: row modes, ``∏ ≥ V``.
+        col_factors: column modes, ``∏ = embedding_dim``.
+        ranks: full rank list with boundary 1s.
+        lookup: ``"halves"`` or ``"chain"`` (see :class:`TTEmbeddingConfig`).
+        unique: deduplicate ids before computing rows (CoMERA ``use_unique=True``).
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        row_factors: tuple[int, ...],
+        col_factors: tuple[int, ...],
+        ranks: tuple[int, ...],
+        *,
+        lookup: Lookup = "halves",
+        unique: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_factors("row_factors", tuple(row_factors), at_least=num_embeddings, exact=False)
+        self.num_embeddings = num_embeddings
+        self.row_factors, self.col_factors = tuple(row_factors), tuple(col_factors)
+        self.embedding_dim = math.prod(self.col_factors)
+        ranks = resolve_ranks(
+            tuple(ranks), tuple(m * n for m, n in zip(self.row_factors, self.col_factors, strict=True))
+        )
+        self.lookup, self.unique = lookup, unique
+        factory = {"device": device, "dtype": dtype}
+        self.cores = nn.ParameterList(
+            nn.Parameter(torch.empty(r0, m, n, r1, **factory))
+            for r0, m, n, r1 in zip(ranks[:-1], self.row_factors, self.col_factors, ranks[1:], strict=True)
+        )
+        self.gates = nn.ParameterList()
+        self.gate_threshold = GATE_THRESHOLD
+        self.split = best_split(self.row_factors, self.col_factors, ranks)
+        self.reset_parameters()
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return (1, *(core.shape[-1] for core in self.cores))
+
+    def reset_parameters(self, *, target_sdv: float = 1.0) -> None:
+        """CoMERA init (``layers.py`` L129, digest §1.4): ``F_k ~ N(0,1)/√r_k · target_sdv^{1/order}``."""
+        scale = target_sdv ** (1.0 / len(self.cores))
+        with torch.no_grad():
+            for core in self.cores:
+                core.normal_().mul_(scale / math.sqrt(core.shape[-1]))
+
+    def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
+        """Attach one all-ones gate vector per internal bond (digest §2.1); idempotent."""
+        self.gate_threshold = threshold
+        if len(self.gates) == 0:
+            for core in self.cores[:-1]:
+                self.gates.append(nn.Parameter(torch.ones(core.shape[-1], device=core.device, dtype=core.dtype)))
+
+    def effective_cores(self) -> list[torch.Tensor]:
+        return apply_gates(list(self.cores), list(self.gates), threshold=self.gate_threshold)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
+        # Padding rows exist only to make the modes factor; reading one is a caller bug (as nn.Embedding would be).
+        if ids.numel() and ids.device.type != "meta":
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.num_embeddings:
+                raise IndexError(f"ids must lie in [0, {self.num_embeddings}); got range [{low}, {high}]")
+        cores = self.effective_cores()
+        ids = ids.long()
+        unique = self.unique and ids.device.type != "meta"  # torch.unique has no meta kernel (books on meta models)
+        if self.lookup == "chain":
+            return ttm_lookup_chain(ids, cores, unique=unique)  # (*ids.shape, D)
+        return ttm_lookup_halves(ids, cores, split=self.split, unique=unique)  # (*ids.shape, D)
+
+    @classmethod
+    def from_dense(cls, module: nn.Embedding, config: TTEmbeddingConfig | None = None) -> TTEmbedding:
+        """Build from an ``nn.Embedding``: TTM-SVD of the (zero-padded) table or CoMERA's random init."""
+        config = config or TTEmbeddingConfig()
+        weight = module.weight  # (V, D)
+        rows, cols, ranks = config.resolve(module.num_embeddings, module.embedding_dim)
+        layer = cls(
+            module.num_embeddings, rows, cols, ranks, lookup=config.lookup, device=weight.device, dtype=weight.dtype
+        )
+        if config.init == "ttm_svd":
+            if weight.is_meta:
+                raise ValueError("init='ttm_svd' needs real weights, got a meta-device module; use init='random'")
+            with torch.no_grad():
+                for param, core in zip(layer.cores, ttm_svd(weight, rows, cols, ranks[1:-1]), strict=True):
+                    param.copy_(core)
+        if config.rank_gates:
+            layer.enable_gates()
+        return layer
+
+    def full_table(self) -> torch.Tensor:
+        """The padded table ``(∏ m_k, D)`` (debug only)."""
+        return ttm_to_full(self.effective_cores())
+
+    def to_dense(self) -> nn.Embedding:
+        """The equivalent ``nn.Embedding`` (padding rows dropped, gates folded in)."""
+        dense = nn.Embedding(
+            self.num_embeddings, self.embedding_dim, device=self.cores[0].device, dtype=self.cores[0].dtype
+        )
+        with torch.no_grad():
+            dense.weight.copy_(self.full_table()[: self.num_embeddings])
+        return dense
+
+    def num_params(self) -> int:
+        """Core and gate parameters, ``Σ r_{k-1} m_k n_k r_k`` + gates."""
+        return sum(p.numel() for p in self.cores) + sum(g.numel() for g in self.gates)
+
+    def flops(self, tokens: int) -> int:
+        """Forward matmul FLOPs when the ``tokens`` ids are all distinct (with repeats and ``unique=True`` only
+        distinct ids cost a GEMM): the two half-table chains plus one ``N_1×r×N_2`` GEMM per id."""
+        if self.lookup != "halves":
+            raise NotImplementedError("flops() is defined for lookup='halves'")
+        return ttm_lookup_flops(self.row_factors, self.col_factors, self.ranks, split=self.split, rows=tokens)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_embeddings={self.num_embeddings}, row_factors={list(self.row_factors)}, "
+            f"col_factors={list(self.col_factors)}, ranks={list(self.ranks)}, lookup={self.lookup!r}"
+        )

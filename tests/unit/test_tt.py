@@ -1,0 +1,307 @@
+"""TT/TTM decomposition, contraction and layers against independent references (digest §8 item 13)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
+from tensorslim.decomp.tt import tt_matrix_svd, tt_svd, tt_to_full, ttm_svd, ttm_to_full
+from tensorslim.functional.tt import plan_chain, tt_linear, ttm_lookup_chain, ttm_lookup_halves
+from tensorslim.layers.tt import TTConfig, TTLinear, resolve_ranks
+from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
+
+# (in_factors, out_factors, ranks): 2, 3, 4 and 6 cores, including an uneven input/output split.
+LINEAR_SHAPES = [
+    ((4,), (5,), (1, 3, 1)),
+    ((3, 4), (5,), (1, 3, 4, 1)),
+    ((3, 2), (2, 4), (1, 3, 4, 3, 1)),
+    ((3, 2, 2), (2, 2, 3), (1, 2, 3, 4, 3, 2, 1)),
+]
+# (rows, row_factors, col_factors, ranks): orders 2, 3, 4 with padding rows.
+EMBEDDING_SHAPES = [
+    (10, (3, 4), (2, 3), (1, 4, 1)),
+    (20, (2, 3, 4), (2, 2, 2), (1, 3, 4, 1)),
+    (30, (2, 2, 3, 3), (2, 1, 2, 3), (1, 3, 4, 3, 1)),
+]
+
+
+def _random_cores(dims, ranks, *, dtype=torch.float64, seed=0, four_way_cols=None):
+    gen = torch.Generator().manual_seed(seed)
+    if four_way_cols is None:
+        shapes = [(r0, n, r1) for r0, n, r1 in zip(ranks[:-1], dims, ranks[1:], strict=True)]
+    else:
+        shapes = [(r0, m, n, r1) for r0, m, n, r1 in zip(ranks[:-1], dims, four_way_cols, ranks[1:], strict=True)]
+    return [torch.randn(shape, generator=gen, dtype=dtype) for shape in shapes]
+
+
+# ---------------------------------------------------------------- shapes
+
+
+def test_factorize_reproduces_comera_modes():
+    assert factorize(768, 3, order="descending") == (12, 8, 8)
+    assert factorize(768, 3) == (8, 8, 12)
+    assert factorize(3072, 3) == (12, 16, 16)
+    assert factorize(768, 4) == (4, 4, 6, 8)
+
+
+def test_pad_and_factorize_pads_vocab():
+    factors = pad_and_factorize(30522, 4)
+    assert len(factors) == 4 and 30522 <= math.prod(factors) <= 30522 * 1.1
+    assert max(factors) <= 14  # 14^4 ≥ 30,522 > 13^4, so no 4-mode split can have a smaller largest mode
+
+
+def test_factorize_prime_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot be split"):
+        factorize(97, 2)
+
+
+# ---------------------------------------------------------------- decomposition
+
+
+def test_tt_svd_matches_tensorly_error():
+    tensorly = pytest.importorskip("tensorly")
+    from tensorly.decomposition import tensor_train
+
+    gen = np.random.default_rng(0)
+    tensor = gen.standard_normal((4, 5, 6, 3))
+    ranks = [3, 4, 3]
+    ours = tt_to_full(tt_svd(torch.from_numpy(tensor), ranks)).numpy()
+    theirs = tensorly.tt_to_tensor(tensor_train(tensor, rank=[1, *ranks, 1]))
+    err_ours = np.linalg.norm(ours - tensor) / np.linalg.norm(tensor)
+    err_theirs = np.linalg.norm(theirs - tensor) / np.linalg.norm(tensor)
+    assert 0 < err_ours <= err_theirs * (1 + 1e-8) + 1e-12
+    assert err_ours == pytest.approx(err_theirs, rel=1e-6)
+
+
+def test_tt_matrix_svd_full_rank_is_exact_and_pads_excess_ranks():
+    weight = torch.randn(12, 10, dtype=torch.float64)
+    cores = tt_matrix_svd(weight, (3, 4), (5, 2), [3, 10, 2])
+    assert [tuple(c.shape) for c in cores] == [(1, 3, 3), (3, 4, 10), (10, 5, 2), (2, 2, 1)]
+    torch.testing.assert_close(tt_to_full(cores).reshape(12, 10), weight)
+    # A bond above what the unfolding allows is filled with zeros; the reconstruction is still exact.
+    padded = tt_svd(torch.randn(2, 3, dtype=torch.float64), [5])
+    assert padded[0].shape == (1, 2, 5) and torch.all(padded[0][..., 2:] == 0)
+
+
+def test_ttm_svd_full_rank_is_exact_with_padding_rows():
+    table = torch.randn(10, 6, dtype=torch.float64)
+    cores = ttm_svd(table, (3, 4), (2, 3), [6])
+    full = ttm_to_full(cores)
+    assert full.shape == (12, 6)
+    torch.testing.assert_close(full[:10], table)
+    torch.testing.assert_close(full[10:], torch.zeros(2, 6, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- contraction planning
+
+
+def test_plan_chain_is_optimal_against_brute_force():
+    def brute(sizes, ranks):
+        if len(sizes) == 1:
+            return 0
+        return min(
+            brute(sizes[:s], ranks[: s + 1])
+            + brute(sizes[s:], ranks[s:])
+            + 2 * ranks[0] * math.prod(sizes[:s]) * ranks[s] * math.prod(sizes[s:]) * ranks[-1]
+            for s in range(1, len(sizes))
+        )
+
+    for sizes, ranks in [((12, 8, 8), (1, 12, 30, 30)), ((8, 8, 12), (30, 30, 12, 1)), ((2, 9, 3, 7), (4, 1, 8, 2, 5))]:
+        assert plan_chain(sizes, ranks)[1] == brute(sizes, ranks)
+
+
+# ---------------------------------------------------------------- TT linear
+
+
+@pytest.mark.parametrize("in_f,out_f,ranks", LINEAR_SHAPES)
+def test_tt_linear_forward_equals_dense_reconstruction(in_f, out_f, ranks):
+    cores = _random_cores(in_f + out_f, ranks)
+    bias = torch.randn(math.prod(out_f), dtype=torch.float64)
+    x = torch.randn(2, 3, math.prod(in_f), dtype=torch.float64)
+    weight = tt_to_full(cores).reshape(math.prod(in_f), math.prod(out_f))  # independent tensordot reference
+    torch.testing.assert_close(tt_linear(x, cores, bias, n_in=len(in_f)), x @ weight + bias, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("in_f,out_f,ranks", LINEAR_SHAPES)
+def test_tt_linear_gradients(in_f, out_f, ranks):
+    cores = [c.requires_grad_() for c in _random_cores(in_f + out_f, ranks, seed=1)]
+    bias = torch.randn(math.prod(out_f), dtype=torch.float64, requires_grad=True)
+    x = torch.randn(3, math.prod(in_f), dtype=torch.float64, requires_grad=True)
+    n_in = len(in_f)
+    assert torch.autograd.gradcheck(lambda x, b, *cs: tt_linear(x, cs, b, n_in=n_in), (x, bias, *cores))
+    # And equal to autograd through the dense reconstruction.
+    grad_out = torch.randn(3, math.prod(out_f), dtype=torch.float64)
+    ours = torch.autograd.grad(tt_linear(x, cores, bias, n_in=n_in), (x, bias, *cores), grad_out)
+    weight = tt_to_full(cores).reshape(math.prod(in_f), math.prod(out_f))
+    ref = torch.autograd.grad(x @ weight + bias, (x, bias, *cores), grad_out)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_tt_linear_gates_gradcheck():
+    layer = TTLinear((3, 2), (2, 2), (1, 3, 4, 2, 1)).double()
+    layer.enable_gates()
+    with torch.no_grad():
+        layer.gates[1][0] = 0.5  # live, non-trivial
+        layer.gates[1][1] = 1e-3  # dead: masked to 0
+    x = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    params = [x, *layer.cores, *layer.gates]
+
+    names = [n for n, _ in layer.named_parameters()]
+
+    def run(x, *rest):
+        return torch.func.functional_call(layer, dict(zip(names, rest, strict=True)), (x,))
+
+    assert torch.autograd.gradcheck(run, (x, *[p for _, p in layer.named_parameters()]))
+    grads = torch.autograd.grad(layer(x).sum(), params[1:])
+    assert grads[len(layer.cores) + 1][1] == 0  # no gradient reaches a dead gate
+
+
+def test_tt_linear_from_dense_full_rank_and_comera_counts():
+    dense = nn.Linear(24, 30).double()
+    layer = TTLinear.from_dense(dense, TTConfig(rank=1000, n_cores=4))
+    x = torch.randn(5, 24, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), dense(x))
+    torch.testing.assert_close(layer.to_dense().weight, dense.weight)
+    # CoMERA's shapes and core counts (digest §1.1): 20,448 / 28,960 core parameters at r=30.
+    attn = TTLinear.from_dense(nn.Linear(768, 768, device="meta"), TTConfig(init="random"))
+    assert attn.ranks == (1, 12, 30, 30, 30, 12, 1) and attn.in_factors == (12, 8, 8) and attn.out_factors == (8, 8, 12)
+    assert attn.num_params() == 20448 + 768 == sum(p.numel() for p in attn.parameters())
+    ffn = TTLinear.from_dense(nn.Linear(768, 3072, bias=False, device="meta"), TTConfig(init="random"))
+    assert ffn.out_factors == (12, 16, 16) and ffn.num_params() == 28960
+
+
+@pytest.mark.parametrize("in_f,out_f,ranks", LINEAR_SHAPES[2:])
+def test_tt_linear_flops_match_flop_counter(in_f, out_f, ranks):
+    layer = TTLinear(in_f, out_f, ranks)
+    x = torch.randn(7, layer.in_features)
+    with FlopCounterMode(display=False) as counter:
+        layer(x)
+    assert counter.get_total_flops() == layer.flops(7)
+
+
+def test_tt_linear_init_std_matches_comera():
+    layer = TTLinear((12, 8, 8), (8, 8, 12), (1, 12, 30, 30, 30, 12, 1))
+    # CoMERA targets std(W) = √(1/(d_in+d_out)); the Gaussian chain makes it hold in expectation.
+    assert layer.weight_matrix().std().item() == pytest.approx((1 / 1536) ** 0.5, rel=0.3)
+
+
+def test_tt_linear_state_dict_round_trip():
+    a = TTLinear((3, 2), (2, 3), (1, 3, 4, 3, 1))
+    a.enable_gates()
+    b = TTLinear((3, 2), (2, 3), (1, 3, 4, 3, 1))
+    b.enable_gates()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(a(x), b(x))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"rank": 0}, "rank=0"),
+        ({"rank": (1, 2, 2, 1), "n_cores": 2}, "has 4 entries"),
+        ({"rank": (1, 2, 0, 2, 1), "in_factors": (2, 3), "out_factors": (2, 2)}, "bond 2 has rank 0"),
+        ({"in_factors": (2, 4), "out_factors": (2, 2)}, r"in_factors=\[2, 4\] has product 8; it must equal 6"),
+        ({"n_cores": 1}, "n_cores=1"),
+        ({"init": "svd"}, "init='svd'"),
+    ],
+)
+def test_tt_config_bad_input_is_a_one_line_error(kwargs, match):
+    with pytest.raises(ValueError, match=match) as info:
+        TTConfig(**kwargs).resolve(6, 4)
+    assert "\n" not in str(info.value)
+
+
+def test_resolve_ranks_clips_integer_rank_to_bounds():
+    assert resolve_ranks(30, (12, 8, 8, 8, 8, 12)) == (1, 12, 30, 30, 30, 12, 1)
+
+
+# ---------------------------------------------------------------- TTM embedding
+
+
+@pytest.mark.parametrize("rows,row_f,col_f,ranks", EMBEDDING_SHAPES)
+@pytest.mark.parametrize("lookup", ["halves", "chain"])
+@pytest.mark.parametrize("unique", [True, False])
+def test_tt_embedding_lookup_equals_full_table(rows, row_f, col_f, ranks, lookup, unique):
+    emb = TTEmbedding(rows, row_f, col_f, ranks, lookup=lookup, unique=unique).double()
+    ids = torch.tensor([[0, rows - 1, 3, 3], [rows - 1, 1, 0, 2]])
+    table = ttm_to_full(list(emb.cores))  # independent tensordot reference, padded
+    assert table.shape[0] > rows  # these shapes do have padding rows
+    torch.testing.assert_close(emb(ids), table[ids], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(emb(ids), emb.to_dense()(ids), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows,row_f,col_f,ranks", EMBEDDING_SHAPES)
+def test_tt_embedding_gradients(rows, row_f, col_f, ranks):
+    cores = [c.requires_grad_() for c in _random_cores(row_f, ranks, four_way_cols=col_f, seed=2)]
+    ids = torch.tensor([1, 4, 4, rows - 1, 0])
+    split = len(cores) // 2
+    assert torch.autograd.gradcheck(lambda *cs: ttm_lookup_halves(ids, cs, split=split), tuple(cores))
+    grad_out = torch.randn(5, math.prod(col_f), dtype=torch.float64)
+    ref = torch.autograd.grad(ttm_to_full(cores)[ids], cores, grad_out)
+    for lookup in (lambda cs: ttm_lookup_halves(ids, cs, split=split), lambda cs: ttm_lookup_chain(ids, cs)):
+        for a, b in zip(torch.autograd.grad(lookup(cores), cores, grad_out), ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_tt_embedding_rejects_padding_and_negative_ids():
+    emb = TTEmbedding(10, (3, 4), (2, 3), (1, 4, 1))
+    with pytest.raises(IndexError, match=r"\[0, 10\)"):
+        emb(torch.tensor([10]))
+    with pytest.raises(IndexError):
+        emb(torch.tensor([-1]))
+
+
+def test_tt_embedding_comera_shapes_counts_and_split():
+    emb = TTEmbedding(30522, (16, 20, 10, 10), (4, 4, 8, 6), (1, 32, 32, 32, 1), device="meta")
+    assert emb.num_params() == 167808 and emb.split == 2
+    # Index arithmetic happens on the ids' device: a meta module runs on meta ids (no CUDA-pinned buffers).
+    assert emb(torch.zeros(2, 5, dtype=torch.long, device="meta")).shape == (2, 5, 768)
+
+
+def test_tt_embedding_flops_match_flop_counter():
+    emb = TTEmbedding(30, (2, 2, 3, 3), (2, 1, 2, 3), (1, 3, 4, 3, 1))
+    ids = torch.randperm(30)[:11]  # distinct ids: one GEMM each
+    with FlopCounterMode(display=False) as counter:
+        emb(ids)
+    assert counter.get_total_flops() == emb.flops(11)
+
+
+def test_tt_embedding_from_dense_full_rank_and_round_trip():
+    dense = nn.Embedding(50, 12).double()
+    emb = TTEmbedding.from_dense(dense, TTEmbeddingConfig(rank=1000, n_cores=2))
+    ids = torch.arange(50)
+    torch.testing.assert_close(emb(ids), dense(ids))
+    emb.enable_gates()
+    copy = TTEmbedding(50, emb.row_factors, emb.col_factors, emb.ranks).double()
+    copy.enable_gates()
+    copy.load_state_dict(emb.state_dict())
+    torch.testing.assert_close(copy(ids), emb(ids))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"row_factors": (3, 3), "col_factors": (2, 3)}, r"row_factors=\[3, 3\] has product 9; it must be at least 10"),
+        ({"row_factors": (4, 4), "col_factors": (2, 2)}, r"col_factors=\[2, 2\] has product 4; it must equal 6"),
+        ({"rank": -1}, "rank=-1"),
+        ({"rank": (1, 4, 4, 1), "row_factors": (3, 4), "col_factors": (2, 3)}, "has 4 entries"),
+        ({"lookup": "dense"}, "lookup='dense'"),
+    ],
+)
+def test_tt_embedding_config_bad_input_is_a_one_line_error(kwargs, match):
+    with pytest.raises(ValueError, match=match) as info:
+        TTEmbeddingConfig(**kwargs).resolve(10, 6)
+    assert "\n" not in str(info.value)
+
+
+def test_check_factors_rejects_non_integers():
+    with pytest.raises(ValueError, match="integers >= 1"):
+        check_factors("in_factors", (2, 0), at_least=0)
