@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from tensorslim.layers._source import is_dense_linear, linear_shape
+from tensorslim.layers.cola_m import CoLAMConfig, CoLAMLinear, finalize_cola_m
+from tensorslim.layers.lax import LaXCoLAConfig, LaXConfig, LaXLinear, LaXSVDConfig, finalize_lax, plan_lax
 from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, SVDConfig
 
 FilterFn = Callable[[nn.Module, str], bool]
@@ -118,9 +120,17 @@ def _drop_gate_activation(model: nn.Module, config: LowRankConfig, report: Conve
 
 TRANSFORMS: dict[type, Transform] = {
     LowRankConfig: Transform(is_dense_linear, _plan_low_rank, LowRankLinear.from_dense, _drop_gate_activation),
+    CoLAMConfig: Transform(is_dense_linear, _plan_low_rank, CoLAMLinear.from_dense, finalize_cola_m),
+    LaXConfig: Transform(is_dense_linear, plan_lax, LaXLinear.from_dense, finalize_lax),
 }
 
-METHODS: dict[str, type] = {"cola": CoLAConfig, "svd": SVDConfig}
+METHODS: dict[str, type] = {
+    "cola": CoLAConfig,
+    "svd": SVDConfig,
+    "cola-m": CoLAMConfig,
+    "lax-cola": LaXCoLAConfig,
+    "lax-svd": LaXSVDConfig,
+}
 
 
 def _transform_for(config: object) -> Transform:

@@ -13,6 +13,8 @@ from dataclasses import replace
 import torch
 
 from tensorslim.convert import ConversionReport, convert_
+from tensorslim.layers.cola_m import CoLAMConfig
+from tensorslim.layers.lax import LaXCoLAConfig, LaXSVDConfig
 from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
 from tensorslim.models.llama import LlamaForCausalLM, Preset, get_preset
 
@@ -25,6 +27,15 @@ CONVERSIONS: dict[str, Callable[[Preset, int | None], object | None]] = {
         rank=rank or preset.cola_rank, init="random", only_lr_act=preset.only_lr_act
     ),
     "svd": lambda preset, rank: SVDConfig(rank=rank or preset.cola_rank, init="random"),
+    # CoLA-M (CoLA §4): CoLA plus latent checkpointing of every block; same weights as "cola".
+    "cola-m": lambda preset, rank: CoLAMConfig(
+        rank=rank or preset.cola_rank, init="random", only_lr_act=preset.only_lr_act
+    ),
+    # LaX (arXiv 2505.21732): latent crossing between consecutive blocks, Kronecker gates (the paper's LaX configs).
+    "lax-cola": lambda preset, rank: LaXCoLAConfig(
+        rank=rank or preset.cola_rank, init="random", only_lr_act=preset.only_lr_act
+    ),
+    "lax-svd": lambda preset, rank: LaXSVDConfig(rank=rank or preset.cola_rank, init="random"),
 }
 
 

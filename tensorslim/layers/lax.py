@@ -1,0 +1,326 @@
+"""LaX (Latent Crossing): low-rank layers that receive the latent of the same layer type in the previous block.
+
+LaX, "Boosting Low-Rank Training of Foundation Models via Latent Crossing" (arXiv 2505.21732), §3 "The LaX Method",
+"Variants of LaX" and "LaX Gates"; the official ViT code (``K1seki221/Latent_Crossing``, lowrank digest §4.2). For
+the low-rank layer of type ℓ (q, k, v, o, gate, up, down in LLaMA) in block i > 0::
+
+    z = LN_r(x·A + G(h_prev))        h_prev: the latent of layer ℓ in block i−1, shape (..., r)
+    h = σ(z)                          σ = SiLU for LaX-CoLA, identity for LaX-SVD; h is passed on to block i+1
+    y = h·B (+ b)
+
+Block 0 (and any layer whose type has no predecessor in the block before) has no crossing, **no gate and no
+LayerNorm**: it is the plain low-rank layer, as in the official code where ``first=True`` switches both off. Gates:
+``identity``; ``dense`` (``nn.Linear(r, r)`` with bias); ``kronecker`` (``G(h) = Dᵀ·H·E`` per token with ``H`` the
+a×b reshape of h, a·b = r the most balanced factor pair, a² + b² parameters), the gate of the paper's LaX configs.
+
+With the gate set to zero a crossing layer computes ``B σ(LN_r(x·A))``: the LayerNorm stays, so LaX with G = 0
+equals the plain low-rank model **with an r-dimensional LayerNorm on the latents of blocks i > 0**, not the plain
+model itself.
+
+The latents travel through a per-model :class:`LatentStore`, cleared by a forward pre-hook (and post-hook) on the
+root module, so no model code changes. The tensor-train variant (inter- and intra-layer residuals) is not here yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorslim.functional.lowrank import activation_fn
+from tensorslim.layers.lowrank import LowRankConfig, LowRankLinear
+
+GATES: tuple[str, ...] = ("identity", "dense", "kronecker")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaXConfig(LowRankConfig):
+    """Low-rank layers with latent crossing (LaX §3).
+
+    Attributes:
+        gate: ``"kronecker"`` (the paper's configs), ``"dense"`` or ``"identity"``.
+        norm_eps: epsilon of the r-dimensional LayerNorm (1e-6 in the official code).
+    """
+
+    gate: str = "kronecker"
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gate not in GATES:
+            raise ValueError(f"gate={self.gate!r} is unknown; allowed: {list(GATES)}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps={self.norm_eps!r} is invalid; allowed: a number > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaXCoLAConfig(LaXConfig):
+    """LaX-CoLA: CoLA's latent SiLU after the crossing (LaX §3, "Variants of LaX")."""
+
+    activation: str = "silu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaXSVDConfig(LaXConfig):
+    """LaX-SVD: no latent activation."""
+
+    activation: str = "identity"
+
+
+def balanced_factors(rank: int) -> tuple[int, int]:
+    """The most balanced ``(a, b)`` with ``a · b = rank`` and ``a <= b`` (64 → (8, 8), 96 → (8, 12))."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank={rank!r} is invalid; allowed: an integer >= 1")
+    a = max(d for d in range(1, math.isqrt(rank) + 1) if rank % d == 0)
+    return a, rank // a
+
+
+class KroneckerGate(nn.Module):
+    """``G(h) = Dᵀ·H·E`` with ``H = h.view(a, b)``, i.e. ``(D ⊗ E)ᵀ h`` (LaX §3 "LaX Gates", ``TenserizedGate``).
+
+    Args:
+        rank: r = a·b, split by :func:`balanced_factors`.
+    """
+
+    def __init__(self, rank: int, *, device: Any = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.a, self.b = balanced_factors(rank)
+        self.weight_d = nn.Parameter(torch.empty(self.a, self.a, device=device, dtype=dtype))
+        self.weight_e = nn.Parameter(torch.empty(self.b, self.b, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # The official gate uses kaiming_uniform_ on both factors.
+        nn.init.kaiming_uniform_(self.weight_d, a=math.sqrt(5))
+        nn.init.kaiming_uniform_(self.weight_e, a=math.sqrt(5))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        grid = h.unflatten(-1, (self.a, self.b))  # (..., a, b)
+        out = torch.einsum("...cd,de,cf->...fe", grid, self.weight_e, self.weight_d)  # (..., a, b)
+        return out.flatten(-2)  # (..., r)
+
+    def extra_repr(self) -> str:
+        return f"a={self.a}, b={self.b}"
+
+
+def make_gate(kind: str, rank: int, *, device: Any = None, dtype: torch.dtype | None = None) -> nn.Module:
+    """The r×r gate of one crossing: ``identity``, ``dense`` or ``kronecker``."""
+    if kind == "identity":
+        return nn.Identity()
+    if kind == "dense":
+        return nn.Linear(rank, rank, bias=True, device=device, dtype=dtype)
+    if kind == "kronecker":
+        return KroneckerGate(rank, device=device, dtype=dtype)
+    raise ValueError(f"gate={kind!r} is unknown; allowed: {list(GATES)}")
+
+
+def gate_params(kind: str, rank: int) -> int:
+    """Parameters of a gate: 0, r² + r, or a² + b²."""
+    if kind == "kronecker":
+        a, b = balanced_factors(rank)
+        return a * a + b * b
+    return {"identity": 0, "dense": rank * rank + rank}[kind]
+
+
+def crossing_params(kind: str, rank: int) -> int:
+    """Parameters LaX adds to a crossing layer: the gate plus the LayerNorm's 2r."""
+    return gate_params(kind, rank) + 2 * rank
+
+
+class LatentStore:
+    """The latest latent of every stream (``"layers.*.self_attn.q_proj"`` ...) during one forward pass."""
+
+    def __init__(self) -> None:
+        self.latents: dict[str, torch.Tensor] = {}
+
+    def reset(self) -> None:
+        self.latents.clear()
+
+    def put(self, stream: str, latent: torch.Tensor) -> None:
+        self.latents[stream] = latent
+
+    def get(self, stream: str) -> torch.Tensor:
+        if stream not in self.latents:
+            raise RuntimeError(
+                f"LaX stream {stream!r} has no latent from the previous block; call the whole model (whose forward "
+                "pre-hook resets the store), and run blocks in order"
+            )
+        return self.latents[stream]
+
+
+def _reset_store(module: nn.Module, *args: Any) -> None:
+    # Looks the store up on the module (not in a closure) so that deep copies get their own store.
+    module._lax_store.reset()
+
+
+def split_block_path(name: str) -> tuple[int, str] | None:
+    """``"model.layers.3.mlp.up_proj"`` → ``(3, "model.layers.*.mlp.up_proj")``; None outside numbered blocks."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return int(part), ".".join([*parts[:i], "*", *parts[i + 1 :]])
+    return None
+
+
+class LaXLinear(LowRankLinear):
+    """``y = B σ(LN_r(A x + G(h_prev))) + b`` (crossing) or ``B σ(A x) + b`` (first block); LaX §3.
+
+    Same ``weight_a``/``weight_b``/``bias`` as :class:`LowRankLinear`; a crossing layer adds ``gate`` and ``norm``.
+    Crossings are switched on by :func:`attach_crossings` (``convert_`` does it), which knows the block structure.
+
+    Args:
+        in_features, out_features, rank, bias, activation: as :class:`LowRankLinear`.
+        gate: the gate kind used when a crossing is enabled.
+        norm_eps: epsilon of LN_r.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        *,
+        bias: bool = False,
+        activation: str = "identity",
+        gate: str = "kronecker",
+        norm_eps: float = 1e-6,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if gate not in GATES:
+            raise ValueError(f"gate={gate!r} is unknown; allowed: {list(GATES)}")
+        super().__init__(in_features, out_features, rank, bias=bias, activation=activation, device=device, dtype=dtype)
+        self.gate_kind, self.norm_eps = gate, norm_eps
+        self.gate: nn.Module | None = None
+        self.norm: nn.LayerNorm | None = None
+        self.stream: str | None = None
+        self._store: LatentStore | None = None
+
+    @property
+    def crossing(self) -> bool:
+        """Whether this layer adds the previous block's latent (False in block 0)."""
+        return self.norm is not None
+
+    def join(self, store: LatentStore, stream: str, *, crossing: bool) -> None:
+        """Publish this layer's latent to ``store`` under ``stream``; with ``crossing`` also read the previous one."""
+        self._store, self.stream = store, stream
+        if crossing and not self.crossing:
+            factory = {"device": self.weight_a.device, "dtype": self.weight_a.dtype}
+            self.gate = make_gate(self.gate_kind, self.rank, **factory)
+            self.norm = nn.LayerNorm(self.rank, eps=self.norm_eps, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        latent = F.linear(x, self.weight_a)  # (..., r)
+        if self.norm is not None:
+            latent = self.norm(latent + self.gate(self._store.get(self.stream)))  # (..., r)
+        latent = activation_fn(self.activation)(latent)
+        if self._store is not None:
+            self._store.put(self.stream, latent)
+        return F.linear(latent, self.weight_b, self.bias)  # (..., d_out)
+
+    @classmethod
+    def from_dense(cls, module: nn.Module, config: LowRankConfig | None = None) -> LaXLinear:
+        """Factors as :meth:`LowRankLinear.from_dense` (SVD or CoLA init); the crossing comes later."""
+        config = config or LaXSVDConfig()
+        base = LowRankLinear.from_dense(module, config)
+        layer = cls(
+            base.in_features,
+            base.out_features,
+            base.rank,
+            bias=base.bias is not None,
+            activation=base.activation,
+            gate=getattr(config, "gate", "kronecker"),
+            norm_eps=getattr(config, "norm_eps", 1e-6),
+            device="meta",
+        )
+        layer.weight_a, layer.weight_b, layer.bias = base.weight_a, base.weight_b, base.bias
+        return layer
+
+    def to_dense(self) -> nn.Linear:
+        if self.crossing:
+            raise ValueError("to_dense() is undefined for a crossing LaX layer: its output depends on h_prev")
+        return super().to_dense()
+
+    def num_params(self) -> int:
+        extra = crossing_params(self.gate_kind, self.rank) if self.crossing else 0
+        return super().num_params() + extra
+
+    def flops(self, tokens: int) -> int:
+        """Matmul FLOPs: the factors plus the gate (dense: 2r² per token; Kronecker: 2r(a+b) per token)."""
+        base = super().flops(tokens)
+        if not self.crossing or self.gate_kind == "identity":
+            return base
+        if self.gate_kind == "dense":
+            return base + 2 * tokens * self.rank * self.rank
+        a, b = balanced_factors(self.rank)
+        return base + 2 * tokens * self.rank * (a + b)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, gate={self.gate_kind!r}, crossing={self.crossing}"
+
+
+def attach_crossings(model: nn.Module) -> dict[str, int]:
+    """Wire every :class:`LaXLinear` of ``model`` to a shared :class:`LatentStore`.
+
+    A layer crosses iff a LaXLinear of the same stream (same path with the block index replaced by ``*``) exists in
+    the block before it. Installs forward pre/post hooks on ``model`` that clear the store.
+
+    Returns:
+        ``{qualified name: block index}`` of the crossing layers.
+
+    Raises:
+        ValueError: a stream whose rank changes between consecutive blocks.
+    """
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LaXLinear)}
+    located = {name: split_block_path(name) for name in layers}
+    by_stream = {loc: name for name, loc in located.items() if loc is not None}
+    store = getattr(model, "_lax_store", None)
+    if store is None:
+        store = LatentStore()
+        model._lax_store = store
+        model.register_forward_pre_hook(_reset_store)
+        model.register_forward_hook(_reset_store)
+    crossing: dict[str, int] = {}
+    for name, layer in layers.items():
+        loc = located[name]
+        if loc is None:
+            continue
+        block, stream = loc
+        previous = by_stream.get((block - 1, stream))
+        if previous is not None and layers[previous].rank != layer.rank:
+            raise ValueError(
+                f"rank mismatch in LaX stream {stream!r}: block {block - 1} has r={layers[previous].rank}, "
+                f"block {block} has r={layer.rank}; allowed: equal ranks along a stream"
+            )
+        layer.join(store, stream, crossing=previous is not None)
+        if previous is not None:
+            crossing[name] = block
+    return crossing
+
+
+def plan_lax(name: str, module: nn.Module, config: LaXConfig) -> Any:
+    """``convert_``'s report row; counts the crossing when the layer sits in a numbered block > 0 (an estimate that
+    :func:`finalize_lax` corrects to the built model)."""
+    from tensorslim.convert import _plan_low_rank  # convert.py imports this module
+
+    row = _plan_low_rank(name, module, config)
+    loc = split_block_path(name)
+    if loc is None or loc[0] == 0:
+        return row
+    return dataclasses.replace(row, params_after=row.params_after + crossing_params(config.gate, row.rank))
+
+
+def finalize_lax(model: nn.Module, config: LaXConfig, report: Any) -> None:
+    """``convert_``'s model-level step: CoLA's ``only_lr_act``, the crossings, exact parameter books."""
+    from tensorslim.convert import _drop_gate_activation  # convert.py imports this module
+
+    _drop_gate_activation(model, config, report)
+    attach_crossings(model)
+    report.layers[:] = [
+        dataclasses.replace(row, params_after=model.get_submodule(row.name).num_params()) for row in report.layers
+    ]
