@@ -16,6 +16,8 @@ from tensorslim.layers._source import is_dense_linear, linear_shape
 from tensorslim.layers.cola_m import CoLAMConfig, CoLAMLinear, finalize_cola_m
 from tensorslim.layers.lax import LaXCoLAConfig, LaXConfig, LaXLinear, LaXSVDConfig, finalize_lax, plan_lax
 from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, SVDConfig
+from tensorslim.layers.tt import TTConfig, TTLinear, plan_tt_linear
+from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig, is_embedding, plan_tt_embedding
 
 FilterFn = Callable[[nn.Module, str], bool]
 
@@ -122,6 +124,8 @@ TRANSFORMS: dict[type, Transform] = {
     LowRankConfig: Transform(is_dense_linear, _plan_low_rank, LowRankLinear.from_dense, _drop_gate_activation),
     CoLAMConfig: Transform(is_dense_linear, _plan_low_rank, CoLAMLinear.from_dense, finalize_cola_m),
     LaXConfig: Transform(is_dense_linear, plan_lax, LaXLinear.from_dense, finalize_lax),
+    TTConfig: Transform(is_dense_linear, plan_tt_linear, TTLinear.from_dense),
+    TTEmbeddingConfig: Transform(is_embedding, plan_tt_embedding, TTEmbedding.from_dense),
 }
 
 METHODS: dict[str, type] = {

@@ -241,3 +241,25 @@ class TTLinear(nn.Module):
             f"in_factors={list(self.in_factors)}, out_factors={list(self.out_factors)}, ranks={list(self.ranks)}, "
             f"bias={self.bias is not None}, gates={len(self.gates) > 0}"
         )
+
+
+def plan_tt_linear(name: str, module: nn.Module, config: TTConfig):
+    """The ``convert_`` report row for replacing ``module`` by a :class:`TTLinear` (nothing is built)."""
+    from tensorslim.convert import LayerReport  # deferred: convert.py imports this module for its registry
+
+    d_in, d_out = linear_shape(module)
+    try:
+        in_factors, out_factors, ranks = config.resolve(d_in, d_out)
+    except ValueError as error:
+        raise ValueError(f"layer {name!r}: {error}") from None
+    bias = d_out if module.bias is not None else 0
+    gates = sum(ranks[1:-1]) if config.rank_gates else 0
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(d_in, d_out),
+        new_shape=f"TT {list(in_factors)}|{list(out_factors)} r={list(ranks)}",
+        rank=max(ranks),
+        params_before=d_in * d_out + bias,
+        params_after=TTLinear.count_params(in_factors + out_factors, ranks, bias=bias) + gates,
+    )

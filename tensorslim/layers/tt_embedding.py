@@ -209,3 +209,27 @@ class TTEmbedding(nn.Module):
             f"num_embeddings={self.num_embeddings}, row_factors={list(self.row_factors)}, "
             f"col_factors={list(self.col_factors)}, ranks={list(self.ranks)}, lookup={self.lookup!r}"
         )
+
+
+def is_embedding(module: nn.Module) -> bool:
+    return isinstance(module, nn.Embedding)
+
+
+def plan_tt_embedding(name: str, module: nn.Module, config: TTEmbeddingConfig):
+    """The ``convert_`` report row for replacing an ``nn.Embedding`` by a :class:`TTEmbedding`."""
+    from tensorslim.convert import LayerReport  # deferred: convert.py imports this module for its registry
+
+    try:
+        rows, cols, ranks = config.resolve(module.num_embeddings, module.embedding_dim)
+    except ValueError as error:
+        raise ValueError(f"layer {name!r}: {error}") from None
+    cores = sum(r0 * m * n * r1 for r0, m, n, r1 in zip(ranks[:-1], rows, cols, ranks[1:], strict=True))
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(module.num_embeddings, module.embedding_dim),
+        new_shape=f"TTM {list(rows)}x{list(cols)} r={list(ranks)}",
+        rank=max(ranks),
+        params_before=module.num_embeddings * module.embedding_dim,
+        params_after=cores + (sum(ranks[1:-1]) if config.rank_gates else 0),
+    )

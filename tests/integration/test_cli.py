@@ -1,0 +1,82 @@
+"""The command line: bad input gives one line and exit code 2; bench and convert produce their reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tensorslim.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--preset", "3b"], "preset='3b' is unknown"),
+        (["train", "--method", "lora"], "method='lora' is unknown"),
+        (["train", "--steps", "0"], "steps=0 is invalid"),
+        (["train", "--batch-size", "-2"], "batch_size=-2 is invalid"),
+        (["train", "--lr", "0"], "lr=0.0 is invalid"),
+        (["train", "--rank", "0"], "rank=0 is invalid"),
+        (["train", "--data", "/no/such/file.txt", "--steps", "1"], "/no/such/file.txt"),
+        (["bench", "--preset", "tiny", "--rank", "999", "--methods", "cola"], "rank=999 is out of range"),
+        (["convert", "--rank-ratio", "1.5"], "rank_ratio=1.5 is invalid"),
+        (["convert", "--method", "dense"], "method='dense' is not a conversion"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_empty_data_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--data", str(tmp_path), "--steps", "1", "--out-dir", str(tmp_path / "run")]) == 2
+    assert str(tmp_path) in capsys.readouterr().err
+
+
+def test_unknown_flag_exits_2() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--no-such-flag"])
+    assert exit_info.value.code == 2
+
+
+def test_python_dash_m_entry_point() -> None:
+    result = subprocess.run([sys.executable, "-m", "tensorslim", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "train" in result.stdout and "bench" in result.stdout
+
+
+def test_bench_writes_table_json_and_chart(tmp_path: Path) -> None:
+    out = tmp_path / "bench" / "tiny"
+    argv = ["bench", "--preset", "tiny", "--methods", "cola,svd", "--batch-size", "1", "--seq-len", "16"]
+    assert main([*argv, "--warmup", "0", "--repeats", "2", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    rows = {row["method"]: row for row in result["rows"]}
+    assert list(rows) == ["dense", "cola", "svd"]
+    assert rows["dense"]["vs_dense"]["speedup"] == 1.0
+    assert rows["cola"]["vs_dense"]["params"] < 1 and rows["cola"]["vs_dense"]["fwd_flops"] < 1
+    assert len(rows["cola"]["step_times_s"]) == 2
+    memory = rows["cola"]["memory"]
+    n_tensors = 67  # 4 blocks x (14 factors + 2 norms) + embedding, final norm, head
+    # AdamW keeps two fp32 moments per parameter and a 4-byte step counter per parameter tensor.
+    assert memory["grads"] == memory["params"] and memory["optimizer"] == 2 * memory["params"] + 4 * n_tensors
+    assert memory["activations"] > 0
+    assert "| cola |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_convert_prints_plan_and_saves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert", "--preset", "60m"]) == 0
+    assert "model 58,073,600 -> 42,770,944" in capsys.readouterr().out
+    target = tmp_path / "tiny-svd.safetensors"
+    assert main(["convert", "--preset", "tiny", "--method", "svd", "--save", str(target)]) == 0
+    weights = load_file(target)
+    assert weights["layers.0.self_attn.q_proj.weight_a"].shape == (64, 256)
+    assert not list(tmp_path.glob("*.tmp"))

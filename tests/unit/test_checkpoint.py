@@ -1,0 +1,71 @@
+"""Checkpoints are atomic and pickle-free; the schedule matches the GaLore/CoLA recipe."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tensorslim.train.checkpoint as checkpoint
+from tensorslim.train.schedule import warmup_cosine
+
+
+def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_round_trip_restores_model_optimizer_and_rng(tmp_path: Path) -> None:
+    model, optimizer = _model_and_optimizer()
+    torch.manual_seed(123)
+    checkpoint.save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state={"extra": [1, 2]})
+    expected_draw = torch.rand(3)
+    fresh_model = nn.Linear(4, 3)
+    fresh_optimizer = torch.optim.AdamW(fresh_model.parameters(), lr=0.1)
+    state = checkpoint.load_checkpoint(tmp_path / "step_0000001", model=fresh_model, optimizer=fresh_optimizer)
+    assert state["extra"] == [1, 2] and state["step"] == 1
+    torch.testing.assert_close(fresh_model.weight, model.weight)
+    restored = fresh_optimizer.state_dict()["state"][0]["exp_avg"]
+    torch.testing.assert_close(restored, optimizer.state_dict()["state"][0]["exp_avg"])
+    torch.testing.assert_close(torch.rand(3), expected_draw)
+
+
+def test_failed_save_leaves_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, optimizer = _model_and_optimizer()
+    checkpoint.save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state={})
+    real_save = checkpoint.save_file
+
+    def crash_on_state(tensors: dict, path: Path) -> None:
+        if Path(path).name == "state.safetensors":
+            raise OSError("disk full")
+        real_save(tensors, path)
+
+    monkeypatch.setattr(checkpoint, "save_file", crash_on_state)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_checkpoint(tmp_path, step=2, model=model, optimizer=optimizer, state={})
+    assert checkpoint.latest_checkpoint(tmp_path).name == "step_0000001"
+    assert not (tmp_path / "step_0000002").exists()
+
+
+def test_keeps_only_the_newest(tmp_path: Path) -> None:
+    model, optimizer = _model_and_optimizer()
+    for step in range(1, 5):
+        checkpoint.save_checkpoint(tmp_path, step=step, model=model, optimizer=optimizer, state={}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_0000003", "step_0000004"]
+
+
+def test_schedule_warmup_then_cosine_to_ten_percent() -> None:
+    total, warmup = 100, 10
+    values = [warmup_cosine(s, total_steps=total, warmup_steps=warmup) for s in range(total + 1)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert values[10] == pytest.approx(1.0) and values[100] == pytest.approx(0.1)
+    midpoint = warmup + (total - warmup) // 2
+    assert values[midpoint] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert all(a >= b for a, b in zip(values[10:], values[11:], strict=False))

@@ -1,0 +1,93 @@
+"""Our LLaMA against Hugging Face's reference implementation, and the presets' books."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorslim.books import count_params, flops_per_token
+from tensorslim.methods import build_model
+from tensorslim.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, get_preset
+from tests.helpers import TINY_LLAMA
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_twin(config: LlamaConfig) -> torch.nn.Module:
+    hf_config = transformers.LlamaConfig(
+        hidden_size=config.d_model,
+        intermediate_size=config.d_ff,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        num_key_value_heads=config.n_heads,
+        vocab_size=config.vocab_size,
+        rms_norm_eps=config.norm_eps,
+        max_position_embeddings=config.max_seq_len,
+        tie_word_embeddings=False,
+    )
+    hf_config._attn_implementation = "eager"
+    return transformers.LlamaForCausalLM(hf_config)
+
+
+def test_logits_equal_hugging_face_llama() -> None:
+    torch.manual_seed(0)
+    ours = LlamaForCausalLM(TINY_LLAMA)
+    hf = _hf_twin(TINY_LLAMA)
+    state = {("" if k == "lm_head.weight" else "model.") + k: v for k, v in ours.state_dict().items()}
+    hf.load_state_dict(state)
+    ids = torch.randint(0, TINY_LLAMA.vocab_size, (2, 24))
+    torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_param_count_equals_hugging_face() -> None:
+    assert count_params(LlamaForCausalLM(TINY_LLAMA)).total == sum(p.numel() for p in _hf_twin(TINY_LLAMA).parameters())
+
+
+# lowrank digest §2.3 (derived from the GaLore/CoLA configs): total params full -> CoLA, in millions, and the
+# forward FLOPs per token at s = 256 including attention and the head.
+PAPER_BOOKS = {
+    "60m": (58.1, 42.8, 87.6, 57.0),
+    "130m": (134.1, 94.0, 228.5, 148.2),
+    "350m": (368.0, 185.2, 695.5, 330.0),
+    "1b": (1339.1, 609.3, 2597, 1138),
+    "7b": (6738, 2821, 13348, 5513),
+}
+
+
+@pytest.mark.parametrize("name", list(PAPER_BOOKS))
+def test_preset_books_reproduce_the_cola_tables(name: str) -> None:
+    dense, _ = build_model(name, "dense", device="meta")
+    cola, report = build_model(name, "cola", device="meta")
+    params_dense, params_cola, flops_dense, flops_cola = PAPER_BOOKS[name]
+    assert round(count_params(dense).total / 1e6, 1) == pytest.approx(params_dense, abs=0.51)
+    assert round(count_params(cola).total / 1e6, 1) == pytest.approx(params_cola, abs=0.51)
+    assert flops_per_token(dense, seq_len=256) / 1e6 == pytest.approx(flops_dense, rel=1e-3)
+    assert flops_per_token(cola, seq_len=256) / 1e6 == pytest.approx(flops_cola, rel=1e-3)
+    assert report.model_params_after == count_params(cola).total
+    assert len(report.layers) == 7 * get_preset(name).model.n_layers
+
+
+def test_only_lr_act_follows_the_cola_configs() -> None:
+    small, _ = build_model("60m", "cola", device="meta")
+    large, _ = build_model("350m", "cola", device="meta")
+    assert isinstance(small.layers[0].mlp.act_fn, torch.nn.SiLU)
+    assert isinstance(large.layers[0].mlp.act_fn, torch.nn.Identity)
+
+
+def test_all_presets_have_the_digest_dims() -> None:
+    dims = {name: (p.model.d_model, p.model.d_ff, p.model.n_heads, p.model.n_layers) for name, p in PRESETS.items()}
+    assert dims["60m"] == (512, 1376, 8, 8)
+    assert dims["130m"] == (768, 2048, 12, 12)
+    assert dims["350m"] == (1024, 2736, 16, 24)
+    assert dims["1b"] == (2048, 5461, 32, 24)
+    assert dims["7b"] == (4096, 11008, 32, 32)
+    assert [PRESETS[n].cola_rank for n in ("60m", "130m", "350m", "1b", "7b")] == [128, 256, 256, 512, 1024]
+
+
+def test_unknown_preset_and_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="preset='3b' is unknown"):
+        get_preset("3b")
+    with pytest.raises(ValueError, match="n_heads=5"):
+        LlamaConfig(d_model=64, n_layers=1, n_heads=5, d_ff=8)
+    with pytest.raises(ValueError, match="exceeds max_seq_len=64"):
+        LlamaForCausalLM(TINY_LLAMA)(torch.zeros(1, 65, dtype=torch.long))

@@ -1,0 +1,130 @@
+"""LowRankLinear contract: dense reference, gradcheck, from_dense/to_dense, books, state dict, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from tensorslim.decomp.svd import truncated_svd
+from tensorslim.layers.lowrank import CoLAConfig, LowRankLinear, SVDConfig
+
+
+@pytest.mark.parametrize("activation", ["identity", "silu", "gelu", "relu"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_forward_matches_explicit_formula(activation: str, bias: bool) -> None:
+    torch.manual_seed(0)
+    layer = LowRankLinear(12, 7, 3, bias=bias, activation=activation)
+    x = torch.randn(5, 4, 12)
+    act = {"identity": lambda t: t, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}.get(
+        activation, torch.relu
+    )
+    expected = act(x @ layer.weight_a.T) @ layer.weight_b.T + (layer.bias if bias else 0)
+    torch.testing.assert_close(layer(x), expected)
+
+
+def test_identity_forward_equals_dense_reconstruction() -> None:
+    torch.manual_seed(0)
+    layer = LowRankLinear(16, 9, 4, bias=True)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(layer(x), layer.to_dense()(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["identity", "silu"])
+def test_gradcheck_float64(activation: str) -> None:
+    torch.manual_seed(0)
+    layer = LowRankLinear(6, 5, 2, bias=True, activation=activation, dtype=torch.float64)
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+
+    def fn(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(layer, {"weight_a": a, "weight_b": b, "bias": bias}, (x,))
+
+    params = [p.detach().clone().requires_grad_() for p in (layer.weight_a, layer.weight_b, layer.bias)]
+    assert torch.autograd.gradcheck(fn, (x, *params))
+
+
+def test_from_dense_full_rank_reproduces_linear() -> None:
+    torch.manual_seed(0)
+    dense = nn.Linear(10, 6)
+    layer = LowRankLinear.from_dense(dense, SVDConfig(rank=6))
+    x = torch.randn(4, 10)
+    torch.testing.assert_close(layer(x), dense(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.to_dense().weight, dense.weight, rtol=1e-5, atol=1e-5)
+
+
+def test_from_dense_truncation_is_the_eckart_young_optimum() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(20, 30, dtype=torch.float64)
+    a, b = truncated_svd(weight, 5)
+    s = torch.linalg.svdvals(weight)
+    # The Frobenius error of the best rank-5 approximation is the norm of the discarded singular values.
+    torch.testing.assert_close(torch.linalg.norm(weight - b @ a), s[5:].norm())
+
+
+def test_from_dense_hf_conv1d() -> None:
+    transformers = pytest.importorskip("transformers")
+    conv = transformers.pytorch_utils.Conv1D(8, 12)  # nf=8 outputs, nx=12 inputs; weight (12, 8)
+    nn.init.normal_(conv.weight)
+    nn.init.normal_(conv.bias)
+    layer = LowRankLinear.from_dense(conv, SVDConfig(rank=8))
+    x = torch.randn(3, 12)
+    torch.testing.assert_close(layer(x), conv(x), rtol=1e-4, atol=1e-4)
+
+
+def test_cola_init_std_matches_paper() -> None:
+    torch.manual_seed(0)
+    layer = LowRankLinear(1024, 1024, 256, activation="silu")
+    expected = 256**-0.25 * 2048**-0.25
+    assert abs(layer.weight_a.std().item() - expected) < 0.02 * expected
+    assert abs(layer.weight_b.std().item() - expected) < 0.02 * expected
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_books_are_exact(bias: bool) -> None:
+    layer = LowRankLinear(24, 40, 6, bias=bias)
+    assert layer.num_params() == sum(p.numel() for p in layer.parameters())
+    with FlopCounterMode(display=False) as counter:
+        layer(torch.randn(2, 7, 24))
+    assert layer.flops(14) == counter.get_total_flops()
+
+
+def test_state_dict_round_trip() -> None:
+    torch.manual_seed(0)
+    source = LowRankLinear(8, 8, 3, bias=True, activation="silu")
+    target = LowRankLinear(8, 8, 3, bias=True, activation="silu")
+    target.load_state_dict(source.state_dict())
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(target(x), source(x))
+
+
+def test_to_dense_refuses_nonlinear() -> None:
+    with pytest.raises(ValueError, match="activation='identity'"):
+        LowRankLinear(4, 4, 2, activation="silu").to_dense()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rank": 0}, "rank=0"),
+        ({"rank": -3}, "rank=-3"),
+        ({"rank": 2.5}, "rank=2.5"),
+        ({"rank_ratio": 0.0}, "rank_ratio=0.0"),
+        ({"rank_ratio": 1.5}, "rank_ratio=1.5"),
+        ({"activation": "tanhh"}, "activation='tanhh'"),
+        ({"init": "zeros"}, "init='zeros'"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CoLAConfig(**kwargs)
+
+
+def test_rank_above_layer_limit_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"rank=9 is out of range for a 8->16 layer; allowed 1..8"):
+        CoLAConfig(rank=9).resolve_rank(8, 16)
+
+
+def test_rank_ratio_resolves_against_smaller_side() -> None:
+    assert CoLAConfig().resolve_rank(512, 1376) == 128
+    assert SVDConfig(rank_ratio=1.0).resolve_rank(7, 3) == 3
