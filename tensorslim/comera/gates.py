@@ -87,39 +87,57 @@ def gate_penalty(model: nn.Module) -> torch.Tensor:
     return torch.stack(total).sum() / torch.stack(count).sum().clamp(min=1)
 
 
-def _slice_param(param: nn.Parameter, index: list[torch.Tensor | None], optimizer: torch.optim.Optimizer | None):
-    """Slice ``param`` in place (same Parameter object, so optimizer groups stay valid) and its optimizer state."""
+def _cut(tensor: torch.Tensor, first: torch.Tensor | None, last: torch.Tensor | None) -> torch.Tensor:
+    if first is not None:
+        tensor = tensor.index_select(0, first)
+    if last is not None:
+        tensor = tensor.index_select(tensor.ndim - 1, last)
+    return tensor.contiguous()
 
-    def cut(tensor: torch.Tensor) -> torch.Tensor:
-        for dim, keep in enumerate(index):
-            if keep is not None:
-                tensor = tensor.index_select(dim if dim == 0 else tensor.ndim - 1, keep)
-        return tensor.contiguous()
 
-    old_shape = param.shape
-    param.data = cut(param.data)
-    param.grad = None
-    if optimizer is not None and param in optimizer.state:
-        state = optimizer.state[param]
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.shape == old_shape:
-                state[key] = cut(value)
+def _slice_param_(
+    params: nn.ParameterList,
+    k: int,
+    first: torch.Tensor | None,
+    last: torch.Tensor | None,
+    optimizer: torch.optim.Optimizer | None,
+) -> None:
+    """Replace ``params[k]`` by its slice and move the optimizer's reference and moment estimates along.
+
+    A new Parameter is needed: changing a leaf's shape through ``.data`` leaves autograd's cached gradient
+    accumulator expecting the old shape.
+    """
+    old = params[k]
+    new = nn.Parameter(_cut(old.detach(), first, last), requires_grad=old.requires_grad)
+    params[k] = new
+    if optimizer is None:
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [new if p is old else p for p in group["params"]]
+    if old in optimizer.state:
+        state = optimizer.state.pop(old)
+        optimizer.state[new] = {
+            key: _cut(value, first, last) if isinstance(value, torch.Tensor) and value.shape == old.shape else value
+            for key, value in state.items()
+        }
 
 
 @torch.no_grad()
 def truncate_layer_(layer: TTLayer, *, optimizer: torch.optim.Optimizer | None = None) -> tuple[int, ...]:
     """Remove the ranks whose gates are ≤ threshold from cores and gates; the output is unchanged (dead ranks
-    contribute exactly zero). Returns the new ranks. Parameters keep their identity, so an optimizer built before
-    keeps working; its moment estimates are sliced the same way."""
+    contribute exactly zero). Returns the new ranks. Cores and gates become new Parameters; pass the optimizer so
+    its groups point at them and its moment estimates are sliced the same way."""
     if len(layer.gates) == 0:
         return layer.ranks
     keep = [torch.nonzero(gate > layer.gate_threshold).flatten() for gate in layer.gates]
-    for k, core in enumerate(layer.cores):
+    if all(len(alive) == gate.numel() for alive, gate in zip(keep, layer.gates, strict=True)):
+        return layer.ranks
+    for k in range(len(layer.cores)):
         first = keep[k - 1] if k > 0 else None
         last = keep[k] if k < len(keep) else None
-        _slice_param(core, [first, last], optimizer)
-    for gate, alive in zip(layer.gates, keep, strict=True):
-        _slice_param(gate, [alive], optimizer)
+        _slice_param_(layer.cores, k, first, last, optimizer)
+    for k, alive in enumerate(keep):
+        _slice_param_(layer.gates, k, alive, None, optimizer)
     return layer.ranks
 
 
