@@ -1,0 +1,117 @@
+"""LaX experiment: validation loss of dense, CoLA, LaX-CoLA, SVD and LaX-SVD at equal steps and tokens.
+
+Each run is one ``tensorslim train`` command (printed and recorded); runs go seed by seed so that an interrupted
+sweep still has complete seeds. The table reports mean ± std over seeds of the final validation loss, the
+parameters, and what LaX adds to the low-rank layers.
+
+    .venv/bin/python benchmarks/lax_experiment.py --steps 200 --seeds 0 1 2 --out benchmarks/results/lax_tiny
+    .venv/bin/python benchmarks/lax_experiment.py --summarize-only --out benchmarks/results/lax_tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+METHODS = ("dense", "cola", "lax-cola", "svd", "lax-svd")
+
+
+def run_command(*, preset: str, method: str, steps: int, seed: int, run_dir: Path) -> list[str]:
+    return [
+        str(Path(sys.executable).parent / "tensorslim"),
+        "train",
+        "--preset",
+        preset,
+        "--method",
+        method,
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--out-dir",
+        str(run_dir),
+        "--no-progress",
+        "--no-tensorboard",
+    ]
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    std = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return f"{statistics.mean(values):.4f} ± {std:.4f}"
+
+
+def summarize(out: Path, runs: list[dict]) -> str:
+    """The Markdown table of the finished runs in ``runs``."""
+    lines = [
+        "| method | seeds | val loss (mean ± std) | val ppl (mean) | params total | non-embedding "
+        "| tokens/s (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method in METHODS:
+        rows = [r for r in runs if r["method"] == method]
+        if not rows:
+            continue
+        losses = [r["val_loss"] for r in rows]
+        ppl = statistics.mean(r["val_perplexity"] for r in rows)
+        speed = statistics.median(r["tokens_per_s"] for r in rows)
+        lines.append(
+            f"| {method} | {', '.join(str(r['seed']) for r in rows)} | {_mean_std(losses)} | {ppl:.1f} "
+            f"| {rows[0]['params_total']:,} | {rows[0]['params_non_embedding']:,} | {speed:,.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--out", default="benchmarks/results/lax_tiny")
+    parser.add_argument("--runs-dir", default="runs/lax_experiment")
+    parser.add_argument("--summarize-only", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    runs_dir = Path(args.runs_dir)
+    log_path = out.with_suffix(".runs.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.summarize_only:
+        for seed in args.seeds:
+            for method in args.methods:
+                run_dir = runs_dir / f"{args.preset}-{method}-s{seed}"
+                command = run_command(preset=args.preset, method=method, steps=args.steps, seed=seed, run_dir=run_dir)
+                load = os.getloadavg()
+                started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                print(" ".join(command), flush=True)
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+                summary = json.loads((run_dir / "summary.json").read_text())
+                record = {
+                    "method": method,
+                    "seed": seed,
+                    "steps": args.steps,
+                    "command": " ".join(command),
+                    "started": started,
+                    "load_average_at_start": load,
+                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                    **{k: summary[k] for k in ("val_loss", "val_perplexity", "params_total", "tokens_per_s")},
+                    "params_non_embedding": summary["params_non_embedding"],
+                }
+                with log_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+    runs = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+    runs = [r for r in runs if r["method"] in args.methods]
+    table = summarize(out, runs)
+    print(table)
+    out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
