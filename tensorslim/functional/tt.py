@@ -12,9 +12,10 @@ CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) §4 "contraction path optim
   ``TensorizedEmbedding_order4`` handles order 4 only and hard-codes CUDA index buffers; here any order ≥ 2 works and
   indices are computed on the ids' device.
 
-Backward is autograd through these paths. Only the token-dependent GEMMs save activations (``x`` and ``x L``), the
-same tensors the official hand-written ``TT_forward.backward`` keeps, and it is valid for any number of cores (the
-official generic loop has an indexing bug for d ≥ 4, digest §1.3).
+Backward: the token-dependent GEMMs of the TT linear layer have a hand-written backward (:class:`_FactoredMatmul`,
+saving only ``x`` and ``x L`` as the official ``TT_forward.backward`` does); the tiny token-independent chains that
+build ``L`` and ``R`` use autograd, so any number of cores works (the official generic loop has an indexing bug for
+d ≥ 4, digest §1.3). The embedding lookup has a hand-written backward for its gathers (:class:`_HalfTableLookup`).
 """
 
 from __future__ import annotations
@@ -123,6 +124,33 @@ def tt_linear_factors(cores: Sequence[torch.Tensor], *, n_in: int) -> tuple[torc
     return left.reshape(left.shape[1], left.shape[2]), right.reshape(right.shape[0], right.shape[1])
 
 
+class _FactoredMatmul(torch.autograd.Function):
+    """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (digest §1.3: four width-r GEMMs).
+
+    Autograd's ``mm`` backward would form ``∂L = xᵀ ∂T`` from a transposed ``x``, a slow skinny GEMM on CPU; here it is
+    ``(∂Tᵀ x)ᵀ``. Only ``x`` and ``T = x L`` (``B×r``) are saved for the token-dependent part, as in CoMERA.
+    """
+
+    @staticmethod
+    def forward(ctx, x, left, right, bias):  # x (B, d_in), left (d_in, r), right (r, d_out)
+        latent = x @ left  # (B, r)
+        out = latent @ right if bias is None else torch.addmm(bias, latent, right)  # (B, d_out)
+        ctx.save_for_backward(x, left, right, latent)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out (B, d_out)
+        x, left, right, latent = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_latent = grad_out @ right.t()  # (B, r)
+        grad_x = grad_latent @ left.t() if ctx.needs_input_grad[0] else None  # (B, d_in)
+        grad_left = (grad_latent.t() @ x).t() if ctx.needs_input_grad[1] else None  # (d_in, r)
+        grad_right = latent.t() @ grad_out if ctx.needs_input_grad[2] else None  # (r, d_out)
+        grad_bias = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None  # (d_out,)
+        return grad_x, grad_left, grad_right, grad_bias
+
+
 def tt_linear(
     x: torch.Tensor, cores: Sequence[torch.Tensor], bias: torch.Tensor | None = None, *, n_in: int
 ) -> torch.Tensor:
@@ -140,8 +168,7 @@ def tt_linear(
     left, right = tt_linear_factors(cores, n_in=n_in)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, left.shape[0])  # (B, d_in)
-    latent = x2 @ left  # (B, r_mid)
-    out = latent @ right if bias is None else torch.addmm(bias, latent, right)  # (B, d_out)
+    out = _FactoredMatmul.apply(x2, left, right, bias)  # (B, d_out), via the (B, r_mid) latent
     return out.reshape(*lead, right.shape[1])
 
 
@@ -171,6 +198,62 @@ def ttm_half_tables(cores: Sequence[torch.Tensor], *, split: int) -> tuple[torch
     return left[0], right[..., 0].permute(1, 0, 2)
 
 
+def _grouped_mm(a: torch.Tensor, right: torch.Tensor, counts: list[int], *, transpose: bool = False) -> torch.Tensor:
+    """``out[u] = a[u] @ right[j(u)]`` (or ``@ right[j]ᵀ``) for ``a`` sorted by group ``j``: one GEMM per group."""
+    width = right.shape[1] if transpose else right.shape[2]
+    out = a.new_empty(a.shape[0], a.shape[1], width)
+    start = 0
+    for j, count in enumerate(counts):
+        if count:
+            block = a[start : start + count].reshape(-1, a.shape[2])  # (count·N_1, r) or (count·N_1, N_2)
+            torch.mm(block, right[j].t() if transpose else right[j], out=out[start : start + count].view(-1, width))
+            start += count
+    return out
+
+
+class _HalfTableLookup(torch.autograd.Function):
+    """Rows ``left[t0] @ right[t1]`` (CoMERA §4.1 half-tables) with a hand-written, grouped backward.
+
+    Ids are sorted by their right-table row ``t1`` (``M_2`` groups, 100 for CoMERA's shapes), so each group is one
+    ``(count·N_1, r) @ (r, N_2)`` GEMM against a row of the right table: the right slices are never gathered per id,
+    and their gradient is one GEMM per group instead of a scatter-add over thousands of duplicates (which is the
+    slowest part of autograd's version on CPU). Only index vectors are saved; the left slices are re-gathered.
+    The group sizes are read on the host (``tolist``), one sync per call on a GPU.
+    """
+
+    @staticmethod
+    def forward(ctx, left, right, t0, t1, inverse):  # left (M_1, N_1, r), right (M_2, r, N_2), t0/t1 (U,)
+        order = torch.argsort(t1, stable=True)  # (U,) group ids by right row
+        counts = torch.bincount(t1, minlength=right.shape[0]).tolist()
+        t0_sorted = t0.index_select(0, order)
+        rows = _grouped_mm(left.index_select(0, t0_sorted), right, counts)  # (U, N_1, N_2), sorted order
+        rank_of = torch.empty_like(order)
+        rank_of[order] = torch.arange(order.numel(), device=order.device)  # unsorted position → sorted position
+        take = rank_of if inverse is None else rank_of.index_select(0, inverse)  # (T,)
+        ctx.save_for_backward(left, right, t0_sorted, take)
+        ctx.counts = counts
+        return rows.reshape(rows.shape[0], -1).index_select(0, take)  # (T, D)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out (T, D)
+        left, right, t0_sorted, take = ctx.saved_tensors
+        n_left, n_right = left.shape[1], right.shape[2]
+        grad_rows = grad_out.new_zeros(t0_sorted.shape[0], grad_out.shape[1]).index_add_(0, take, grad_out)
+        grad_rows = grad_rows.reshape(-1, n_left, n_right)  # (U, N_1, N_2), sorted order
+        grad_a = _grouped_mm(grad_rows, right, ctx.counts, transpose=True)  # (U, N_1, r)
+        grad_left = torch.zeros_like(left).index_add_(0, t0_sorted, grad_a)
+        a = left.index_select(0, t0_sorted)  # (U, N_1, r)
+        grad_right = torch.zeros_like(right)
+        start = 0
+        for j, count in enumerate(ctx.counts):
+            if count:
+                block_a = a[start : start + count].reshape(-1, a.shape[2])  # (count·N_1, r)
+                block_g = grad_rows[start : start + count].reshape(-1, n_right)  # (count·N_1, N_2)
+                torch.mm(block_a.t(), block_g, out=grad_right[j])
+                start += count
+        return grad_left, grad_right, None, None, None
+
+
 def ttm_lookup_halves(
     ids: torch.Tensor, cores: Sequence[torch.Tensor], *, split: int, unique: bool = True
 ) -> torch.Tensor:
@@ -192,10 +275,12 @@ def ttm_lookup_halves(
     if unique:
         flat, inverse = torch.unique(flat, return_inverse=True)
     # Row id → (left row, right row) in the row-major mixed radix; computed on the ids' device (no index buffers).
-    rows = torch.bmm(left[flat // m_right], right[flat % m_right])  # (U, N_1, N_2)
-    rows = rows.reshape(rows.shape[0], -1)  # (U, D): column index = (j_left, j_right) row-major
-    if inverse is not None:
-        rows = rows[inverse]
+    # Column index of a row = (j_left, j_right) row-major, so the (N_1, N_2) product flattens to the embedding dim.
+    t0, t1 = flat // m_right, flat % m_right
+    if flat.device.type == "meta":  # shapes only (books on meta models): group sizes are unknowable
+        rows = torch.bmm(left[t0], right[t1]).reshape(t0.shape[0], -1)
+    else:
+        rows = _HalfTableLookup.apply(left.contiguous(), right.contiguous(), t0, t1, inverse)
     return rows.reshape(*ids.shape, rows.shape[-1])
 
 

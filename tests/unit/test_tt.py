@@ -243,7 +243,9 @@ def test_tt_embedding_gradients(rows, row_f, col_f, ranks):
     cores = [c.requires_grad_() for c in _random_cores(row_f, ranks, four_way_cols=col_f, seed=2)]
     ids = torch.tensor([1, 4, 4, rows - 1, 0])
     split = len(cores) // 2
-    assert torch.autograd.gradcheck(lambda *cs: ttm_lookup_halves(ids, cs, split=split), tuple(cores))
+    for unique in (True, False):
+        run = lambda *cs, unique=unique: ttm_lookup_halves(ids, cs, split=split, unique=unique)  # noqa: E731
+        assert torch.autograd.gradcheck(run, tuple(cores))
     grad_out = torch.randn(5, math.prod(col_f), dtype=torch.float64)
     ref = torch.autograd.grad(ttm_to_full(cores)[ids], cores, grad_out)
     for lookup in (lambda cs: ttm_lookup_halves(ids, cs, split=split), lambda cs: ttm_lookup_chain(ids, cs)):
