@@ -158,6 +158,17 @@ def _reset_store(module: nn.Module, *args: Any) -> None:
     module._lax_store.reset()
 
 
+def ensure_store(model: nn.Module) -> LatentStore:
+    """The model's :class:`LatentStore`, created with its reset hooks on first use."""
+    store = getattr(model, "_lax_store", None)
+    if store is None:
+        store = LatentStore()
+        model._lax_store = store
+        model.register_forward_pre_hook(_reset_store)
+        model.register_forward_hook(_reset_store)
+    return store
+
+
 def split_block_path(name: str) -> tuple[int, str] | None:
     """``"model.layers.3.mlp.up_proj"`` → ``(3, "model.layers.*.mlp.up_proj")``; None outside numbered blocks."""
     parts = name.split(".")
@@ -279,12 +290,7 @@ def attach_crossings(model: nn.Module) -> dict[str, int]:
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LaXLinear)}
     located = {name: split_block_path(name) for name in layers}
     by_stream = {loc: name for name, loc in located.items() if loc is not None}
-    store = getattr(model, "_lax_store", None)
-    if store is None:
-        store = LatentStore()
-        model._lax_store = store
-        model.register_forward_pre_hook(_reset_store)
-        model.register_forward_hook(_reset_store)
+    store = ensure_store(model)
     crossing: dict[str, int] = {}
     for name, layer in layers.items():
         loc = located[name]

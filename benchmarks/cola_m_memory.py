@@ -1,0 +1,172 @@
+"""CoLA-M memory and step time vs dense, dense + whole-layer checkpointing, CoLA, CoLA + whole-layer checkpointing.
+
+Every arm runs in its own subprocess (a 350M dense model with AdamW state does not fit beside four others), in
+alternating order over rounds so that drift of the shared machine hits all arms alike. Per arm: saved-activation
+bytes of one forward (``saved_tensors_hooks``, exact), the accounting peak (params + grads + AdamW state + saved
+activations), the process's peak RSS, and the median train-step time (forward, backward, AdamW).
+
+    .venv/bin/python benchmarks/cola_m_memory.py --preset 60m --batch-size 8 --seq-len 256 \
+        --out benchmarks/results/cola_m_60m
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ARMS = ("dense", "dense+gc", "cola", "cola+gc", "cola-m")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """Build one arm, run ``warmup + steps`` train steps, return its figures."""
+    import torch
+
+    from tensorslim.bench.memory import count_saved_tensors, training_memory
+    from tensorslim.layers.cola_m import checkpoint_
+    from tensorslim.methods import build_model
+    from tensorslim.models.llama import get_preset
+    from tensorslim.train.optim import build_optimizer
+    from tensorslim.train.trainer import causal_lm_loss
+
+    torch.manual_seed(0)
+    method = {"dense+gc": "dense", "cola+gc": "cola"}.get(args.arm, args.arm)
+    model, _ = build_model(args.preset, method, max_seq_len=args.seq_len)
+    if args.arm.endswith("+gc"):
+        checkpoint_(model, policy="layer")
+    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
+    vocab = get_preset(args.preset).model.vocab_size
+    batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
+    rss_before = _rss_bytes()
+    times, saved = [], 0
+    for step in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        with count_saved_tensors(model) as tally:
+            loss = causal_lm_loss(model(batch), batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+        saved = max(saved, tally.bytes)
+    memory = training_memory(model, optimizer, saved)
+    return {
+        "arm": args.arm,
+        "saved_bytes": saved,
+        "accounting_peak_bytes": memory.total,
+        "params_bytes": memory.params,
+        "rss_before_steps_bytes": rss_before,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "step_times_s": times,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def formula(preset_name: str, tokens: int) -> dict[str, int]:
+    """Values per token and layer that checkpointed blocks save: CoLA-M ``d + 7r`` (ours), paper ``2d + 7r``."""
+    from tensorslim.models.llama import get_preset
+
+    preset = get_preset(preset_name)
+    d, r, layers = preset.model.d_model, preset.cola_rank, preset.model.n_layers
+    return {
+        "d": d,
+        "r": r,
+        "n_layers": layers,
+        "cola_m_bytes_per_layer": (d + 7 * r) * tokens * 4,
+        "paper_bytes_per_layer": (2 * d + 7 * r) * tokens * 4,
+        "gc_bytes_per_layer": d * tokens * 4,
+    }
+
+
+def table(result: dict) -> str:
+    rows = {row["arm"]: row for row in result["rows"]}
+    cola = rows.get("cola")
+    lines = [
+        "| arm | saved activations (MiB) | × CoLA | accounting peak (MiB) | peak RSS (MiB) | RSS growth in steps (MiB) "
+        "| step (s, median) | × CoLA step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in ARMS:
+        if arm not in rows:
+            continue
+        row = rows[arm]
+        step = statistics.median(row["step_times_s"])
+        ratio_saved = row["saved_bytes"] / cola["saved_bytes"] if cola else float("nan")
+        ratio_step = step / statistics.median(cola["step_times_s"]) if cola else float("nan")
+        lines.append(
+            f"| {arm} | {row['saved_bytes'] / 2**20:,.1f} | {ratio_saved:.3f} | "
+            f"{row['accounting_peak_bytes'] / 2**20:,.0f} | {row['peak_rss_bytes'] / 2**20:,.0f} "
+            f"| {(row['peak_rss_bytes'] - row['rss_before_steps_bytes']) / 2**20:,.0f} | {step:.3f} "
+            f"| {ratio_step:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="60m")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="arm order alternates between rounds")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--arm", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    arms = [a for a in args.arms.split(",") if a]
+    command = "python " + " ".join(sys.argv)
+    loads = [os.getloadavg()]
+    merged: dict[str, dict] = {}
+    for round_index in range(args.rounds):
+        for arm in arms if round_index % 2 == 0 else arms[::-1]:
+            cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--preset", args.preset]
+            cmd += ["--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)]
+            cmd += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            row = json.loads(out.strip().splitlines()[-1])
+            print(f"round {round_index} {arm}: {row['step_times_s']}", flush=True)
+            if arm in merged:
+                merged[arm]["step_times_s"] += row["step_times_s"]
+                merged[arm]["peak_rss_bytes"] = max(merged[arm]["peak_rss_bytes"], row["peak_rss_bytes"])
+            else:
+                merged[arm] = row
+            loads.append(os.getloadavg())
+    tokens = args.batch_size * args.seq_len
+    result = {
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "preset": args.preset,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "tokens": tokens,
+        "load_averages": loads,
+        "formula": formula(args.preset, tokens),
+        "rows": [merged[a] for a in arms],
+    }
+    text = table(result)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.out).with_suffix(".md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

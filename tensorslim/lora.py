@@ -1,0 +1,166 @@
+"""LoRA adapters on a frozen model, plain or with LaX latent crossing between consecutive layers' adapters.
+
+LoRA: Hu et al., 2021 (arXiv 2106.09685), §4.1: ``y = W₀x + (α/r)·B·A·x`` with ``W₀`` frozen, ``A`` Kaiming-uniform,
+``B = 0`` (peft's defaults), so training starts from the pretrained function.
+
+LaX-LoRA (LaX, arXiv 2505.21732, abstract and "Variants of LaX"): the paper applies latent crossing to LoRA on
+LLaMA-7/13B, but **its LoRA code is unreleased** ("Coming Soon" in ``K1seki221/Latent_Crossing``). What follows is
+our reconstruction (lowrank digest §4.4): for the adapter of layer type ℓ in block i > 0, with ``h = A·x``::
+
+    h' = h + G(h'_prev)              h'_prev: the adapter latent of layer ℓ in block i−1 (after its own crossing)
+    y  = W₀x + (α/r)·B·h'
+
+with the gates of :mod:`tensorslim.layers.lax` (identity, dense r×r, Kronecker) and **no LayerNorm** on the adapter
+latent (the digest's formula has none, and a LayerNorm would rescale the small early latents of a fresh adapter).
+Block 0 has no crossing. Because ``B = 0`` at init, LaX-LoRA also starts exactly at the pretrained model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorslim.layers.lax import GATES, LatentStore, ensure_store, gate_params, make_gate, split_block_path
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoRAConfig:
+    """Which layers get adapters and how.
+
+    Attributes:
+        rank: adapter rank r.
+        alpha: scaling numerator; the update is ``(alpha / rank)·B·A·x``.
+        dropout: dropout on the adapter's input.
+        targets: last name components of the ``nn.Linear`` layers to adapt (BERT: ``query``, ``value``).
+        lax_gate: None for plain LoRA; ``"identity"``, ``"dense"`` or ``"kronecker"`` for LaX-LoRA.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("query", "value")
+    lax_gate: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} is invalid; allowed: [0, 1)")
+        if not self.targets:
+            raise ValueError("targets=() is invalid; allowed: a non-empty tuple of layer names")
+        if self.lax_gate is not None and self.lax_gate not in GATES:
+            raise ValueError(f"lax_gate={self.lax_gate!r} is unknown; allowed: None or one of {list(GATES)}")
+
+
+class LoRALinear(nn.Module):
+    """A frozen ``nn.Linear`` plus a trainable low-rank update, optionally crossing latents (LaX-LoRA).
+
+    Args:
+        base: the pretrained layer (kept as ``self.base``, frozen).
+        rank, alpha, dropout: see :class:`LoRAConfig`.
+    """
+
+    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, dropout: float = 0.0) -> None:
+        super().__init__()
+        if not 1 <= rank <= min(base.in_features, base.out_features):
+            raise ValueError(f"rank={rank} is out of range; allowed 1..{min(base.in_features, base.out_features)}")
+        self.base = base.requires_grad_(False)
+        self.rank, self.scaling = rank, alpha / rank
+        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features, **factory))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.gate: nn.Module | None = None
+        self.stream: str | None = None
+        self._store: LatentStore | None = None
+
+    @property
+    def crossing(self) -> bool:
+        return self.gate is not None
+
+    def join(self, store: LatentStore, stream: str, *, gate: str | None) -> None:
+        """Publish the adapter latent under ``stream``; with a ``gate`` also add the previous block's latent."""
+        self._store, self.stream = store, stream
+        if gate is not None:
+            self.gate = make_gate(gate, self.rank, device=self.lora_a.device, dtype=self.lora_a.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        latent = F.linear(self.dropout(x), self.lora_a)  # (..., r)
+        if self.gate is not None:
+            latent = latent + self.gate(self._store.get(self.stream))
+        if self._store is not None:
+            self._store.put(self.stream, latent)
+        return self.base(x) + self.scaling * F.linear(latent, self.lora_b)  # (..., d_out)
+
+    def num_adapter_params(self) -> int:
+        """Trainable parameters: ``r (d_in + d_out)`` plus the gate."""
+        gate = sum(p.numel() for p in self.gate.parameters()) if self.gate is not None else 0
+        return self.lora_a.numel() + self.lora_b.numel() + gate
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, scaling={self.scaling:g}, crossing={self.crossing}"
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def apply_lora_(model: nn.Module, config: LoRAConfig) -> dict[str, Any]:
+    """Freeze ``model`` and put adapters on the target layers in place; with ``lax_gate``, cross their latents.
+
+    Returns:
+        ``{"layers": [names], "crossing": [names], "trainable": n, "lax_added": n}``.
+
+    Raises:
+        ValueError: no layer matches ``config.targets``.
+    """
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in config.targets
+    ]
+    if not targets:
+        raise ValueError(f"targets={config.targets!r} match no nn.Linear of {type(model).__name__}")
+    model.requires_grad_(False)
+    adapters = {}
+    for name, module in targets:
+        adapters[name] = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
+        _set_submodule(model, name, adapters[name])
+    crossing = _wire_crossings(model, adapters, config.lax_gate) if config.lax_gate is not None else []
+    lax_added = len(crossing) * gate_params(config.lax_gate, config.rank) if config.lax_gate else 0
+    return {
+        "layers": list(adapters),
+        "crossing": crossing,
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "lax_added": lax_added,
+    }
+
+
+def _wire_crossings(model: nn.Module, adapters: dict[str, LoRALinear], gate: str) -> list[str]:
+    store = ensure_store(model)
+    located = {name: split_block_path(name) for name in adapters}
+    present = {loc for loc in located.values() if loc is not None}
+    crossing = []
+    for name, adapter in adapters.items():
+        loc = located[name]
+        if loc is None:
+            continue
+        block, stream = loc
+        has_previous = (block - 1, stream) in present
+        adapter.join(store, stream, gate=gate if has_previous else None)
+        if has_previous:
+            crossing.append(name)
+    return crossing
+
+
+def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Only the trainable tensors (adapters and gates), for small checkpoints."""
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {name: t for name, t in model.state_dict().items() if name in trainable}
