@@ -1,0 +1,158 @@
+"""CoMERA layer benchmarks on CPU, measured side by side in one process (alternating repeats, median).
+
+1. TT 768×768 linear (CoMERA shapes [12,8,8 ‖ 8,8,12], r=30) forward+backward vs dense ``nn.Linear``, 32×128 tokens.
+2. TTM embedding lookup (30,522 × 768, [16,20,10,10]×[4,4,8,6], r=32) forward+backward: our half-table lookup with
+   unique ids vs rebuilding the whole table and indexing it; dense ``nn.Embedding`` and the per-id chain for context.
+
+Usage: ``.venv/bin/python benchmarks/comera_layers.py --repeats 15 --out benchmarks/results/comera_layers``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tensorslim.functional.tt import contract_ttm
+from tensorslim.layers.tt import TTConfig, TTLinear
+from tensorslim.layers.tt_embedding import TTEmbedding
+
+
+def _fwd_bwd(fn: Callable[[], torch.Tensor], params: list[torch.Tensor]) -> Callable[[], None]:
+    # A dense, contiguous output gradient (as from a real next layer); ``.sum().backward()`` would hand the layer a
+    # stride-0 expanded gradient that every GEMM must first copy.
+    grad = torch.randn_like(fn().detach())
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        fn().backward(grad)
+
+    return step
+
+
+def alternate(cases: dict[str, Callable[[], None]], *, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Run every case once per round, ``repeats`` rounds, so slow drifts in machine load hit all cases alike."""
+    for _ in range(warmup):
+        for step in cases.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, step in cases.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def linear_cases(tokens: int) -> dict[str, Callable[[], None]]:
+    torch.manual_seed(0)
+    dense = nn.Linear(768, 768)
+    tt = TTLinear.from_dense(dense, TTConfig(rank=30, init="random"))
+    x = torch.randn(tokens, 768, requires_grad=True)
+    return {
+        "dense_linear": _fwd_bwd(lambda: dense(x), [x, *dense.parameters()]),
+        "tt_linear": _fwd_bwd(lambda: tt(x), [x, *tt.parameters()]),
+    }
+
+
+def embedding_cases(batch: int, seq: int) -> dict[str, Callable[[], None]]:
+    torch.manual_seed(0)
+    vocab = 30522
+    emb = TTEmbedding(vocab, (16, 20, 10, 10), (4, 4, 8, 6), (1, 32, 32, 32, 1))
+    chain = TTEmbedding(vocab, (16, 20, 10, 10), (4, 4, 8, 6), (1, 32, 32, 32, 1), lookup="chain")
+    chain.load_state_dict(emb.state_dict())
+    dense = nn.Embedding(vocab, 768)
+    ids = torch.randint(0, vocab, (batch, seq))
+    cores = list(emb.cores)
+
+    def rebuild() -> torch.Tensor:
+        table = contract_ttm(cores)[0, :, :, 0]  # (32000, 768), planned contraction order
+        return table[ids]
+
+    return {
+        "tt_embedding_halves_unique": _fwd_bwd(lambda: emb(ids), cores),
+        "rebuild_table": _fwd_bwd(rebuild, cores),
+        "tt_embedding_chain_unique": _fwd_bwd(lambda: chain(ids), list(chain.cores)),
+        "dense_embedding": _fwd_bwd(lambda: dense(ids), list(dense.parameters())),
+    }
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {
+        name: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t), "n": len(t)}
+        for name, t in times.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    tokens = args.batch * args.seq
+    linear = summarize(alternate(linear_cases(tokens), repeats=args.repeats))
+    embedding = summarize(alternate(embedding_cases(args.batch, args.seq), repeats=args.repeats))
+    result = {
+        "command": "python benchmarks/comera_layers.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
+        f"{torch.get_num_threads()}, torch {torch.__version__}, {platform.platform()}",
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "tokens": tokens,
+        "linear_768x768_fwd_bwd": linear,
+        "embedding_30522x768_fwd_bwd": embedding,
+        "ratios": {
+            "dense_over_tt_linear": linear["dense_linear"]["median_ms"] / linear["tt_linear"]["median_ms"],
+            "rebuild_over_tt_embedding": embedding["rebuild_table"]["median_ms"]
+            / embedding["tt_embedding_halves_unique"]["median_ms"],
+            "chain_over_tt_embedding": embedding["tt_embedding_chain_unique"]["median_ms"]
+            / embedding["tt_embedding_halves_unique"]["median_ms"],
+        },
+    }
+    print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(_markdown(result))
+
+
+def _markdown(result: dict) -> str:
+    lines = [
+        "# CoMERA layer benchmarks (CPU, fp32, forward+backward)",
+        "",
+        f"- command: `{result['command']}`",
+        f"- date: {result['date']}",
+        f"- machine: {result['machine']}",
+        f"- load average (1/5/15 min) before: {result['load_average_before']}, after: {result['load_average_after']}",
+        f"- tokens per step: {result['tokens']}; cases alternate within each repeat; medians reported",
+        "",
+        "| case | median ms | min ms | max ms |",
+        "|---|---|---|---|",
+    ]
+    for section in ("linear_768x768_fwd_bwd", "embedding_30522x768_fwd_bwd"):
+        for name, row in result[section].items():
+            lines.append(f"| {name} | {row['median_ms']:.1f} | {row['min_ms']:.1f} | {row['max_ms']:.1f} |")
+    lines += ["", "| ratio (medians) | value |", "|---|---|"]
+    lines += [f"| {name} | {value:.2f}x |" for name, value in result["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
