@@ -16,6 +16,7 @@ from tensorslim.convert import ConversionReport, convert_
 from tensorslim.layers.cola_m import CoLAMConfig
 from tensorslim.layers.lax import LaXCoLAConfig, LaXSVDConfig
 from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
+from tensorslim.layers.tt import TTConfig
 from tensorslim.models.llama import LlamaForCausalLM, Preset, get_preset
 
 # method -> (preset, rank override) -> conversion config, or None for a full-rank model.
@@ -36,6 +37,8 @@ CONVERSIONS: dict[str, Callable[[Preset, int | None], object | None]] = {
         rank=rank or preset.cola_rank, init="random", only_lr_act=preset.only_lr_act
     ),
     "lax-svd": lambda preset, rank: LaXSVDConfig(rank=rank or preset.cola_rank, init="random"),
+    # CoMERA (arXiv 2405.14377): 6-core TT projections, max rank 30, CoMERA's random init (rank gates: comera/).
+    "comera": lambda preset, rank: TTConfig(rank=rank or 30, init="random"),
 }
 
 
