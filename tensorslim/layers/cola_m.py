@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -192,6 +192,20 @@ def _device_type(tensors: list[torch.Tensor]) -> str:
     return next((t.device.type for t in tensors), "cpu")
 
 
+def _autocast_state(device_type: str) -> tuple[bool, torch.dtype] | None:
+    """The autocast state to replay in the recompute; None on devices without autocast (e.g. ``meta``)."""
+    if device_type not in ("cpu", "cuda", "xpu", "mps", "hpu"):
+        return None
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
+
+def _autocast_like(device_type: str, state: tuple[bool, torch.dtype] | None) -> AbstractContextManager[Any]:
+    if state is None:
+        return nullcontext()
+    enabled, dtype = state
+    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+
+
 class _BlockCheckpoint(torch.autograd.Function):
     """Runs a block without keeping its graph; saves the inputs (+ latents) and recomputes in backward."""
 
@@ -200,7 +214,7 @@ class _BlockCheckpoint(torch.autograd.Function):
         inputs = tensors[:n_inputs]
         device_type = _device_type(list(inputs))
         ctx.runner, ctx.n_inputs, ctx.device_type = runner, n_inputs, device_type
-        ctx.autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        ctx.autocast = _autocast_state(device_type)
         ctx.rng_cpu = torch.get_rng_state()
         ctx.rng_cuda = torch.cuda.get_rng_state() if device_type == "cuda" else None
         tape = _LatentTape("record") if runner.policy == "latent" else None
@@ -221,9 +235,10 @@ class _BlockCheckpoint(torch.autograd.Function):
             torch.set_rng_state(ctx.rng_cpu)
             if ctx.rng_cuda is not None:
                 torch.cuda.set_rng_state(ctx.rng_cuda)
-            enabled, dtype = ctx.autocast
-            with torch.autocast(ctx.device_type, dtype=dtype, enabled=enabled):
-                outputs = runner.run(tuple(inputs))
+            with _autocast_like(ctx.device_type, ctx.autocast):
+                # Views, not the leaves themselves: module hooks (FlopCounterMode's tracker) may not see leaves
+                # inside autograd.grad.
+                outputs = runner.run(tuple(t.view_as(t) if t.requires_grad else t for t in inputs))
         pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None and o.requires_grad]
         wanted = [t for t in inputs if t.requires_grad] + runner.params
         found = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)

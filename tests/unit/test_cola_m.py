@@ -211,3 +211,16 @@ def test_bad_input() -> None:
         checkpoint_(LlamaForCausalLM(TINY))
     with pytest.raises(ValueError, match="no nn.ModuleList"):
         checkpoint_(nn.Linear(4, 4), policy="layer")
+
+
+def test_flop_counter_with_backward_counts_the_recompute() -> None:
+    """``tensorslim bench`` counts train FLOPs with FlopCounterMode around backward (its module hooks must not
+    break the recompute); CoLA-M's count is CoLA's plus the recomputed part, but not a full second forward."""
+    from tensorslim.books import flops_per_token
+
+    cola, _ = build_model("tiny", "cola", device="meta")
+    cola_m, _ = build_model("tiny", "cola-m", device="meta")
+    train, train_m = (flops_per_token(m, seq_len=32, backward=True) for m in (cola, cola_m))
+    forward = flops_per_token(cola, seq_len=32)
+    assert flops_per_token(cola_m, seq_len=32) == forward
+    assert train < train_m < train + forward
