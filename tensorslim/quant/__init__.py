@@ -1,0 +1,30 @@
+"""Quantization: RTN, GPTQ and COMQ post-training quantization, packed storage (``QuantLinear``)."""
+
+from tensorslim.quant.api import QuantReport, load_quantized, quantize_, save_quantized, select_layers
+from tensorslim.quant.comq import COMQConfig, comq_quantize
+from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
+from tensorslim.quant.qlinear import QuantConv2d, QuantLinear
+from tensorslim.quant.quantizer import Grid, QuantConfig, QuantResult, minmax_grid, pack_codes, unpack_codes
+from tensorslim.quant.rtn import RTNConfig, rtn_quantize
+
+__all__ = [
+    "COMQConfig",
+    "GPTQConfig",
+    "Grid",
+    "QuantConfig",
+    "QuantConv2d",
+    "QuantLinear",
+    "QuantReport",
+    "QuantResult",
+    "RTNConfig",
+    "comq_quantize",
+    "gptq_quantize",
+    "load_quantized",
+    "minmax_grid",
+    "pack_codes",
+    "quantize_",
+    "rtn_quantize",
+    "save_quantized",
+    "select_layers",
+    "unpack_codes",
+]
