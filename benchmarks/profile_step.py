@@ -1,0 +1,83 @@
+"""Where a train step's time goes, dense vs CoLA: torch.profiler self-CPU time grouped by operator family.
+
+Usage: python benchmarks/profile_step.py --preset 350m --batch-size 2 --seq-len 256 --out benchmarks/results/profile_350m
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tensorslim.methods import build_model
+from tensorslim.models.llama import get_preset
+from tensorslim.train.trainer import causal_lm_loss
+
+FAMILIES = {
+    "matmul": ("mm", "addmm", "bmm", "matmul", "linear"),
+    "attention": ("scaled_dot_product", "flash_attention", "_softmax", "softmax"),
+    "optimizer": ("_foreach", "adamw", "lerp", "addcdiv", "addcmul"),
+    "loss": ("cross_entropy", "log_softmax", "nll_loss"),
+    "activation": ("silu",),
+}
+
+
+def family(name: str) -> str:
+    short = name.removeprefix("aten::").lower()
+    for label, keys in FAMILIES.items():
+        if any(short == key or short.startswith(key) for key in keys):
+            return label
+    return "other elementwise / copies"
+
+
+def profile_method(preset: str, method: str, batch: torch.Tensor) -> dict[str, float]:
+    torch.manual_seed(0)
+    model, _ = build_model(preset, method, max_seq_len=batch.shape[1])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        causal_lm_loss(model(batch), batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up: lazy optimizer state, allocator
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    seconds: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        seconds[family(event.key)] += event.self_cpu_time_total / 1e6
+    return dict(seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="350m")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    vocab = get_preset(args.preset).model.vocab_size
+    batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
+    result = {method: profile_method(args.preset, method, batch) for method in ("dense", "cola")}
+    labels = sorted({k for r in result.values() for k in r}, key=lambda k: -result["dense"].get(k, 0))
+    lines = ["| operator family | dense (s) | cola (s) | dense / cola |", "|---|---|---|---|"]
+    for label in [*labels, "total"]:
+        d = sum(result["dense"].values()) if label == "total" else result["dense"].get(label, 0.0)
+        c = sum(result["cola"].values()) if label == "total" else result["cola"].get(label, 0.0)
+        lines.append(f"| {label} | {d:.3f} | {c:.3f} | {d / c if c else float('inf'):.2f} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        command = "python benchmarks/profile_step.py " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
+        )
+        Path(args.out).with_suffix(".md").write_text(f"# Train-step profile\n\n- command: `{command}`\n\n{table}")
+        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
