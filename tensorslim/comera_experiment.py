@@ -1,0 +1,402 @@
+"""CoMERA's experiment reproduced at small scale on CPU (issue 3, item 6).
+
+Parts (each can run alone):
+
+* ``books``: parameters of the ``bert6`` classifier dense vs CoMERA-tensorized (paper shapes, vocabulary 30,522).
+* ``profile``: step time and peak training memory at batch 1 of ``bert6`` masked-LM training: dense (AdamW),
+  dense + GaLore (``galore-torch``, rank 128, gap 200, scale 0.25) and CoMERA (TT r=30, TTM r=32, gates, early loss).
+* ``mlm``: masked-LM on the built-in code corpus (``stdlib``): dense vs CoMERA two-stage training with target ratios,
+  validation MLM loss, size and per-layer ranks after each stage.
+* ``classify``: the labelled BBC News articles (5 topics, fixed split), trained from scratch: dense vs CoMERA test
+  accuracy (CoMERA's MNLI experiment also trains the six-encoder classifier from scratch).
+
+Peak memory on CPU = parameters + gradients + optimizer state + activations saved for backward
+(:mod:`tensorslim.bench.memory`). Usage: ``python -m tensorslim.comera_experiment --parts books,profile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorslim.bench.memory import count_saved_tensors, training_memory
+from tensorslim.comera import CoMERAConfig, CoMERAObjective, build_optimizer
+from tensorslim.comera.gates import format_rank_report, layer_size, tt_layers
+from tensorslim.comera.loop import train_two_stage
+from tensorslim.models.bert import (
+    BERT_PRESETS,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    comera_,
+    get_bert_preset,
+)
+
+MASK_FRACTION = 0.15  # BERT: 15 % of tokens, 80 % [MASK] / 10 % random / 10 % kept
+PAPER_VOCAB = 30522
+
+
+def padded_vocab(n: int, *, multiple: int = 64) -> int:
+    """``n`` rounded up to a multiple, so the TT decoder's output rows factor into balanced modes (30,522 → 30,720 =
+    30·32·32 with ``multiple=1024``; 4,097 → 4,160 = 13·16·20). Ids stay below ``n``; the padding logits are never
+    targets."""
+    return -(-n // multiple) * multiple
+
+
+def mask_tokens(ids: torch.Tensor, *, mask_id: int, vocab: int, generator: torch.Generator):
+    """BERT masking; returns ``(inputs, labels)`` with label -100 where no prediction is made."""
+    chosen = torch.rand(ids.shape, generator=generator) < MASK_FRACTION
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    roll = torch.rand(ids.shape, generator=generator)
+    inputs = ids.clone()
+    inputs[chosen & (roll < 0.8)] = mask_id
+    random_ids = torch.randint(vocab, ids.shape, generator=generator)
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    inputs[swap] = random_ids[swap]
+    return inputs, labels
+
+
+def mlm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    inputs, labels = batch
+    logits = model(inputs)  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def build(preset: str, method: str, *, vocab_size: int, head: str = "mlm", n_classes: int = 3) -> nn.Module:
+    """A ``preset`` model for ``method`` in {dense, galore, comera}; CoMERA gets rank gates."""
+    config = get_bert_preset(preset)
+    config = type(config)(**{**config.__dict__, "vocab_size": vocab_size, "n_classes": n_classes})
+    model = BertForMaskedLM(config) if head == "mlm" else BertForSequenceClassification(config)
+    if method == "comera":
+        comera_(model, rank_gates=True)
+    return model
+
+
+def optimizer_for(model: nn.Module, method: str, *, lr: float, lr_cores: float, lr_gates: float):
+    if method == "comera":
+        return build_optimizer(model, lr_cores=lr_cores, lr_gates=lr_gates, lr_other=lr)
+    if method == "galore":
+        from galore_torch import GaLoreAdamW
+
+        projected = [p for n, p in model.named_parameters() if n.startswith("encoder.layers.") and p.ndim == 2]
+        ids = {id(p) for p in projected}
+        rest = [p for p in model.parameters() if id(p) not in ids]
+        groups = [
+            {"params": rest},
+            {"params": projected, "rank": 128, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"},
+        ]
+        return GaLoreAdamW(groups, lr=lr, weight_decay=0.0)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------- books
+
+
+def books() -> dict:
+    """Parameter counts of the paper's model (meta device: costs nothing)."""
+    config = BERT_PRESETS["bert6"]
+    with torch.device("meta"):
+        dense = BertForSequenceClassification(config)
+        tensorized = BertForSequenceClassification(config)
+    dense_params = sum(p.numel() for p in dense.parameters())
+    comera_(tensorized, rank_gates=False)
+    plain = sum(p.numel() for p in tensorized.parameters())
+    with torch.device("meta"):
+        gated = BertForSequenceClassification(config)
+    comera_(gated, rank_gates=True)
+    return {
+        "dense_params": dense_params,
+        "comera_params": plain,
+        "comera_params_with_gates": sum(p.numel() for p in gated.parameters()),
+        "compression": dense_params / plain,
+        # Gate values do not exist on meta; at init every gate is 1, so the active ranks are the core ranks.
+        "tensorized_size": sum(layer_size(layer, layer.ranks) for _, layer in tt_layers(gated)),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------- profile
+
+
+def profile(*, preset: str, batch: int, seq: int, repeats: int, warmup: int, vocab: int) -> dict:
+    """Alternating step timing and memory of dense / dense+GaLore / CoMERA masked-LM training."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(PAPER_VOCAB, (batch, seq), generator=gen)
+    data = mask_tokens(ids, mask_id=PAPER_VOCAB, vocab=PAPER_VOCAB, generator=gen)
+    arms = {}
+    for method in ("dense", "galore", "comera"):
+        torch.manual_seed(0)
+        model = build(preset, method, vocab_size=vocab)
+        arms[method] = {
+            "model": model,
+            "optimizer": optimizer_for(model, method, lr=1e-4, lr_cores=1e-4, lr_gates=1e-3),
+            "objective": CoMERAObjective(CoMERAConfig()) if method == "comera" else None,
+            "times": [],
+            "saved": 0,
+        }
+    for round_index in range(warmup + repeats):
+        for arm in arms.values():
+            model, optimizer = arm["model"], arm["optimizer"]
+            start = time.perf_counter()
+            with count_saved_tensors(model) as tally:
+                loss = mlm_loss(model, data)
+                if arm["objective"] is not None:
+                    loss, _ = arm["objective"].early(loss, model)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if round_index >= warmup:
+                arm["times"].append(time.perf_counter() - start)
+            arm["saved"] = max(arm["saved"], tally.bytes)
+    rows = {}
+    for method, arm in arms.items():
+        memory = training_memory(arm["model"], arm["optimizer"], arm["saved"])
+        rows[method] = {
+            "params": sum(p.numel() for p in arm["model"].parameters()),
+            "step_time_s": statistics.median(arm["times"]),
+            "step_times_s": arm["times"],
+            "memory_bytes": {**memory.__dict__, "total": memory.total},
+        }
+    for method in rows:
+        rows[method]["speedup_vs_dense"] = rows["dense"]["step_time_s"] / rows[method]["step_time_s"]
+        rows[method]["memory_vs_galore"] = (
+            rows["galore"]["memory_bytes"]["total"] / rows[method]["memory_bytes"]["total"]
+        )
+    return {"preset": preset, "batch": batch, "seq": seq, "vocab": vocab, "repeats": repeats, "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------------------------- mlm
+
+
+def _mlm_batches(blocks: torch.Tensor, *, batch: int, mask_id: int, vocab: int, seed: int) -> Iterator:
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(blocks), generator=gen)
+        for start in range(0, len(order) - batch + 1, batch):
+            yield mask_tokens(blocks[order[start : start + batch]], mask_id=mask_id, vocab=vocab, generator=gen)
+
+
+@torch.no_grad()
+def _mlm_eval(model: nn.Module, batches: list) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for inputs, labels in batches:
+        logits = model(inputs)
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum").item()
+        count += int((labels != -100).sum())
+    model.train()
+    return total / count
+
+
+def mlm(
+    *,
+    preset: str,
+    steps: int,
+    late_fraction: float,
+    ratios: list[float],
+    batch: int,
+    seq: int,
+    lr: float,
+    lr_cores: float,
+    lr_gates: float,
+    gamma: float,
+) -> dict:
+    """Dense vs CoMERA (one run per target ratio) masked-LM on ``stdlib``; same data order and masks."""
+    from tensorslim.data import build_lm_data
+
+    data = build_lm_data("stdlib", tokenizer=None, vocab_size=4096, seq_len=seq, max_val_blocks=32)
+    vocab = data.tokenizer.vocab_size
+    mask_id = vocab  # one extra row for [MASK]
+    gen = torch.Generator().manual_seed(1234)
+    val = [
+        mask_tokens(data.validation[i : i + batch], mask_id=mask_id, vocab=vocab, generator=gen)
+        for i in range(0, len(data.validation), batch)
+    ]
+    results: dict = {"tokenizer": data.tokenizer.name, "vocab": padded_vocab(vocab + 1), "runs": {}}
+    late = round(steps * late_fraction)
+    for method, ratio in [("dense", None), *(("comera", r) for r in ratios)]:
+        torch.manual_seed(0)
+        model = build(preset, method, vocab_size=padded_vocab(vocab + 1))
+        optimizer = optimizer_for(model, method, lr=lr, lr_cores=lr_cores, lr_gates=lr_gates)
+        batches = _mlm_batches(data.train, batch=batch, mask_id=mask_id, vocab=vocab, seed=0)
+        start = time.perf_counter()
+        run: dict = {"params_start": sum(p.numel() for p in model.parameters())}
+        if method == "dense":
+            losses = []
+            for _ in range(steps):
+                loss = mlm_loss(model, next(batches))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+        else:
+            config = CoMERAConfig(gamma=gamma, target_ratio=ratio, target_loss=_target_loss(results))
+            log = train_two_stage(
+                model,
+                batches,
+                mlm_loss,
+                optimizer=optimizer,
+                early_steps=steps - late,
+                late_steps=late,
+                config=config,
+                enforce_target=True,
+                truncate_every=50,
+            )
+            losses = log.losses
+            run.update(
+                size_start=log.size_start,
+                size_after_early=log.size_after_early,
+                target_size=log.target_size,
+                size_after_late=log.size_after_late,
+                size_over_target=log.size_after_late / log.target_size,
+                gates_killed_to_reach_target=log.pruned_to_target,
+                late_steps_on_size_objective=int(sum(log.lambdas[steps - late :])),
+                ranks_after_early=format_rank_report(log.ranks_after_early),
+                ranks_after_late=format_rank_report(log.ranks_after_late),
+            )
+        run.update(
+            train_seconds=time.perf_counter() - start,
+            final_train_loss=statistics.mean(losses[-20:]),
+            val_mlm_loss=_mlm_eval(model, val),
+            params_end=sum(p.numel() for p in model.parameters()),
+        )
+        results["runs"][method if ratio is None else f"comera_ratio_{ratio}"] = run
+    return results
+
+
+def _target_loss(results: dict) -> float:
+    """``L*`` for the late stage: the dense run's final training loss (CoMERA hard-codes 0.8 for MNLI)."""
+    dense = results["runs"].get("dense")
+    return dense["final_train_loss"] if dense else 0.8
+
+
+# -------------------------------------------------------------------------------------------------------- classify
+
+
+def _classification_data(seq: int):
+    from tensorslim.data import bbcnews_labelled, bbcnews_split, load_corpus, load_tokenizer
+
+    texts, labels, names = bbcnews_labelled()
+    train_idx, test_idx = bbcnews_split()
+    tokenizer = load_tokenizer(None, load_corpus("bbcnews"), vocab_size=4096)
+    vocab = tokenizer.vocab_size
+    cls_id, pad_id = vocab, vocab + 1
+    encoded = tokenizer.encode_batch(texts)
+    ids = torch.full((len(texts), seq), pad_id, dtype=torch.long)
+    for i, tokens in enumerate(encoded):
+        row = [cls_id, *tokens[: seq - 1]]
+        ids[i, : len(row)] = torch.tensor(row)
+    mask = ids != pad_id
+    y = torch.tensor(labels)
+    split = {"train": torch.tensor(train_idx), "test": torch.tensor(test_idx)}
+    return ids, mask, y, split, vocab + 2, names
+
+
+def classify(*, preset: str, steps: int, batch: int, seq: int, lr: float, lr_cores: float, lr_gates: float) -> dict:
+    """Dense vs CoMERA (early-stage loss only) from scratch on BBC News; test accuracy on the fixed split."""
+    ids, mask, y, split, vocab, names = _classification_data(seq)
+    out: dict = {"classes": names, "train": len(split["train"]), "test": len(split["test"]), "runs": {}}
+    for method in ("dense", "comera"):
+        torch.manual_seed(0)
+        model = build(preset, method, vocab_size=vocab, head="classify", n_classes=len(names))
+        optimizer = optimizer_for(model, method, lr=lr, lr_cores=lr_cores, lr_gates=lr_gates)
+        objective = CoMERAObjective(CoMERAConfig()) if method == "comera" else None
+        gen = torch.Generator().manual_seed(0)
+        start = time.perf_counter()
+        for _ in range(steps):
+            pick = split["train"][torch.randint(len(split["train"]), (batch,), generator=gen)]
+            loss = F.cross_entropy(model(ids[pick], attention_mask=mask[pick]), y[pick])
+            if objective is not None:
+                loss, _ = objective.early(loss, model)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            test = split["test"]
+            predictions = torch.cat(
+                [
+                    model(ids[test[i : i + 64]], attention_mask=mask[test[i : i + 64]]).argmax(-1)
+                    for i in range(0, len(test), 64)
+                ]
+            )
+        out["runs"][method] = {
+            "params": sum(p.numel() for p in model.parameters()),
+            "test_accuracy": float((predictions == y[test]).float().mean()),
+            "train_seconds": time.perf_counter() - start,
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="CoMERA small-scale experiment (CPU)")
+    parser.add_argument("--parts", default="books,profile,mlm,classify")
+    parser.add_argument("--profile-preset", default="bert6")
+    parser.add_argument("--profile-repeats", type=int, default=5)
+    parser.add_argument("--preset", default="bert-small", help="model for the mlm and classify training runs")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--late-fraction", type=float, default=0.5)
+    parser.add_argument("--ratios", default="0.5,0.2")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=5e-4, help="dense params (CoMERA 'other' group)")
+    parser.add_argument("--lr-cores", type=float, default=1e-3)
+    parser.add_argument("--lr-gates", type=float, default=1e-2)
+    parser.add_argument("--gamma", type=float, default=0.01)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write <out>.json")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    parts = args.parts.split(",")
+    result: dict = {
+        "command": "python -m tensorslim.comera_experiment " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
+        f"torch {torch.__version__}",
+        "load_average_before": os.getloadavg(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    if "books" in parts:
+        result["books"] = books()
+    if "profile" in parts:
+        result["profile"] = profile(
+            preset=args.profile_preset,
+            batch=1,
+            seq=args.seq_len,
+            repeats=args.profile_repeats,
+            warmup=2,
+            vocab=padded_vocab(PAPER_VOCAB, multiple=1024),
+        )
+    common = {"preset": args.preset, "batch": args.batch_size, "seq": args.seq_len, "lr": args.lr}
+    common.update(lr_cores=args.lr_cores, lr_gates=args.lr_gates)
+    if "mlm" in parts:
+        ratios = [float(r) for r in args.ratios.split(",")]
+        result["mlm"] = mlm(
+            steps=args.steps, late_fraction=args.late_fraction, ratios=ratios, gamma=args.gamma, **common
+        )
+    if "classify" in parts:
+        result["classify"] = classify(steps=args.steps, **common)
+    result["load_average_after"] = os.getloadavg()
+    text = json.dumps(result, indent=2, default=lambda v: v if not isinstance(v, float) or math.isfinite(v) else None)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""A BERT-style post-LN encoder: CoMERA's six-encoder transformer (``bert6``) with MLM and classification heads.
+
+Architecture as CoMERA's official ``Transformer_tensor_sublayers.py`` / ``Transformer_tensor.py`` (our digest §1.4):
+learned word, position (512) and token-type (2) embeddings summed and layer-normed; post-LN blocks
+(``x = LN(x + Attn(x))``, ``x = LN(x + FFN(x))``) with GELU, LayerNorm eps 1e-9 and dropout 0.1; the classifier takes
+the first ([CLS]) token through ``fc1`` (tanh) and ``fc2``. The MLM head (dense + GELU + LN + decoder, untied) follows
+BERT; CoMERA's released code has no MLM head (its code-model pre-training is not released).
+
+:func:`comera_` tensorizes the model as CoMERA does (Table "tensorization settings", digest §1.1/§1.4): every
+attention and FFN projection and the classifier's ``fc1`` become 6-core TT layers (max rank 30), the word embedding a
+4-core TTM (rank 32, vocabulary 30,522 padded to 16·20·10·10); position/type embeddings, norms, the classifier's
+``fc2`` stays dense. CoMERA releases no MLM head; we tensorize its ``transform`` and ``lm_head`` decoder with the same
+TT settings, which needs a vocabulary that factors (pad it, e.g. 30,522 → 30,720 = 30·32·32 output rows; ids never
+reach the padding rows, Megatron-style).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertConfig:
+    """Shape of the encoder (defaults: CoMERA's six-encoder model, ``run_MNLI.sh``)."""
+
+    vocab_size: int = 30522
+    d_model: int = 768
+    n_layers: int = 6
+    n_heads: int = 12
+    d_ff: int = 3072
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    norm_eps: float = 1e-9
+    dropout: float = 0.1
+    n_classes: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_classes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} is invalid; allowed: a number in [0, 1)")
+
+
+BERT_PRESETS: dict[str, BertConfig] = {
+    "bert6": BertConfig(),
+    # CPU-sized (not in the paper): same layout, fewer and narrower layers, for the small-scale experiment and tests.
+    "bert-small": BertConfig(vocab_size=4097, d_model=192, n_layers=2, n_heads=4, d_ff=768, max_positions=128),
+    "bert-tiny": BertConfig(vocab_size=1000, d_model=96, n_layers=2, n_heads=4, d_ff=384, max_positions=128),
+}
+
+
+def get_bert_preset(name: str) -> BertConfig:
+    if name not in BERT_PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; allowed: {list(BERT_PRESETS)}")
+    return BERT_PRESETS[name]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        d = config.d_model
+        self.n_heads = config.n_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, d = x.shape
+        heads = [
+            proj(x).view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for proj in (self.q, self.k, self.v)
+        ]
+        mask = None if key_mask is None else key_mask[:, None, None, :].bool()  # (B, 1, 1, T): True = attend
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(*heads, attn_mask=mask, dropout_p=p)  # (B, h, T, d/h)
+        return self.o(out.transpose(1, 2).reshape(b, t, d))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN block (BERT / CoMERA): residual, dropout, then LayerNorm."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attn = SelfAttention(config)
+        self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.ffn = FeedForward(config)
+        self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.norm1(x + self.drop(self.attn(x, key_mask)))
+        return self.norm2(x + self.drop(self.ffn(x)))
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.d_model)
+        self.position = nn.Embedding(config.max_positions, config.d_model)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.d_model)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.word(ids) + self.position(positions)[None]  # (B, T, d)
+        types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
+        return self.drop(self.norm(x + self.token_type(types)))
+
+
+class BertEncoder(nn.Module):
+    """Embeddings + ``n_layers`` post-LN blocks; returns hidden states ``(B, T, d)``."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.embeddings(ids, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, attention_mask)
+        return x
+
+
+class BertForMaskedLM(nn.Module):
+    """Encoder + BERT MLM head (dense, GELU, LN, untied decoder); returns logits ``(B, T, V)``."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.encoder = BertEncoder(config)
+        self.transform = nn.Linear(config.d_model, config.d_model)
+        self.transform_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size)
+
+    def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.encoder(ids, attention_mask=attention_mask)
+        return self.lm_head(self.transform_norm(F.gelu(self.transform(hidden))))
+
+
+class BertForSequenceClassification(nn.Module):
+    """Encoder + CoMERA's classifier: first token → ``fc1`` → tanh → dropout → ``fc2``; returns ``(B, n_classes)``."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.encoder = BertEncoder(config)
+        self.classifier = nn.ModuleDict(
+            {"fc1": nn.Linear(config.d_model, config.d_model), "fc2": nn.Linear(config.d_model, config.n_classes)}
+        )
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        cls = self.encoder(ids, attention_mask=attention_mask)[:, 0]  # (B, d)
+        return self.classifier["fc2"](self.drop(torch.tanh(self.classifier["fc1"](cls))))
+
+
+def comera_filter(module: nn.Module, name: str) -> bool:
+    """The layers CoMERA tensorizes: encoder projections and the classifier's ``fc1`` (not the 768×3 ``fc2``), plus
+    (our addition, CoMERA releases no MLM head) the MLM head's ``transform`` and ``lm_head`` decoder."""
+    return name.startswith("encoder.layers.") or name in ("classifier.fc1", "transform", "lm_head")
+
+
+def comera_embedding_config(
+    vocab_size: int, dim: int, *, rank: int = 32, init: str = "random", rank_gates: bool = False
+):
+    """CoMERA's TTM embedding config: [16,20,10,10]×[4,4,8,6] for 30,522×768; automatic 4-mode factors otherwise."""
+    from tensorslim.layers.tt_embedding import TTEmbeddingConfig
+
+    rows = (16, 20, 10, 10) if 30522 <= vocab_size <= 32000 else None  # the paper's vocabulary, maybe padded
+    cols = (4, 4, 8, 6) if dim == 768 else None
+    return TTEmbeddingConfig(rank=rank, row_factors=rows, col_factors=cols, init=init, rank_gates=rank_gates, n_cores=4)
+
+
+def comera_(
+    model: nn.Module, *, rank: int = 30, emb_rank: int = 32, init: str = "random", rank_gates: bool = True
+) -> tuple[object, object]:
+    """Tensorize a ``bert6``-layout model in place as CoMERA does; returns the two ``convert_`` reports.
+
+    Args:
+        model: a :class:`BertForMaskedLM` or :class:`BertForSequenceClassification` (CoMERA's shapes at d = 768).
+        rank: TT max rank of the linear layers (CoMERA ``--max-rank``, 30).
+        emb_rank: TTM rank of the word embedding (hard-coded 32 upstream).
+        init: ``"random"`` (CoMERA, training from scratch) or ``"tt_svd"`` (decompose existing weights).
+        rank_gates: attach rank gates (§2.1) to every tensorized layer.
+    """
+    from tensorslim.convert import convert_
+    from tensorslim.layers.tt import TTConfig
+
+    linear = convert_(model, TTConfig(rank=rank, init=init, rank_gates=rank_gates), filter_fn=comera_filter)
+    embedding = model.encoder.embeddings
+    emb_config = comera_embedding_config(
+        embedding.word.num_embeddings,
+        embedding.word.embedding_dim,
+        rank=emb_rank,
+        init="ttm_svd" if init == "tt_svd" else "random",
+        rank_gates=rank_gates,
+    )
+    word = convert_(embedding, emb_config, filter_fn=lambda module, name: name == "word")
+    return linear, word
