@@ -1,0 +1,200 @@
+"""Code that runs inside the spawned gloo processes of the distributed tests (importable by ``spawn``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+TINY = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 172, "vocab_size": 256}
+RANK = 16
+LR = 3e-3
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init(rank: int, world: int, port: int, *, timeout_s: float = 60) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def tiny_model(style: str, *, seed: int = 0):
+    from tensorslim.convert import convert_
+    from tensorslim.layers.lowrank import CoLAConfig
+    from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    if style != "megatron":
+        convert_(model, CoLAConfig(rank=RANK, init="random"))
+    return model
+
+
+def batches(steps: int, *, batch: int = 4, seq: int = 16) -> list[torch.Tensor]:
+    """Learnable sequences (random start and stride, mod V), so the loss falls smoothly instead of wandering."""
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        start, stride = (torch.randint(0, TINY["vocab_size"], (2, batch, 1), generator=generator)).unbind(0)
+        out.append((start + stride * torch.arange(seq)) % TINY["vocab_size"])
+    return out
+
+
+def reference_curve(style: str, data: list[torch.Tensor], *, clip: float = 0.5) -> list[float]:
+    from tensorslim.train.trainer import causal_lm_loss
+
+    model = tiny_model(style)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    losses = []
+    for batch in data:
+        loss = causal_lm_loss(model(batch), batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def tp_curve(tp_model, data: list[torch.Tensor], *, dp_rank: int = 0, dp_size: int = 1, dp_group=None) -> list[float]:
+    from tensorslim.distributed.step import train_step
+
+    optimizer = torch.optim.AdamW(tp_model.parameters(), lr=LR, weight_decay=0.01)
+    losses = []
+    for batch in data:
+        local = batch.chunk(dp_size, dim=0)[dp_rank]
+        loss, _ = train_step(tp_model, optimizer, [local], grad_clip=0.5, dp_group=dp_group, dp_size=dp_size)
+        losses.append(loss)
+    return losses
+
+
+def per_token(log, prefix: str, phase: str, tokens: int) -> dict[str, float]:
+    tally = log.total(prefix=prefix, phase=phase)
+    return {"elements_per_token": tally.elements / tokens, "count": tally.count}
+
+
+def parity(style: str, *, mesh, norm: str = "online", checkpoint_latents: bool = False) -> dict:
+    """Forward, gradients and communication of one step, against the single-process model."""
+    from tensorslim.distributed import parallelize
+    from tensorslim.distributed.sharding import full_tensors
+    from tensorslim.train.trainer import causal_lm_loss
+
+    reference = tiny_model(style)
+    tp_model = parallelize(reference, mesh, style, norm=norm, checkpoint_latents=checkpoint_latents)
+    ids = batches(1)[0]
+    ref_loss = causal_lm_loss(reference(ids), ids)
+    ref_loss.backward()
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+    tp_model.tp.log.reset()
+    loss = tp_model.loss(ids)
+    loss.backward()
+    log = tp_model.tp.log
+    tp_model.tp.log.enabled = False
+    full_grads = full_tensors(tp_model.local_tensors(grads=True), tp_model.specs, tp_model.tp)
+    with torch.no_grad():
+        logits_err = (tp_model.full_logits(ids) - reference(ids)).abs().max().item()
+    full_state = tp_model.full_state_dict()
+    tokens = ids.numel()
+    return {
+        "logits_err": logits_err,
+        "loss_err": abs(loss.item() - ref_loss.item()),
+        "grad_err": max((full_grads[n] - g).abs().max().item() for n, g in ref_grads.items()),
+        "grad_scale": max(g.abs().max().item() for g in ref_grads.values()),
+        "grad_keys_match": sorted(full_grads) == sorted(ref_grads),
+        "state_exact": all(torch.equal(full_state[n], t) for n, t in reference.state_dict().items()),
+        "layer_fwd": per_token(log, "layers.0.", "fwd", tokens),
+        "layer_bwd": per_token(log, "layers.0.", "bwd", tokens),
+        "head_fwd": per_token(log, "head.", "fwd", tokens),
+        "head_bwd": per_token(log, "head.", "bwd", tokens),
+        "rows": log.as_rows(),
+    }
+
+
+def _write(path: str, payload: dict) -> None:
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(payload, f)
+
+
+def tp2_worker(rank: int, world: int, port: int, path: str) -> None:
+    """Everything the 2-process tests check, in one process start-up."""
+    init(rank, world, port)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    out: dict = {}
+    for style in ("btp", "vanilla", "megatron"):
+        out[style] = parity(style, mesh=mesh)
+    out["btp_sync"] = parity("btp", mesh=mesh, norm="sync")
+    out["btp_ckpt"] = parity("btp", mesh=mesh, checkpoint_latents=True)
+    data = batches(20)
+    from tensorslim.distributed import parallelize
+
+    for style in ("btp", "vanilla", "megatron"):
+        curve = tp_curve(parallelize(tiny_model(style), mesh, style), data)
+        out[f"curve_{style}"] = {"tp": curve, "ref": reference_curve(style, data)}
+    out["rmsnorm"] = rmsnorm_check(mesh)
+    _write(path, out)
+    dist.destroy_process_group()
+
+
+def rmsnorm_check(mesh) -> dict:
+    """Online and synchronized RMSNorm (+ row-parallel A) against single-process RMSNorm, values and gradients."""
+    from tensorslim.distributed.parallelize import tp_group
+    from tensorslim.distributed.rmsnorm import online_rmsnorm_linear, sync_rmsnorm_linear
+    from tensorslim.models.llama import RMSNorm
+
+    tp = tp_group(mesh)
+    generator = torch.Generator().manual_seed(3)
+    d, k = 64, 24
+    x = (torch.randn(3, 5, d, generator=generator) * 4).requires_grad_()  # far from unit scale on purpose
+    gamma = (torch.rand(d, generator=generator) + 0.5).requires_grad_()
+    weight = torch.randn(k, d, generator=generator).requires_grad_()
+    norm = RMSNorm(d)
+    with torch.no_grad():
+        norm.weight.copy_(gamma)
+    expected = norm(x) @ weight.T
+    expected.square().sum().backward()
+    ref_grads = [x.grad.clone(), norm.weight.grad.clone(), weight.grad.clone()]
+    out = {}
+    for name, fn in (("online", online_rmsnorm_linear), ("sync", sync_rmsnorm_linear)):
+        w = d // tp.size
+        cut = slice(tp.rank * w, (tp.rank + 1) * w)
+        xs, gs, ws = (t.detach()[..., cut].clone().requires_grad_() for t in (x, gamma, weight))
+        y = fn(xs, gs, ws, tp, d_model=d, eps=norm.eps, tag=f"test.{name}")
+        # Each rank's loss term counts once: the output is replicated, so rank 0 alone carries the loss.
+        (y.square().sum() * (tp.rank == 0)).backward()
+        errs = [
+            (g - r[..., cut]).abs().max().item() for g, r in zip((xs.grad, gs.grad, ws.grad), ref_grads, strict=True)
+        ]
+        out[name] = {"value_err": (y - expected).abs().max().item(), "grad_err": max(errs)}
+    return out
+
+
+def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
+    """TP=4 parity, and a (dp=2, tp=2) mesh against one process on the global batch."""
+    from tensorslim.distributed import build_mesh, parallelize
+
+    init(rank, world, port)
+    out: dict = {}
+    mesh = build_mesh(4, world_size=world)
+    out["btp_tp4"] = parity("btp", mesh=mesh)
+    data = batches(20)
+    out["curve_btp_tp4"] = {"tp": tp_curve(parallelize(tiny_model("btp"), mesh, "btp"), data)}
+    mesh = build_mesh(2, world_size=world)
+    dp = mesh["dp"]
+    for style in ("btp", "vanilla"):
+        tp_model = parallelize(tiny_model(style), mesh, style)
+        curve = tp_curve(tp_model, data, dp_rank=dp.get_local_rank(), dp_size=dp.size(), dp_group=dp.get_group())
+        out[f"curve_{style}_dp2tp2"] = {"tp": curve, "ref": reference_curve(style, data)}
+    out["curve_btp_tp4"]["ref"] = out["curve_btp_dp2tp2"]["ref"]
+    _write(path, out)
+    dist.destroy_process_group()
