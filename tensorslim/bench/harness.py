@@ -15,6 +15,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,11 @@ class BenchConfig:
     rank: int | None = field(default=None, metadata=_help("low-rank / GaLore rank (default: the preset's)"))
     seed: int = field(default=0, metadata=_help("seed of model init and the random token batch"))
     device: str = field(default="cpu", metadata=_help("cpu or cuda"))
+    threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: torch's choice)"))
+    timer: str = field(
+        default="wall",
+        metadata=_help("wall, or cpu: process CPU time, robust on a shared machine when used with --threads 1"),
+    )
     out: str | None = field(default=None, metadata=_help("output stem for .md/.json/.png (default: print only)"))
 
     def __post_init__(self) -> None:
@@ -60,6 +66,10 @@ class BenchConfig:
             raise ValueError(f"warmup={self.warmup} is invalid; allowed: an integer >= 0")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise ValueError(f"threads={self.threads!r} is invalid; allowed: an integer >= 1")
+        if self.timer not in ("wall", "cpu") or (self.timer == "cpu" and self.device == "cuda"):
+            raise ValueError(f"timer={self.timer!r} is invalid; allowed: 'wall', or 'cpu' on device cpu")
 
     @property
     def method_list(self) -> list[str]:
@@ -93,12 +103,12 @@ class _Arm:
         self.saved_bytes = 0
         self.cuda_peak = 0
 
-    def step(self, batch: torch.Tensor, *, timed: bool) -> None:
+    def step(self, batch: torch.Tensor, *, timed: bool, clock: Callable[[], float]) -> None:
         cuda = batch.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
+        start = clock()
         with count_saved_tensors(self.model) as tally:
             loss = causal_lm_loss(self.model(batch), batch)
         loss.backward()
@@ -108,7 +118,7 @@ class _Arm:
             torch.cuda.synchronize()
             self.cuda_peak = max(self.cuda_peak, torch.cuda.max_memory_allocated())
         if timed:
-            self.times.append(time.perf_counter() - start)
+            self.times.append(clock() - start)
         self.saved_bytes = max(self.saved_bytes, tally.bytes)
 
 
@@ -134,13 +144,18 @@ def measure(config: BenchConfig) -> dict[str, Any]:
     """Run the benchmark and return every figure (also the basis of the table, JSON and chart)."""
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    # Process CPU time is what the step costs the machine; unlike wall time it does not grow while other
+    # processes hold the cores (with one thread, so that no OpenMP thread spins while waiting for another).
+    clock = time.process_time if config.timer == "cpu" else time.perf_counter
     arms = [_Arm(config, method) for method in config.method_list]
     vocab = get_preset(config.preset).model.vocab_size
     generator = torch.Generator().manual_seed(config.seed)
     batch = torch.randint(vocab, (config.batch_size, config.seq_len), generator=generator).to(config.device)
     for round_index in range(config.warmup + config.repeats):
         for arm in arms:  # alternate methods so that machine noise hits all of them alike
-            arm.step(batch, timed=round_index >= config.warmup)
+            arm.step(batch, timed=round_index >= config.warmup, clock=clock)
     tokens = config.batch_size * config.seq_len
     rows = []
     for arm in arms:
@@ -180,7 +195,7 @@ def markdown_table(result: dict[str, Any]) -> str:
     lines = [
         f"Preset `{config['preset']}`, batch {config['batch_size']} × seq {config['seq_len']}, "
         f"{config['warmup']} warm-up + {config['repeats']} timed steps per method (alternating), "
-        f"device {config['device']}.",
+        f"device {config['device']}, {config['timer']}-clock timing.",
         "",
         "| method | params (M) | ×dense | fwd FLOPs/token (M) | ×dense | train-step (s) | speed-up | tokens/s "
         "| peak mem (MiB) | ×dense |",

@@ -24,6 +24,7 @@ from tensorslim.cli import main
         (["train", "--rank", "0"], "rank=0 is invalid"),
         (["train", "--data", "/no/such/file.txt", "--steps", "1"], "/no/such/file.txt"),
         (["bench", "--preset", "tiny", "--rank", "999", "--methods", "cola"], "rank=999 is out of range"),
+        (["bench", "--timer", "gpu"], "timer='gpu' is invalid"),
         (["convert", "--rank-ratio", "1.5"], "rank_ratio=1.5 is invalid"),
         (["convert", "--method", "dense"], "method='dense' is not a conversion"),
     ],
@@ -56,7 +57,7 @@ def test_python_dash_m_entry_point() -> None:
 def test_bench_writes_table_json_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "bench" / "tiny"
     argv = ["bench", "--preset", "tiny", "--methods", "cola,svd", "--batch-size", "1", "--seq-len", "16"]
-    assert main([*argv, "--warmup", "0", "--repeats", "2", "--out", str(out)]) == 0
+    assert main([*argv, "--warmup", "0", "--repeats", "2", "--timer", "cpu", "--out", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
     rows = {row["method"]: row for row in result["rows"]}
     assert list(rows) == ["dense", "cola", "svd"]
