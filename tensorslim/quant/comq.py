@@ -24,6 +24,7 @@ Where we deviate or go beyond:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -92,28 +93,65 @@ def optimal_scale(
     return torch.where(safe, num / torch.where(safe, den, 1.0), grid.scale)
 
 
+def _sparse_rows(cols: torch.Tensor, values: torch.Tensor, d_in: int) -> torch.Tensor:
+    """A CSR ``(d_out, d_in)`` matrix with ``values[j, s]`` at ``(j, cols[j, s])`` (distinct columns per row)."""
+    d_out, b = cols.shape
+    sorted_cols, order = cols.sort(dim=1)
+    crow = torch.arange(0, d_out * b + 1, b)
+    with warnings.catch_warnings():  # "CSR support is in beta": the one op we use is tested against dense
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(
+            crow,
+            sorted_cols.reshape(-1),
+            values.gather(1, order).reshape(-1),
+            size=(d_out, d_in),
+            check_invariants=False,
+        )
+
+
 def comq_sweep(
-    w: torch.Tensor, h: torch.Tensor, residual: torch.Tensor, codes: torch.Tensor, grid: Grid, perm: torch.Tensor
+    w: torch.Tensor,
+    h: torch.Tensor,
+    residual: torch.Tensor,
+    codes: torch.Tensor,
+    grid: Grid,
+    perm: torch.Tensor,
+    *,
+    block: int = 64,
 ) -> None:
-    """One pass over all coordinates, updating ``residual = W − Q`` (d_out, d_in) and ``codes`` in place."""
+    """One pass over all coordinates, updating ``residual = W − Q`` (d_out, d_in) and ``codes`` in place.
+
+    The feedback ``H[i,:]·r₋ᵢ`` of every step is split, GPTQ-style, into a lazy part ``G = R H`` brought up to
+    date once per block of ``block`` steps (a sparse-times-dense product: each row changed ``block`` coordinates),
+    and the corrections from coordinates already changed inside the block, read from a small per-row gather
+    ``H[p_j(t), p_j(s)]`` (d_out, block, block). Gathering a full row of ``H`` per step instead costs
+    O(d_out·d_in) scattered reads per step and was about 5x slower on CPU. This is our implementation choice; it
+    computes exactly the release's coordinate steps (tested against its loop).
+    """
     d_out, d_in = w.shape
     h_diag = torch.diagonal(h)
     scale, zero = grid.scale[:, 0], grid.zero[:, 0]  # (d_out,)
-    row_start = torch.arange(d_out) * d_in
+    row_start = torch.arange(d_out)[:, None] * d_in  # (d_out, 1)
     flat_r, flat_w, flat_c = residual.view(-1), w.reshape(-1), codes.view(-1)
-    cyclic = bool((perm == perm[:1]).all())
-    for t in range(d_in):
-        idx = perm[:, t]  # (d_out,) the coordinate each row visits now
-        at = row_start + idx  # flat positions of (j, idx_j)
-        flat_r[at] = 0.0  # take coordinate i out of the residual
-        if cyclic:
-            feedback = residual @ h[idx[0]]  # (d_out,) one shared row of H
-        else:  # H[i_j, :] · r_j for every row j; index_select + bmm is the fastest gather-dot on CPU we tried
-            feedback = torch.bmm(torch.index_select(h, 0, idx).unsqueeze(1), residual.unsqueeze(2)).view(d_out)
-        target = flat_w[at] + feedback / h_diag[idx]  # exact 1-D minimizer
-        code = torch.clamp(torch.round(target / scale) + zero, 0, grid.maxq)
-        flat_r[at] = flat_w[at] - scale * (code - zero)
-        flat_c[at] = code.to(torch.uint8)
+    lazy_all = residual @ h if bool(residual.any()) else torch.zeros_like(residual)  # (d_out, d_in) G = R H
+    for start in range(0, d_in, block):
+        cols = perm[:, start : start + block]  # (d_out, b) coordinates each row visits in this block
+        at = row_start + cols  # (d_out, b) flat positions
+        lazy = lazy_all.gather(1, cols)  # (d_out, b) (R H)[j, p_j(t)] at the block start
+        h_block = torch.take(h, cols[:, :, None] * d_in + cols[:, None, :])  # (d_out, b, b) H[p_j(t), p_j(s)]
+        inner = torch.zeros_like(lazy)  # (d_out, b) Σ_s H[p_j(t), p_j(s)] Δr_j(s) over coordinates already visited
+        r_start = flat_r[at]  # (d_out, b)
+        w_block, diag = flat_w[at], h_diag[cols]  # (d_out, b)
+        for t in range(cols.shape[1]):
+            feedback = lazy[:, t] + inner[:, t] - diag[:, t] * r_start[:, t]  # H[i,:]·r with coordinate i out
+            target = w_block[:, t] + feedback / diag[:, t]  # exact 1-D minimizer
+            code = torch.clamp(torch.round(target / scale) + zero, 0, grid.maxq)
+            r_new = w_block[:, t] - scale * (code - zero)
+            inner[:, t + 1 :].addcmul_(h_block[:, t, t + 1 :], (r_new - r_start[:, t])[:, None])
+            flat_r[at[:, t]] = r_new
+            flat_c[at[:, t]] = code.to(torch.uint8)
+        if start + block < d_in:
+            lazy_all += _sparse_rows(cols, flat_r[at] - r_start, d_in) @ h
 
 
 def comq_quantize(weight: torch.Tensor, gram: torch.Tensor, config: COMQConfig) -> QuantResult:

@@ -144,3 +144,17 @@ def test_sweep_updates_in_place_consistently() -> None:
     codes = torch.zeros_like(w, dtype=torch.uint8)
     comq_sweep(w, h, residual, codes, grid, coordinate_order(w, h, "greedy"))
     assert torch.allclose(residual, w - grid.scale * (codes.to(torch.float64) - grid.zero))
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 64])
+def test_blocked_sweep_equals_residual_form_for_any_block(block: int) -> None:
+    x, w = _data(d=20)
+    h = x.T @ x
+    grid = minmax_grid(w, bits=3)
+    perm = coordinate_order(w, h, "greedy")
+    residual = torch.zeros_like(w)
+    codes = torch.zeros_like(w, dtype=torch.uint8)
+    for _ in range(2):  # the second sweep starts from a nonzero residual
+        comq_sweep(w, h, residual, codes, grid, perm, block=block)
+    ref = _residual_form_comq(x, w, 3, 2)
+    assert torch.max(torch.abs((w - residual) - ref)) < 1e-10
