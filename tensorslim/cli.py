@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import types
 import typing
@@ -45,6 +46,11 @@ def _cmd_train(args: argparse.Namespace) -> None:
     from tensorslim.train.trainer import train
 
     config = config_from_args(TrainConfig, args)
+    if config.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: tensor/data parallel loop
+        from tensorslim.distributed.train import train_distributed
+
+        train_distributed(config)
+        return
     print_train_summary(config, train(config))
 
 
@@ -62,6 +68,7 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from tensorslim.bench.harness import BenchConfig
+    from tensorslim.quant.cli import QuantizeRunConfig, cmd_quantize
     from tensorslim.report import ConvertConfig
     from tensorslim.train.config import TrainConfig
 
@@ -71,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", TrainConfig, _cmd_train, "train a preset model with a method (default: tiny CoLA on stdlib)"),
         ("bench", BenchConfig, _cmd_bench, "measure params, FLOPs, step time and memory of methods vs dense"),
         ("convert", ConvertConfig, _cmd_convert, "show (or apply and save) a conversion of a model"),
+        ("quantize", QuantizeRunConfig, cmd_quantize, "post-training quantization (COMQ, GPTQ, RTN) of a model"),
     ):
         sub = commands.add_parser(name, help=text, description=text)
         add_dataclass_arguments(sub, cls)

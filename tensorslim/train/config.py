@@ -9,7 +9,7 @@ from tensorslim.models.llama import get_preset
 
 _DTYPES = ("fp32", "bf16")
 # Fields that may differ between an interrupted run and its resumption without changing the math.
-RESUMABLE_CHANGES = frozenset({"resume", "progress", "eval_every", "checkpoint_every", "tensorboard"})
+RESUMABLE_CHANGES = frozenset({"resume", "progress", "eval_every", "checkpoint_every", "tensorboard", "tp", "tp_style"})
 
 
 def _help(text: str) -> dict[str, str]:
@@ -47,6 +47,9 @@ class TrainConfig:
     device: str = field(default="cpu", metadata=_help("cpu or cuda"))
     progress: bool = field(default=True, metadata=_help("show a progress bar"))
     tensorboard: bool = field(default=True, metadata=_help("also log to TensorBoard when it is installed"))
+    # Tensor parallelism (tensorslim.distributed; launch with torchrun, one process per rank).
+    tp: int = field(default=1, metadata=_help("tensor-parallel size; the rest of the world is data parallel"))
+    tp_style: str = field(default="btp", metadata=_help("btp (BOOST), vanilla (low-rank TP) or megatron (dense)"))
 
     def __post_init__(self) -> None:
         get_preset(self.preset)

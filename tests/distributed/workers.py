@@ -198,3 +198,21 @@ def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
     out["curve_btp_tp4"]["ref"] = out["curve_btp_dp2tp2"]["ref"]
     _write(path, out)
     dist.destroy_process_group()
+
+
+def fault_main(rank: int, world: int, port: int) -> None:
+    """Train with TP=2; rank 1 dies abruptly at step 3. Rank 0 must leave with a clear error, not hang."""
+    from tensorslim.distributed import parallelize
+    from tensorslim.distributed.train import peer_failure_guard
+
+    init(rank, world, port, timeout_s=10)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    model = parallelize(tiny_model("btp"), mesh, "btp")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    with peer_failure_guard(rank):
+        for step, batch in enumerate(batches(50)):
+            if rank == 1 and step == 3:
+                os._exit(3)
+            from tensorslim.distributed.step import train_step
+
+            train_step(model, optimizer, [batch], grad_clip=0.5)

@@ -1,0 +1,102 @@
+"""User errors of the parallel setup are one-line ValueErrors raised before any work; dead peers end runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorslim.distributed.parallelize import check_divisibility, check_world, parallelize
+from tensorslim.distributed.train import check_parallel_config
+from tensorslim.models.llama import LlamaConfig
+from tensorslim.train.config import TrainConfig
+from tests.distributed import workers
+
+CONFIG = LlamaConfig(**workers.TINY)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("tp", "style", "rank", "names"),
+    [
+        (3, "btp", 16, "n_heads=4"),  # also d=64, but heads come first
+        (8, "btp", 16, "n_heads=4"),
+        (2, "vanilla", 15, "rank=15"),
+        (4, "btp", 16, None),  # 4 divides 4 heads, d=64, d_ff=172 and V=256; BTP never splits r
+    ],
+)
+def test_tp_must_divide_heads_d_and_rank(tp: int, style: str, rank: int, names: str | None) -> None:
+    if names is None:
+        check_divisibility(CONFIG, tp=tp, style=style, rank=rank)  # 4 divides 4 heads, 64, 172, 256
+        return
+    with pytest.raises(ValueError, match=f"tp={tp} does not divide {names}"):
+        check_divisibility(CONFIG, tp=tp, style=style, rank=rank)
+
+
+def test_tp_must_divide_d_ff_and_vocabulary() -> None:
+    # (tp dividing the heads implies it divides d = heads · head_dim, so d cannot fail on its own)
+    config = LlamaConfig(d_model=64, n_layers=1, n_heads=4, d_ff=170, vocab_size=256)
+    with pytest.raises(ValueError, match="tp=4 does not divide d_ff=170"):
+        check_divisibility(config, tp=4, style="btp", rank=16)
+    config = LlamaConfig(d_model=64, n_layers=1, n_heads=4, d_ff=172, vocab_size=250)
+    with pytest.raises(ValueError, match="tp=4 does not divide vocab_size=250"):
+        check_divisibility(config, tp=4, style="megatron", rank=0)
+
+
+@pytest.mark.parametrize(("tp", "world"), [(3, 4), (0, 2), (4, 2)])
+def test_world_size_must_be_a_multiple_of_tp(tp: int, world: int) -> None:
+    with pytest.raises(ValueError, match=f"tp={tp} must be a positive divisor of the world size {world}"):
+        check_world(tp, world_size=world)
+
+
+def test_bad_style_norm_or_model_is_refused_before_any_work() -> None:
+    with pytest.raises(ValueError, match="style='zero' is unknown"):
+        parallelize(workers.tiny_model("btp"), None, "zero")
+    with pytest.raises(ValueError, match="needs a dense model"):
+        parallelize(workers.tiny_model("btp"), None, "megatron")
+    with pytest.raises(ValueError, match="bias-free LowRankLinear"):
+        parallelize(workers.tiny_model("megatron"), None, "btp")
+    with pytest.raises(ValueError, match="checkpoint_latents=True needs norm='online'"):
+        parallelize(workers.tiny_model("btp"), None, "btp", norm="sync", checkpoint_latents=True)
+
+
+def test_train_config_checks_style_method_and_batch_split() -> None:
+    with pytest.raises(ValueError, match="tp_style='zero' is unknown"):
+        check_parallel_config(TrainConfig(tp=2, tp_style="zero"), world_size=2)
+    with pytest.raises(ValueError, match="method='cola' does not fit tp_style='megatron'"):
+        check_parallel_config(TrainConfig(tp=2, tp_style="megatron"), world_size=2)
+    with pytest.raises(ValueError, match="batch_size=3 must be divisible by the data-parallel size 2"):
+        check_parallel_config(TrainConfig(tp=2, batch_size=3), world_size=4)
+
+
+def test_cli_reports_a_bad_mesh_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from tensorslim.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "--tp", "3"]) == 2  # before any process group, data or model exists
+    assert (
+        capsys.readouterr().err.strip()
+        == "tensorslim train: error: tp=3 must be a positive divisor of the world size 4"
+    )
+
+
+def test_a_dead_peer_makes_the_survivor_exit_nonzero_quickly() -> None:
+    port = workers.free_port()
+    code = "import sys; from tests.distributed.workers import fault_main as f; f(int(sys.argv[1]), 2, int(sys.argv[2]))"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(rank), str(port)], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+        for rank in (0, 1)
+    ]
+    errors = [proc.communicate(timeout=90)[1].decode() for proc in procs]
+    elapsed = time.monotonic() - start
+    assert procs[1].returncode == 3
+    assert procs[0].returncode == 1, errors[0][-2000:]
+    assert "tensorslim train: error: rank 0 lost contact with a peer process" in errors[0]
+    assert elapsed < 60
