@@ -1,0 +1,146 @@
+"""BOOST TP benchmark: step time and bytes communicated for btp vs vanilla low-rank TP vs Megatron full-rank TP.
+
+Run (CPU, gloo, one thread per process):
+
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py --preset 60m --batch 4 --seq 128 --steps 5
+
+Each style trains the same preset on the same synthetic token batches with AdamW: ``btp`` and ``vanilla`` shard the
+CoLA model (r = d/4), ``megatron`` shards the dense model. Step time is the slowest rank's, median over the measured
+steps (one warm-up step first). Bytes are the logical payload of every collective of one step on rank 0 (see
+``tensorslim.distributed.comm``), next to the §5.2 formula of the lowrank digest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tensorslim.distributed import build_mesh, parallelize
+from tensorslim.distributed.step import train_step
+from tensorslim.methods import build_model
+from tensorslim.models.llama import get_preset
+
+STYLES = {"megatron": ("dense", {}), "vanilla": ("cola", {}), "btp": ("cola", {}), "btp+ckpt": ("cola", {})}
+
+
+def layer_formula(style: str, *, d: int, f: int, r: int) -> tuple[int, int]:
+    """Elements per token and layer, (forward, backward), as the implementation sends them."""
+    if style == "megatron":
+        return 2 * d, 2 * d
+    if style == "vanilla":
+        return 5 * d + 2 * f, 3 * d + f
+    return 7 * r + 2, 7 * r + 2
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def bench_style(style: str, args: argparse.Namespace, mesh, data: list[torch.Tensor]) -> dict:
+    method, _ = STYLES[style]
+    torch.manual_seed(0)
+    full, _ = build_model(args.preset, method, max_seq_len=args.seq)
+    model = parallelize(full, mesh, style.split("+")[0], checkpoint_latents=style.endswith("+ckpt"))
+    del full
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times, losses = [], []
+    for i, batch in enumerate(data):
+        model.tp.log.reset()
+        dist.barrier()
+        start = time.perf_counter()
+        loss, _ = train_step(model, optimizer, [batch], grad_clip=0.5)
+        elapsed = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if i > 0:  # the first step pays for lazy initialization
+            times.append(elapsed.item())
+        losses.append(loss)
+    log = model.tp.log
+    config = get_preset(args.preset).model
+    rank = get_preset(args.preset).cola_rank
+    tokens = args.batch * args.seq
+    fwd, bwd = layer_formula(style, d=config.d_model, f=config.d_ff, r=rank)
+    return {
+        "style": style,
+        "method": method,
+        "step_time_s_median": statistics.median(times),
+        "step_times_s": times,
+        "bytes_per_step_total": log.total().bytes,
+        "bytes_per_step_layers": log.total(prefix="layers.").bytes,
+        "bytes_per_step_head": log.total(prefix="head.").bytes,
+        "collectives_per_step": log.total().count,
+        "formula_bytes_layers": (fwd + bwd) * tokens * config.n_layers * 4,
+        "layer0_fwd_elements_per_token": log.total(prefix="layers.0.", phase="fwd").elements / tokens,
+        "layer0_bwd_elements_per_token": log.total(prefix="layers.0.", phase="bwd").elements / tokens,
+        "losses": losses,
+        "rows": log.as_rows(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="60m")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=5, help="measured steps (plus one warm-up)")
+    parser.add_argument("--styles", default="megatron,vanilla,btp,btp+ckpt")
+    parser.add_argument("--out", default="benchmarks/results/boost_tp2_60m")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    mesh = build_mesh(dist.get_world_size(), world_size=dist.get_world_size())
+    vocab = get_preset(args.preset).model.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    data = [torch.randint(0, vocab, (args.batch, args.seq), generator=generator) for _ in range(args.steps + 1)]
+    load_before = load()
+    results = [bench_style(style, args, mesh, data) for style in args.styles.split(",")]
+    if dist.get_rank() == 0:
+        report = {
+            "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py "
+            + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "torch": torch.__version__,
+            "world_size": dist.get_world_size(),
+            "loadavg_before": load_before,
+            "loadavg_after": load(),
+            "results": results,
+        }
+        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
+        print(markdown(report))
+        Path(args.out + ".md").write_text(markdown(report))
+    dist.destroy_process_group()
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# BOOST TP benchmark ({report['date']})",
+        "",
+        f"Command: `{report['command']}`",
+        f"Machine: {report['machine']}; torch {report['torch']}; TP={report['world_size']}, gloo, 1 thread/process.",
+        f"Load average (1/5/15 min) before: {report['loadavg_before']}, after: {report['loadavg_after']}.",
+        "",
+        "| style | step time (median, s) | MB/step (all) | MB/step (layers) | formula MB (layers) | collectives/step "
+        "| layer fwd elem/token | layer bwd elem/token |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"| {r['style']} | {r['step_time_s_median']:.3f} | {r['bytes_per_step_total'] / 1e6:.2f} "
+            f"| {r['bytes_per_step_layers'] / 1e6:.2f} | {r['formula_bytes_layers'] / 1e6:.2f} "
+            f"| {r['collectives_per_step']} | {r['layer0_fwd_elements_per_token']:g} "
+            f"| {r['layer0_bwd_elements_per_token']:g} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
