@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import types
 import typing
@@ -45,6 +46,11 @@ def _cmd_train(args: argparse.Namespace) -> None:
     from tensorslim.train.trainer import train
 
     config = config_from_args(TrainConfig, args)
+    if config.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: tensor/data parallel loop
+        from tensorslim.distributed.train import train_distributed
+
+        train_distributed(config)
+        return
     print_train_summary(config, train(config))
 
 
