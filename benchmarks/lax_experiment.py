@@ -69,6 +69,34 @@ def summarize(out: Path, runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def collect(runs_dir: Path, *, preset: str, steps: int, log_path: Path) -> list[dict]:
+    """Every finished run: the records logged at launch, plus runs whose launcher was stopped (their command is
+    rebuilt from the run folder's name; the load average at their start was not recorded)."""
+    logged = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+    known = {(r["method"], r["seed"]) for r in logged}
+    for summary_path in sorted(runs_dir.glob(f"{preset}-*-s*/summary.json")):
+        method, _, seed = summary_path.parent.name[len(preset) + 1 :].rpartition("-s")
+        if (method, int(seed)) in known or method not in METHODS:
+            continue
+        summary = json.loads(summary_path.read_text())
+        if summary["steps"] != steps:
+            continue
+        command = run_command(preset=preset, method=method, steps=steps, seed=int(seed), run_dir=summary_path.parent)
+        logged.append(
+            {
+                "method": method,
+                "seed": int(seed),
+                "steps": steps,
+                "command": " ".join(command),
+                "load_average_at_start": None,
+                **{k: summary[k] for k in ("val_loss", "val_perplexity", "params_total", "tokens_per_s")},
+                "params_non_embedding": summary["params_non_embedding"],
+            }
+        )
+    order = {m: i for i, m in enumerate(METHODS)}
+    return sorted(logged, key=lambda r: (order[r["method"]], r["seed"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny")
@@ -106,7 +134,7 @@ def main() -> None:
                 }
                 with log_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
-    runs = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+    runs = collect(runs_dir, preset=args.preset, steps=args.steps, log_path=log_path)
     runs = [r for r in runs if r["method"] in args.methods]
     table = summarize(out, runs)
     print(table)

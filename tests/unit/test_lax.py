@@ -210,7 +210,7 @@ def test_bert_minilm_streams() -> None:
         expected = model(input_ids=ids).last_hidden_state
     convert_(
         model,
-        LaXSVDConfig(rank_ratio=1.0, gate="kronecker"),
+        LaXSVDConfig(rank=32, init="random", gate="kronecker"),  # random init: the streams are under test here
         filter_fn=lambda module, name: name.startswith("encoder."),
     )
     crossing = [m for m in model.modules() if isinstance(m, LaXLinear) and m.crossing]
