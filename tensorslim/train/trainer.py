@@ -35,10 +35,13 @@ from tensorslim.train.schedule import warmup_cosine
 
 
 def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy: position t predicts token t+1. logits ``(B, T, V)``, ids ``(B, T)``."""
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), input_ids[:, 1:].reshape(-1), reduction=reduction
-    )
+    """Next-token cross-entropy: position t predicts token t+1. logits ``(B, T, V)``, ids ``(B, T)``.
+
+    The last position has no target and is ignored, rather than sliced off: slicing ``logits[:, :-1]`` would copy
+    the whole ``(B, T, V)`` tensor, which at a 32k vocabulary costs as much memory traffic as a small layer.
+    """
+    targets = F.pad(input_ids[:, 1:], (0, 1), value=-100)  # (B, T), -100 = ignore_index
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction, ignore_index=-100)
 
 
 @torch.no_grad()
