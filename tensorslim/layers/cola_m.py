@@ -255,6 +255,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not runner.params and not any(t.requires_grad for t in runner.tensors):
         return original(self, *args, **kwargs)
     outputs = _BlockCheckpoint.apply(runner, len(runner.tensors), *runner.tensors, *runner.params)
+    runner.tensors = []  # from here on the inputs live only in the function's saved tensors
     return runner.rebuild(outputs)
 
 
