@@ -338,6 +338,87 @@ def classify(*, preset: str, steps: int, batch: int, seq: int, lr: float, lr_cor
     return out
 
 
+# ---------------------------------------------------------------------------------------------------------- report
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def render_markdown(result: dict) -> str:
+    """The experiment's JSON as a Markdown report (numbers copied, nothing recomputed but ratios)."""
+    lines = [
+        "# CoMERA small-scale experiment (CPU)",
+        "",
+        f"- command: `{result['command']}`",
+        f"- date: {result['date']}; machine: {result['machine']}",
+        f"- load average before: {result['load_average_before']}, after: {result.get('load_average_after')}",
+        "",
+    ]
+    if "books" in result:
+        b = result["books"]
+        lines += [
+            "## Books: `bert6` classifier, paper shapes (vocabulary 30,522, TT r=30, TTM r=32)",
+            "",
+            f"dense {b['dense_params']:,} params → CoMERA {b['comera_params']:,} ({b['compression']:.2f}×); "
+            f"with gates {b['comera_params_with_gates']:,}.",
+            "",
+        ]
+    if "profile" in result:
+        p = result["profile"]
+        lines += [
+            f"## Masked-LM training step, `{p['preset']}`, batch {p['batch']}×{p['seq']}, vocabulary {p['vocab']}",
+            "",
+            "Methods alternate within each repeat; median step time. Memory = params + grads + optimizer state + "
+            "saved activations.",
+            "",
+            "| method | params | step s | speedup vs dense | memory | GaLore memory / this |",
+            "|---|---|---|---|---|---|",
+        ]
+        for method, row in p["rows"].items():
+            lines.append(
+                f"| {method} | {row['params']:,} | {row['step_time_s']:.3f} | {row['speedup_vs_dense']:.2f}× | "
+                f"{_mib(row['memory_bytes']['total'])} | {row['memory_vs_galore']:.2f}× |"
+            )
+        lines.append("")
+    if "mlm" in result:
+        m = result["mlm"]
+        lines += [
+            f"## Masked-LM on `stdlib` ({m['tokenizer']}, model vocabulary {m['vocab']})",
+            "",
+            "| run | params start → end | train s | final train loss | val MLM loss | size early → target → late |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, run in m["runs"].items():
+            sizes = (
+                f"{run['size_after_early']:,.0f} → {run['target_size']:,.0f} → {run['size_after_late']:,.0f} "
+                f"({run['size_over_target']:.3f} of target; {run['gates_killed_to_reach_target']} gates cut after "
+                f"the late stage; {run['late_steps_on_size_objective']} late steps with λ=1)"
+                if "target_size" in run
+                else "–"
+            )
+            lines.append(
+                f"| {name} | {run['params_start']:,} → {run['params_end']:,} | {run['train_seconds']:.0f} | "
+                f"{run['final_train_loss']:.3f} | {run['val_mlm_loss']:.3f} | {sizes} |"
+            )
+        for name, run in m["runs"].items():
+            for stage in ("ranks_after_early", "ranks_after_late"):
+                if stage in run:
+                    lines += ["", f"### {name}: {stage.replace('_', ' ')}", "", "```", run[stage], "```"]
+        lines.append("")
+    if "classify" in result:
+        c = result["classify"]
+        lines += [
+            f"## BBC News from scratch ({c['train']} train / {c['test']} test articles, 5 topics)",
+            "",
+            "| method | params | test accuracy | train s |",
+            "|---|---|---|---|",
+        ]
+        for name, run in c["runs"].items():
+            lines.append(f"| {name} | {run['params']:,} | {run['test_accuracy']:.3f} | {run['train_seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------------------------------------ main
 
 
@@ -346,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parts", default="books,profile,mlm,classify")
     parser.add_argument("--profile-preset", default="bert6")
     parser.add_argument("--profile-repeats", type=int, default=5)
+    parser.add_argument("--profile-batch", type=int, default=1, help="sequences per profiled step (paper: 1)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="capture the static-shape step (GPU only)")
     parser.add_argument("--preset", default="bert-small", help="model for the mlm and classify training runs")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--late-fraction", type=float, default=0.5)
@@ -357,8 +440,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr-gates", type=float, default=1e-2)
     parser.add_argument("--gamma", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=None, help="write <out>.json")
+    parser.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
+    parser.add_argument("--render", type=Path, default=None, help="only write the .md of an existing result .json")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        args.render.with_suffix(".md").write_text(render_markdown(json.loads(args.render.read_text())))
+        return
+    if args.cuda_graphs:
+        # The late-stage loss is graph-capturable (no host syncs), but the capture itself is not implemented yet,
+        # and on CPU there is nothing to capture.
+        reason = "no CUDA device is available" if not torch.cuda.is_available() else "capture is not implemented yet"
+        parser.exit(2, f"error: --cuda-graphs needs a CUDA device and a captured training step; {reason}\n")
     if args.threads:
         torch.set_num_threads(args.threads)
     parts = args.parts.split(",")
@@ -375,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     if "profile" in parts:
         result["profile"] = profile(
             preset=args.profile_preset,
-            batch=1,
+            batch=args.profile_batch,
             seq=args.seq_len,
             repeats=args.profile_repeats,
             warmup=2,
@@ -396,6 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(text + "\n")
+        args.out.with_suffix(".md").write_text(render_markdown(json.loads(text)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """CoMERA rank gates: size accounting, the L1 penalty, physical truncation of dead ranks and the rank report.
 
-CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) §3.2 "rank-adaptive training" replaces the TT/TTM cores
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), rank-adaptive training, replaces the TT/TTM cores
 ``[[G_1, …, G_d]]`` by ``[[G_1 D_1 G_2 … D_{d-1} G_d]]`` with diagonal ``D_k = diag(d_k)`` (our digest §2.1). A rank
 is pruned when its gate falls to ≤ 1e-2. The official code only masks dead ranks; here
 :func:`truncate_` slices them out of the cores so the compute and memory savings are real (the official

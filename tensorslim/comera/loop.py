@@ -1,6 +1,7 @@
 """A minimal two-stage CoMERA training loop (early scalarization, then the λ-switched late stage).
 
-CoMERA (arXiv 2405.14377) §3.2; the official ``MNLI_trainer.py`` trains 20 early + 10 late epochs (digest §2.2-2.3).
+CoMERA (arXiv 2405.14377), multi-objective rank-adaptive training; the official ``MNLI_trainer.py`` trains
+20 early + 10 late epochs (digest §2.2-2.3).
 Here the stages are counted in steps; dead ranks are sliced out of the cores at the end of each stage (and every
 ``truncate_every`` steps) so later steps really are cheaper. Works eagerly on CPU and GPU.
 """

@@ -1,6 +1,6 @@
 """CoMERA's two-stage multi-objective training loss.
 
-CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) §3.2 "multi-objective rank-adaptive training": the early stage
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), multi-objective rank-adaptive training: the early stage
 minimizes a scalarization ``task + γ·R(D)``; the optional late stage steers toward a target model size. As the
 official code implements it (``MNLI_trainer.py`` L324, L362-402; our digest §2.2):
 

@@ -1,6 +1,7 @@
 """Stateless tensor-train contractions for CoMERA's TT linear layers and TTM embeddings.
 
-CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) §4 "contraction path optimization" / our digest §1.2 and §1.5:
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "contraction path optimization" (paper Fig. 11) and the
+"optimized tensorized embedding"; our digest §1.2, §1.5, §1.6:
 
 * **TT linear** (3-way cores, input modes first). The middle bond separates input and output modes, so
   ``W = L · R`` with ``L = (G_1 … G_d) ∈ R^{d_in×r_d}`` and ``R = (G_{d+1} … G_{2d}) ∈ R^{r_d×d_out}``. ``L`` and
@@ -128,7 +129,8 @@ class _FactoredMatmul(torch.autograd.Function):
     """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (digest §1.3: four width-r GEMMs).
 
     Autograd's ``mm`` backward would form ``∂L = xᵀ ∂T`` from a transposed ``x``, a slow skinny GEMM on CPU; here it is
-    ``(∂Tᵀ x)ᵀ``. Only ``x`` and ``T = x L`` (``B×r``) are saved for the token-dependent part, as in CoMERA.
+    ``(∂Tᵀ x)ᵀ``. The token-dependent tensors saved are ``x`` and ``T = x L`` (``B×r``), as in CoMERA, plus the small
+    weight-side factors ``L`` and ``R``.
     """
 
     @staticmethod
@@ -212,7 +214,7 @@ def _grouped_mm(a: torch.Tensor, right: torch.Tensor, counts: list[int], *, tran
 
 
 class _HalfTableLookup(torch.autograd.Function):
-    """Rows ``left[t0] @ right[t1]`` (CoMERA §4.1 half-tables) with a hand-written, grouped backward.
+    """Rows ``left[t0] @ right[t1]`` (CoMERA's embedding half-tables, digest §1.5), hand-written grouped backward.
 
     Ids are sorted by their right-table row ``t1`` (``M_2`` groups, 100 for CoMERA's shapes), so each group is one
     ``(count·N_1, r) @ (r, N_2)`` GEMM against a row of the right table: the right slices are never gathered per id,

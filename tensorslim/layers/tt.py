@@ -1,8 +1,9 @@
 """CoMERA's tensor-train linear layer.
 
 CoMERA: Yang, Liu, Choudhary, Xie, Gao, Kunzmann, Zhang, "CoMERA: Computing- and Memory-Efficient Training via
-Rank-Adaptive Tensor Optimization", NeurIPS 2024, arXiv 2405.14377. §3 (tensor-compressed layers), Table
-"tensorization settings" (appendix); our digest ``shared/research/tensor.md`` §1.1-§1.3, §2.1.
+Rank-Adaptive Tensor Optimization", NeurIPS 2024, arXiv 2405.14377: tensor-compressed layers and the table of
+tensorization settings (paper p.16); our digest ``shared/research/tensor.md`` §1.1-§1.3, §2.1. (Section numbers of the
+paper body could not be checked; we cite the digest, which read the official code line by line.)
 
 Layout (as the official code): ``y = x W + b`` with ``W ∈ R^{d_in×d_out}`` (the transpose of ``nn.Linear.weight``),
 reshaped row-major to ``[n_1..n_d ‖ n_{d+1}..n_{2d}]`` (input modes, then output modes) and stored as 3-way cores
@@ -165,7 +166,7 @@ class TTLinear(nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
-        """Attach one all-ones gate vector per internal bond (CoMERA §3.2 / digest §2.1); idempotent."""
+        """Attach one all-ones gate vector per internal bond (CoMERA's rank controls, digest §2.1); idempotent."""
         self.gate_threshold = threshold
         if len(self.gates) == 0:
             for core in self.cores[:-1]:
