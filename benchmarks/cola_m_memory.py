@@ -114,6 +114,15 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _merge(merged: dict[str, dict], row: dict) -> None:
+    arm = row["arm"]
+    if arm in merged:
+        merged[arm]["step_times_s"] += row["step_times_s"]
+        merged[arm]["peak_rss_bytes"] = max(merged[arm]["peak_rss_bytes"], row["peak_rss_bytes"])
+    else:
+        merged[arm] = dict(row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="60m")
@@ -124,29 +133,37 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="arm order alternates between rounds")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--assemble", action="store_true", help="build the table from the rows file of finished arms")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--arm", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    stem = Path(args.out or f"benchmarks/results/cola_m_{args.preset}")
+    rows_path = stem.with_suffix(".rows.jsonl")
     if args.worker:
-        print(json.dumps(worker(args)))
+        row = worker(args)
+        print(json.dumps(row))
+        with rows_path.open("a") as f:  # so that an interrupted sweep keeps its finished arms
+            f.write(json.dumps({**row, "preset": args.preset, "batch_size": args.batch_size}) + "\n")
         return
     arms = [a for a in args.arms.split(",") if a]
     command = "python " + " ".join(sys.argv)
-    loads = [os.getloadavg()]
+    loads: list = [os.getloadavg()]
     merged: dict[str, dict] = {}
-    for round_index in range(args.rounds):
+    if args.assemble:  # an interrupted sweep: the arms its workers finished
+        for line in rows_path.read_text().splitlines():
+            row = json.loads(line)
+            if row["preset"] == args.preset and row["batch_size"] == args.batch_size:
+                _merge(merged, row)
+        arms = [a for a in arms if a in merged]
+    for round_index in range(0 if args.assemble else args.rounds):
         for arm in arms if round_index % 2 == 0 else arms[::-1]:
             cmd = [sys.executable, __file__, "--worker", "--arm", arm, "--preset", args.preset]
             cmd += ["--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)]
-            cmd += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+            cmd += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--out", str(stem)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             row = json.loads(out.strip().splitlines()[-1])
             print(f"round {round_index} {arm}: {row['step_times_s']}", flush=True)
-            if arm in merged:
-                merged[arm]["step_times_s"] += row["step_times_s"]
-                merged[arm]["peak_rss_bytes"] = max(merged[arm]["peak_rss_bytes"], row["peak_rss_bytes"])
-            else:
-                merged[arm] = row
+            _merge(merged, row)
             loads.append(os.getloadavg())
     tokens = args.batch_size * args.seq_len
     result = {
