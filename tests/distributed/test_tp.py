@@ -6,8 +6,8 @@ dominates: about 3–5 s per process on two shared cores).
 
 from __future__ import annotations
 
+import fcntl
 import json
-from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
@@ -17,20 +17,35 @@ from tests.distributed import workers
 D, F, R = workers.TINY["d_model"], workers.TINY["d_ff"], workers.RANK
 
 
-def _spawn(fn, nprocs: int, tmp_path: Path) -> dict:
-    path = tmp_path / "out.json"
-    mp.spawn(fn, args=(nprocs, workers.free_port(), str(path)), nprocs=nprocs)
+def _spawn_once(fn, nprocs: int, factory: pytest.TempPathFactory, name: str) -> dict:
+    """Run ``fn`` on ``nprocs`` processes once per test session, even under pytest-xdist: the workers share the
+    base temp folder's parent, and a file lock makes the second worker wait for the first one's results."""
+    shared = factory.getbasetemp().parent
+    path = shared / f"tensorslim-{name}.json"
+    with open(shared / f"tensorslim-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            partial = shared / f"tensorslim-{name}.partial.json"
+            mp.spawn(fn, args=(nprocs, workers.free_port(), str(partial)), nprocs=nprocs)
+            partial.rename(path)
     return json.loads(path.read_text())
 
 
-@pytest.fixture(scope="module")
-def tp2(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return _spawn(workers.tp2_worker, 2, tmp_path_factory.mktemp("tp2"))
+@pytest.fixture(scope="session")
+def tp2(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict:
+    return _spawn_once(workers.tp2_worker, 2, tmp_path_factory, f"tp2-{_run_id(tmp_path_factory, worker_id)}")
 
 
-@pytest.fixture(scope="module")
-def tp4(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return _spawn(workers.tp4_worker, 4, tmp_path_factory.mktemp("tp4"))
+@pytest.fixture(scope="session")
+def tp4(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict:
+    return _spawn_once(workers.tp4_worker, 4, tmp_path_factory, f"tp4-{_run_id(tmp_path_factory, worker_id)}")
+
+
+def _run_id(factory: pytest.TempPathFactory, worker_id: str) -> str:
+    # Under xdist the base temp is <root>/pytest-N/popen-gwK, so the shared parent is unique per session; without
+    # xdist it is <root> itself, shared across sessions, so key by the session's own folder name.
+    base = factory.getbasetemp()
+    return base.parent.name if worker_id != "master" else base.name
 
 
 CASES = ["btp", "vanilla", "megatron", "btp_sync", "btp_ckpt"]
@@ -103,7 +118,6 @@ def test_tp4_matches_one_process(tp4: dict) -> None:
     assert max(abs(a - b) for a, b in zip(curve["tp"], curve["ref"], strict=True)) < 1e-5
 
 
-@pytest.mark.parametrize("style", ["btp", "vanilla"])
-def test_tp2_by_dp2_mesh_matches_one_process_on_the_global_batch(tp4: dict, style: str) -> None:
-    curve = tp4[f"curve_{style}_dp2tp2"]
+def test_tp2_by_dp2_mesh_matches_one_process_on_the_global_batch(tp4: dict) -> None:
+    curve = tp4["curve_btp_dp2tp2"]
     assert max(abs(a - b) for a, b in zip(curve["tp"], curve["ref"], strict=True)) < 1e-5
