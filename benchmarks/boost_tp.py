@@ -4,6 +4,10 @@ Run (CPU, gloo, one thread per process):
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py --preset 60m --batch 4 --seq 128 --steps 5
 
+Saved activations of BTP with and without latent checkpointing (one process, TP=1; no torchrun):
+
+    python benchmarks/boost_tp.py --memory --preset 60m --batch 2 --seq 256
+
 Each style trains the same preset on the same synthetic token batches with AdamW: ``btp`` and ``vanilla`` shard the
 CoLA model (r = d/4), ``megatron`` shards the dense model. Step time is the slowest rank's, median over the measured
 steps (one warm-up step first). Bytes are the logical payload of every collective of one step on rank 0 (see
@@ -85,6 +89,36 @@ def bench_style(style: str, args: argparse.Namespace, mesh, data: list[torch.Ten
     }
 
 
+def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one loss computation."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.loss(ids).backward()
+    return sum(seen.values())
+
+
+def memory(args: argparse.Namespace) -> None:
+    vocab = get_preset(args.preset).model.vocab_size
+    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    lines = [f"# BTP latent checkpointing: saved activations ({datetime.datetime.now().isoformat(timespec='seconds')})"]
+    lines += ["", f"Command: `python benchmarks/boost_tp.py --memory --preset {args.preset} --batch {args.batch} "]
+    lines[-1] += f"--seq {args.seq}`; {platform.node()}, torch {torch.__version__}, one process (TP=1)."
+    lines.append("")
+    lines += ["| checkpoint_latents | saved bytes (whole model incl. head and CE) |", "|---|---|"]
+    for flag in (False, True):
+        torch.manual_seed(0)
+        full, _ = build_model(args.preset, "cola", max_seq_len=args.seq)
+        lines.append(f"| {flag} | {saved_bytes(parallelize(full, None, 'btp', checkpoint_latents=flag), ids)} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    Path(args.out + "_memory.md").write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="60m")
@@ -92,8 +126,11 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5, help="measured steps (plus one warm-up)")
     parser.add_argument("--styles", default="megatron,vanilla,btp,btp+ckpt")
-    parser.add_argument("--out", default="benchmarks/results/boost_tp2_60m")
+    parser.add_argument("--out", default="benchmarks/results/boost_tp2_60m")  # --memory adds _memory.md
+    parser.add_argument("--memory", action="store_true", help="measure saved activations on one process instead")
     args = parser.parse_args()
+    if args.memory:
+        return memory(args)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     mesh = build_mesh(dist.get_world_size(), world_size=dist.get_world_size())
