@@ -1,3 +1,9 @@
 """Pure tensor -> factors decompositions (NumPy/PyTorch in, factors out)."""
 
 from tensorslim.decomp.svd import truncated_svd as truncated_svd
+
+# isort: split
+# Tensor methods (issue 7): mixed-precision CP, diagonal GMM from moments, completely-positive tensor check.
+from tensorslim.decomp.cp_check import cp_tensor_check as cp_tensor_check
+from tensorslim.decomp.cp_mixed import cp_mixed_precision as cp_mixed_precision
+from tensorslim.decomp.gmm import gmm_moments as gmm_moments
