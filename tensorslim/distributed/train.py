@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -47,15 +48,22 @@ def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
         raise ValueError(f"method={config.method!r} does not fit tp_style={config.tp_style!r}; allowed: {list(wanted)}")
 
 
+# gloo reports a dead peer as a plain RuntimeError ("... pair.cc: Read error ...: Connection reset by peer").
+_PEER_FAILURE = re.compile(r"gloo|nccl|connection|timed out|timeout|peer", re.IGNORECASE)
+
+
 @contextlib.contextmanager
 def peer_failure_guard(rank: int) -> Iterator[None]:
-    """Turn a collective that fails because a peer died or timed out into one clear line and exit code 1."""
+    """Turn a collective that fails because a peer died or timed out into one clear line and exit code 1.
+
+    Other errors pass through unchanged, so a bug is not reported as a lost peer.
+    """
     try:
         yield
-    except (RuntimeError, dist.DistError) as error:
-        if isinstance(error, ValueError):
+    except RuntimeError as error:
+        if not (isinstance(error, dist.DistError) or _PEER_FAILURE.search(str(error))):
             raise
-        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        first = str(error).strip().splitlines()[0][:200]
         print(
             f"tensorslim train: error: rank {rank} lost contact with a peer process ({first}); "
             "the last checkpoint is intact",

@@ -100,3 +100,14 @@ def test_a_dead_peer_makes_the_survivor_exit_nonzero_quickly() -> None:
     assert procs[0].returncode == 1, errors[0][-2000:]
     assert "tensorslim train: error: rank 0 lost contact with a peer process" in errors[0]
     assert elapsed < 60
+
+
+def test_guard_reports_lost_peers_only(capsys: pytest.CaptureFixture) -> None:
+    from tensorslim.distributed.train import peer_failure_guard
+
+    with pytest.raises(RuntimeError, match="shape mismatch"), peer_failure_guard(0):
+        raise RuntimeError("shape mismatch")  # a bug, not a lost peer: passes through
+    with pytest.raises(SystemExit) as exit_info, peer_failure_guard(1):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    assert exit_info.value.code == 1
+    assert "rank 1 lost contact with a peer process" in capsys.readouterr().err
