@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.metrics import format_bytes
 from tensorslim.train.trainer import TrainResult
@@ -54,7 +56,6 @@ class ConvertConfig:
 
 def run_convert(config: ConvertConfig) -> None:
     """Print the conversion plan; with ``save`` apply it (SVD init from the weights) and save the result."""
-    import torch
     from safetensors.torch import save_file
 
     from tensorslim.convert import METHODS, convert_, plan
@@ -79,7 +80,8 @@ def run_convert(config: ConvertConfig) -> None:
     print(f"saved {target}")
 
 
-def _load_hf_model(path: str):  # noqa: ANN202 - returns a transformers PreTrainedModel
+def _load_hf_model(path: str) -> torch.nn.Module:
+    """A local Hugging Face model folder, loaded offline."""
     if not Path(path).is_dir():
         raise ValueError(f"model={path!r} is not a folder; allowed: a local Hugging Face model folder")
     from transformers import AutoModel

