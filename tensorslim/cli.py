@@ -68,7 +68,7 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from tensorslim.bench.harness import BenchConfig
-    from tensorslim.quant.cli import QuantizeRunConfig, cmd_quantize
+    from tensorslim.quant.cli import DistillRunConfig, QuantizeRunConfig, cmd_distill, cmd_quantize
     from tensorslim.report import ConvertConfig
     from tensorslim.train.config import TrainConfig
 
@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("bench", BenchConfig, _cmd_bench, "measure params, FLOPs, step time and memory of methods vs dense"),
         ("convert", ConvertConfig, _cmd_convert, "show (or apply and save) a conversion of a model"),
         ("quantize", QuantizeRunConfig, cmd_quantize, "post-training quantization (COMQ, GPTQ, RTN) of a model"),
+        ("distill", DistillRunConfig, cmd_distill, "distill MiniLM into a TT + QAT student, layer by layer"),
     ):
         sub = commands.add_parser(name, help=text, description=text)
         add_dataclass_arguments(sub, cls)

@@ -48,3 +48,27 @@ def test_quantize_cli_bad_input_is_one_line_exit_2(flags: list[str], message: st
     assert main(["quantize", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_distill_cli_runs_a_few_steps_and_reports_compression(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "distill.json"
+    argv = ["distill", "--steps-per-layer", "1", "--task-steps", "1", "--batch-size", "2", "--seq-len", "8"]
+    assert main([*argv, "--eval-docs", "4", "--no-eval-bbc", "--rank", "4", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["steps"] == 6 + 1
+    before, after = report["encoder_linear_params"]
+    assert after < before / 20
+    assert report["model_bits"][1] < report["model_bits"][0]
+    assert -1.0 <= report["spearman_pairwise"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--qat", "int4"], "qat='int4' is not supported"), (["--bits", "9"], "bits=9"), (["--init", "x"], "init='x'")],
+)
+def test_distill_cli_bad_input(flags: list[str], message: str, capsys) -> None:  # noqa: ANN001
+    assert main(["distill", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
