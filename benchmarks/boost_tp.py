@@ -33,7 +33,14 @@ from tensorslim.distributed.step import train_step
 from tensorslim.methods import build_model
 from tensorslim.models.llama import get_preset
 
-STYLES = {"megatron": ("dense", {}), "vanilla": ("cola", {}), "btp": ("cola", {}), "btp+ckpt": ("cola", {})}
+# row label -> (method, parallelize style, recompute)
+STYLES = {
+    "megatron": ("dense", "megatron", "none"),
+    "vanilla": ("cola", "vanilla", "none"),
+    "btp": ("cola", "btp", "none"),
+    "btp+latent-recompute": ("cola", "btp", "latent"),
+    "btp+layer-recompute": ("cola", "btp", "layer"),
+}
 
 
 def layer_formula(style: str, *, d: int, f: int, r: int) -> tuple[int, int]:
@@ -50,10 +57,10 @@ def load() -> str:
 
 
 def bench_style(style: str, args: argparse.Namespace, mesh, data: list[torch.Tensor]) -> dict:
-    method, _ = STYLES[style]
+    method, tp_style, recompute = STYLES[style]
     torch.manual_seed(0)
     full, _ = build_model(args.preset, method, max_seq_len=args.seq)
-    model = parallelize(full, mesh, style.split("+")[0], checkpoint_latents=style.endswith("+ckpt"))
+    model = parallelize(full, mesh, tp_style, recompute=recompute)
     del full
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     times, losses = [], []
@@ -71,7 +78,9 @@ def bench_style(style: str, args: argparse.Namespace, mesh, data: list[torch.Ten
     config = get_preset(args.preset).model
     rank = get_preset(args.preset).cola_rank
     tokens = args.batch * args.seq
-    fwd, bwd = layer_formula(style, d=config.d_model, f=config.d_ff, r=rank)
+    fwd, bwd = layer_formula(tp_style, d=config.d_model, f=config.d_ff, r=rank)
+    if recompute == "layer":
+        fwd *= 2  # the recomputed forward runs its collectives again
     return {
         "style": style,
         "method": method,
@@ -109,11 +118,11 @@ def memory(args: argparse.Namespace) -> None:
     lines += ["", f"Command: `python benchmarks/boost_tp.py --memory --preset {args.preset} --batch {args.batch} "]
     lines[-1] += f"--seq {args.seq}`; {platform.node()}, torch {torch.__version__}, one process (TP=1)."
     lines.append("")
-    lines += ["| checkpoint_latents | saved bytes (whole model incl. head and CE) |", "|---|---|"]
-    for flag in (False, True):
+    lines += ["| recompute | saved bytes (whole model incl. head and CE) |", "|---|---|"]
+    for recompute in ("none", "latent", "layer"):
         torch.manual_seed(0)
         full, _ = build_model(args.preset, "cola", max_seq_len=args.seq)
-        lines.append(f"| {flag} | {saved_bytes(parallelize(full, None, 'btp', checkpoint_latents=flag), ids)} |")
+        lines.append(f"| {recompute} | {saved_bytes(parallelize(full, None, 'btp', recompute=recompute), ids)} |")
     text = "\n".join(lines) + "\n"
     print(text)
     Path(args.out + "_memory.md").write_text(text)
@@ -125,7 +134,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5, help="measured steps (plus one warm-up)")
-    parser.add_argument("--styles", default="megatron,vanilla,btp,btp+ckpt")
+    parser.add_argument("--styles", default=",".join(STYLES))
     parser.add_argument("--out", default="benchmarks/results/boost_tp2_60m")  # --memory adds _memory.md
     parser.add_argument("--memory", action="store_true", help="measure saved activations on one process instead")
     args = parser.parse_args()

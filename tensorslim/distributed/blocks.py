@@ -61,15 +61,15 @@ class BTPBlock(nn.Module):
     ``qkv`` (3r + 1 with the online-RMSNorm statistic), ``o`` (r), ``gate_up`` (2r + 1), ``down`` (r), each an
     all-reduce forward and backward. The residual stream stays sharded on d; attention runs on the local heads.
 
-    With ``checkpoint_latents`` the four communication-free chunks between the collectives are recomputed in
+    With ``latent_recompute`` the four communication-free chunks between the collectives are recomputed in
     backward (BOOST §3.4, "communication-free low-rank activation checkpointing"): autograd keeps only the chunk
     inputs, i.e. the all-reduced latents and the two residual shards, and no collective runs twice.
     """
 
-    def __init__(self, shape: BlockShape, tp: TPGroup, *, index: int, norm: str, checkpoint_latents: bool) -> None:
+    def __init__(self, shape: BlockShape, tp: TPGroup, *, index: int, norm: str, latent_recompute: bool) -> None:
         super().__init__()
         self.shape, self.tp, self.index, self.norm = shape, tp, index, norm
-        self.checkpoint_latents = checkpoint_latents
+        self.latent_recompute = latent_recompute
         self.act = activation_fn(shape.latent_act)
         self.mlp_act: nn.Module = nn.SiLU()
         d, f, r = shape.d_model // shape.tp, shape.d_ff // shape.tp, shape.rank
@@ -104,7 +104,7 @@ class BTPBlock(nn.Module):
         }
 
     def _run(self, fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
-        if self.checkpoint_latents and torch.is_grad_enabled():
+        if self.latent_recompute and torch.is_grad_enabled():
             return checkpoint(fn, *args, use_reentrant=False)
         return fn(*args)
 

@@ -4,7 +4,7 @@ Styles (BOOST, Wang et al., 2025, arXiv 2512.12131; lowrank digest §5):
 
 - ``btp``: BOOST's bottleneck-aware TP (§3.1) for low-rank (CoLA/SVD) models: A row-parallel with an all-reduce on
   the r-wide latent, B column-parallel without communication, residual stream sharded on d, local heads, online
-  RMSNorm (§3.2), grouped A / batched B (§3.3), optional communication-free latent checkpointing (§3.4), one
+  RMSNorm (§3.2), grouped A / batched B (§3.3), optional communication-free latent recomputation (§3.4), one
   all-gather after the last layer, vocabulary-parallel head and cross-entropy.
 - ``vanilla``: low-rank TP with Megatron's column/row plan applied per factor (A column, B row), the §2.2 baseline.
 - ``megatron``: full-rank TP for dense models (Shoeybi et al., 2019).
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.utils.checkpoint import checkpoint
 
 from tensorslim.distributed.blocks import BlockShape, BTPBlock, MegatronBlock, VanillaBlock
 from tensorslim.distributed.comm import TPGroup, copy_to_tp, gather_last, gather_untracked
@@ -31,6 +32,7 @@ from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM, RMSNorm, rota
 
 STYLES = ("btp", "vanilla", "megatron")
 NORMS = ("online", "sync")
+RECOMPUTE = ("none", "latent", "layer")
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 _PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -97,9 +99,11 @@ class TPCausalLM(nn.Module):
     ``specs`` maps each local parameter name to its :class:`ShardSpec` in the TP=1 state dict.
     """
 
-    def __init__(self, config: LlamaConfig, blocks: list[nn.Module], tp: TPGroup, *, style: str) -> None:
+    def __init__(
+        self, config: LlamaConfig, blocks: list[nn.Module], tp: TPGroup, *, style: str, recompute_layers: bool = False
+    ) -> None:
         super().__init__()
-        self.config, self.tp, self.style = config, tp, style
+        self.config, self.tp, self.style, self.recompute_layers = config, tp, style, recompute_layers
         width = config.d_model // tp.size if style == "btp" else config.d_model  # BTP shards embeddings on d
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, width))
         self.layers = nn.ModuleList(blocks)
@@ -118,7 +122,10 @@ class TPCausalLM(nn.Module):
         cos, sin = rotary_cos_sin(seq, self.config.head_dim, theta=self.config.rope_theta, device=input_ids.device)
         x = F.embedding(input_ids, self.embed_tokens)  # (B, T, d/p) for btp, (B, T, d) otherwise
         for block in self.layers:
-            x = block(x, cos, sin)
+            if self.recompute_layers and torch.is_grad_enabled():
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)  # re-runs the block's collectives too
+            else:
+                x = block(x, cos, sin)
         if self.style == "btp":
             x = gather_last(x, self.tp, tag="head.gather")  # the only d-wide collective of BTP
         x = copy_to_tp(self.norm(x), self.tp, tag="head.in")
@@ -166,7 +173,7 @@ def parallelize(
     style: str,
     *,
     norm: str = "online",
-    checkpoint_latents: bool = False,
+    recompute: str = "none",
 ) -> TPCausalLM:
     """Shard ``model`` over the ``tp`` axis of ``mesh`` in ``style``; ``model`` is left untouched.
 
@@ -175,7 +182,9 @@ def parallelize(
         mesh: a 1-D mesh, or a mesh with a ``tp`` axis (see :func:`build_mesh`); None for one process.
         style: ``"btp"``, ``"vanilla"`` or ``"megatron"``.
         norm: BTP only: ``"online"`` (BOOST §3.2) or ``"sync"`` (the synchronized reference).
-        checkpoint_latents: BTP only: recompute the communication-free chunks in backward (BOOST §3.4).
+        recompute: activation recomputation in backward. ``"latent"`` (BTP only, BOOST §3.4): keep the
+            all-reduced latents and residual shards, recompute the communication-free chunks between them.
+            ``"layer"``: classic whole-block recomputation, which re-runs the block's forward collectives.
 
     Raises:
         ValueError: an unknown style or norm, a model the style cannot shard, or a TP size that does not divide
@@ -185,10 +194,12 @@ def parallelize(
         raise ValueError(f"style={style!r} is unknown; allowed: {list(STYLES)}")
     if norm not in NORMS:
         raise ValueError(f"norm={norm!r} is unknown; allowed: {list(NORMS)}")
-    if style != "btp" and (norm != "online" or checkpoint_latents):
-        raise ValueError(f"norm and checkpoint_latents apply to style='btp' only, got style={style!r}")
-    if checkpoint_latents and norm != "online":
-        raise ValueError("checkpoint_latents=True needs norm='online' (sync norm has a collective inside the chunk)")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} is unknown; allowed: {list(RECOMPUTE)}")
+    if style != "btp" and (norm != "online" or recompute == "latent"):
+        raise ValueError(f"norm and recompute='latent' apply to style='btp' only, got style={style!r}")
+    if recompute == "latent" and norm != "online":
+        raise ValueError("recompute='latent' needs norm='online' (sync norm has a collective inside a chunk)")
     plan = _inspect(model, style)
     tp = tp_group(mesh)
     check_divisibility(plan.config, tp=tp.size, style=style, rank=plan.rank)
@@ -205,12 +216,12 @@ def parallelize(
     blocks: list[nn.Module] = []
     for i, source in enumerate(model.layers):
         if style == "btp":
-            block: nn.Module = BTPBlock(shape, tp, index=i, norm=norm, checkpoint_latents=checkpoint_latents)
+            block: nn.Module = BTPBlock(shape, tp, index=i, norm=norm, latent_recompute=recompute == "latent")
         else:
             block = (VanillaBlock if style == "vanilla" else MegatronBlock)(shape, tp, index=i)
         block.mlp_act = source.mlp.act_fn  # SiLU, or Identity under CoLA's only_lr_act
         blocks.append(block)
-    tp_model = TPCausalLM(config, blocks, tp, style=style)
+    tp_model = TPCausalLM(config, blocks, tp, style=style, recompute_layers=recompute == "layer")
     device = next(model.parameters()).device
     tp_model.to(device)
     tp_model.load_full_state_dict(dict(model.state_dict()))

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -71,6 +71,21 @@ def peer_failure_guard(rank: int) -> Iterator[None]:
             flush=True,
         )
         raise SystemExit(1) from None
+
+
+def run_guarded(fn: Callable[[], Any], *, rank: int) -> Any:
+    """``fn()`` under :func:`peer_failure_guard`; a lost peer ends this process at once with exit code 1.
+
+    ``os._exit`` because tearing down a process group whose peer vanished can abort the interpreter (SIGABRT)
+    instead of returning the exit code.
+    """
+    try:
+        with peer_failure_guard(rank):
+            return fn()
+    except SystemExit as done:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 1)
 
 
 class _FullOptimizerView:
@@ -150,8 +165,7 @@ def train_distributed(config: TrainConfig) -> dict[str, Any]:
     backend = "nccl" if config.device == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300"))))
     try:
-        with peer_failure_guard(dist.get_rank()):
-            return _Run(config, world_size=world_size).run()
+        return run_guarded(lambda: _Run(config, world_size=world_size).run(), rank=dist.get_rank())
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()

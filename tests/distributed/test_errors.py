@@ -60,8 +60,10 @@ def test_bad_style_norm_or_model_is_refused_before_any_work() -> None:
         parallelize(workers.tiny_model("btp"), None, "megatron")
     with pytest.raises(ValueError, match="bias-free LowRankLinear"):
         parallelize(workers.tiny_model("megatron"), None, "btp")
-    with pytest.raises(ValueError, match="checkpoint_latents=True needs norm='online'"):
-        parallelize(workers.tiny_model("btp"), None, "btp", norm="sync", checkpoint_latents=True)
+    with pytest.raises(ValueError, match="recompute='latent' needs norm='online'"):
+        parallelize(workers.tiny_model("btp"), None, "btp", norm="sync", recompute="latent")
+    with pytest.raises(ValueError, match="recompute='all' is unknown"):
+        parallelize(workers.tiny_model("btp"), None, "btp", recompute="all")
 
 
 def test_train_config_checks_style_method_and_batch_split() -> None:

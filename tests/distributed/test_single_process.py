@@ -34,7 +34,7 @@ def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
 def test_latent_checkpointing_saves_less_and_changes_nothing() -> None:
     ids = workers.batches(1, batch=4, seq=64)[0]
     plain = parallelize(workers.tiny_model("btp"), None, "btp")
-    ckpt = parallelize(workers.tiny_model("btp"), None, "btp", checkpoint_latents=True)
+    ckpt = parallelize(workers.tiny_model("btp"), None, "btp", recompute="latent")
     assert _saved_bytes(ckpt, ids) < 0.6 * _saved_bytes(plain, ids)
     for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-6, msg=name)

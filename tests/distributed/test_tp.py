@@ -48,7 +48,7 @@ def _run_id(factory: pytest.TempPathFactory, worker_id: str) -> str:
     return base.parent.name if worker_id != "master" else base.name
 
 
-CASES = ["btp", "vanilla", "megatron", "btp_sync", "btp_ckpt"]
+CASES = ["btp", "vanilla", "megatron", "btp_sync", "btp_ckpt", "btp_layer_ckpt"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -74,7 +74,8 @@ def test_twenty_step_loss_curve_matches_one_process(tp2: dict, style: str) -> No
 # Megatron sends o and down forward, the two column-parallel inputs backward.
 EXPECTED = {
     "btp": ((7 * R + 2, 4), (7 * R + 2, 4)),
-    "btp_ckpt": ((7 * R + 2, 4), (7 * R + 2, 4)),  # recomputation re-runs no collective
+    "btp_ckpt": ((7 * R + 2, 4), (7 * R + 2, 4)),  # latent recomputation re-runs no collective
+    "btp_layer_ckpt": ((2 * (7 * R + 2), 8), (7 * R + 2, 4)),  # whole-layer recomputation runs the forward twice
     "btp_sync": ((7 * R + 2, 6), (7 * R + 2, 6)),  # the statistics travel in their own collectives
     "vanilla": ((5 * D + 2 * F, 7), (3 * D + F, 4)),
     "megatron": ((2 * D, 2), (2 * D, 2)),

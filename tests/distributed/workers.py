@@ -83,14 +83,14 @@ def per_token(log, prefix: str, phase: str, tokens: int) -> dict[str, float]:
     return {"elements_per_token": tally.elements / tokens, "count": tally.count}
 
 
-def parity(style: str, *, mesh, norm: str = "online", checkpoint_latents: bool = False) -> dict:
+def parity(style: str, *, mesh, norm: str = "online", recompute: str = "none") -> dict:
     """Forward, gradients and communication of one step, against the single-process model."""
     from tensorslim.distributed import parallelize
     from tensorslim.distributed.sharding import full_tensors
     from tensorslim.train.trainer import causal_lm_loss
 
     reference = tiny_model(style)
-    tp_model = parallelize(reference, mesh, style, norm=norm, checkpoint_latents=checkpoint_latents)
+    tp_model = parallelize(reference, mesh, style, norm=norm, recompute=recompute)
     ids = batches(1)[0]
     ref_loss = causal_lm_loss(reference(ids), ids)
     ref_loss.backward()
@@ -134,7 +134,8 @@ def tp2_worker(rank: int, world: int, port: int, path: str) -> None:
     for style in ("btp", "vanilla", "megatron"):
         out[style] = parity(style, mesh=mesh)
     out["btp_sync"] = parity("btp", mesh=mesh, norm="sync")
-    out["btp_ckpt"] = parity("btp", mesh=mesh, checkpoint_latents=True)
+    out["btp_ckpt"] = parity("btp", mesh=mesh, recompute="latent")
+    out["btp_layer_ckpt"] = parity("btp", mesh=mesh, recompute="layer")
     data = batches(20)
     from tensorslim.distributed import parallelize
 
@@ -202,16 +203,18 @@ def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
 def fault_main(rank: int, world: int, port: int) -> None:
     """Train with TP=2; rank 1 dies abruptly at step 3. Rank 0 must leave with a clear error, not hang."""
     from tensorslim.distributed import parallelize
-    from tensorslim.distributed.train import peer_failure_guard
+    from tensorslim.distributed.step import train_step
+    from tensorslim.distributed.train import run_guarded
 
     init(rank, world, port, timeout_s=10)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     model = parallelize(tiny_model("btp"), mesh, "btp")
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    with peer_failure_guard(rank):
+
+    def loop() -> None:
         for step, batch in enumerate(batches(50)):
             if rank == 1 and step == 3:
                 os._exit(3)
-            from tensorslim.distributed.step import train_step
-
             train_step(model, optimizer, [batch], grad_clip=0.5)
+
+    run_guarded(loop, rank=rank)
