@@ -117,7 +117,7 @@ def comq_sweep(
     grid: Grid,
     perm: torch.Tensor,
     *,
-    block: int = 64,
+    block: int = 32,
 ) -> None:
     """One pass over all coordinates, updating ``residual = W − Q`` (d_out, d_in) and ``codes`` in place.
 
@@ -131,27 +131,30 @@ def comq_sweep(
     d_out, d_in = w.shape
     h_diag = torch.diagonal(h)
     scale, zero = grid.scale[:, 0], grid.zero[:, 0]  # (d_out,)
-    row_start = torch.arange(d_out)[:, None] * d_in  # (d_out, 1)
+    row_start = torch.arange(d_out) * d_in  # (d_out,)
     flat_r, flat_w, flat_c = residual.view(-1), w.reshape(-1), codes.view(-1)
     lazy_all = residual @ h if bool(residual.any()) else torch.zeros_like(residual)  # (d_out, d_in) G = R H
     for start in range(0, d_in, block):
-        cols = perm[:, start : start + block]  # (d_out, b) coordinates each row visits in this block
-        at = row_start + cols  # (d_out, b) flat positions
-        lazy = lazy_all.gather(1, cols)  # (d_out, b) (R H)[j, p_j(t)] at the block start
-        h_block = torch.take(h, cols[:, :, None] * d_in + cols[:, None, :])  # (d_out, b, b) H[p_j(t), p_j(s)]
-        inner = torch.zeros_like(lazy)  # (d_out, b) Σ_s H[p_j(t), p_j(s)] Δr_j(s) over coordinates already visited
-        r_start = flat_r[at]  # (d_out, b)
-        w_block, diag = flat_w[at], h_diag[cols]  # (d_out, b)
-        for t in range(cols.shape[1]):
-            feedback = lazy[:, t] + inner[:, t] - diag[:, t] * r_start[:, t]  # H[i,:]·r with coordinate i out
-            target = w_block[:, t] + feedback / diag[:, t]  # exact 1-D minimizer
+        # block tensors are laid out (step, row) so that every per-step slice is contiguous
+        cols = perm[:, start : start + block].T.contiguous()  # (b, d_out) coordinate of row j at step t
+        at = row_start + cols  # (b, d_out) flat positions
+        lazy = lazy_all.T.gather(0, cols)  # (b, d_out) (R H)[j, p_j(t)] at the block start
+        h_block = torch.take(h, cols[:, None, :] * d_in + cols[None, :, :])  # (b, b, d_out) H[p_j(t), p_j(s)]
+        inner = torch.zeros_like(lazy)  # Σ_s H[p_j(t), p_j(s)] Δr_j(s) over the coordinates already visited
+        r_start, w_block, diag = flat_r[at], flat_w[at], h_diag[cols]  # (b, d_out)
+        # exact 1-D minimizer w_i + (H[i,:]·r − H_ii r_i)/H_ii, with the lazy, in-block and own terms
+        base = w_block - r_start + lazy / diag
+        r_block, c_block = torch.empty_like(lazy), torch.empty_like(lazy)
+        for t in range(cols.shape[0]):
+            target = base[t] + inner[t] / diag[t]
             code = torch.clamp(torch.round(target / scale) + zero, 0, grid.maxq)
-            r_new = w_block[:, t] - scale * (code - zero)
-            inner[:, t + 1 :].addcmul_(h_block[:, t, t + 1 :], (r_new - r_start[:, t])[:, None])
-            flat_r[at[:, t]] = r_new
-            flat_c[at[:, t]] = code.to(torch.uint8)
+            r_block[t] = w_block[t] - scale * (code - zero)
+            c_block[t] = code
+            inner[t + 1 :].addcmul_(h_block[t, t + 1 :], r_block[t] - r_start[t])
+        flat_r[at] = r_block
+        flat_c[at] = c_block.to(torch.uint8)
         if start + block < d_in:
-            lazy_all += _sparse_rows(cols, flat_r[at] - r_start, d_in) @ h
+            lazy_all += _sparse_rows(cols.T, (r_block - r_start).T, d_in) @ h
 
 
 def comq_quantize(weight: torch.Tensor, gram: torch.Tensor, config: COMQConfig) -> QuantResult:

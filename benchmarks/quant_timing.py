@@ -1,0 +1,74 @@
+"""Solver time per layer, GPTQ vs COMQ, on MiniLM's three layer shapes with real calibration Gram matrices.
+
+Runs are interleaved (gptq, comq, gptq, comq, ...) and the minimum of ``--reps`` is kept, because the shared CPU's
+load changes within seconds. Gram collection is excluded (it is shared by both methods).
+
+Usage:
+    .venv/bin/python benchmarks/quant_timing.py --out benchmarks/results/quant_timing.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from tensorslim.quant import COMQConfig, GPTQConfig, comq_quantize, gptq_quantize
+from tensorslim.quant.calibration import collect_grams, weight_matrix
+
+SOLVERS = {
+    "gptq": (gptq_quantize, GPTQConfig(bits=4)),
+    "comq-greedy1": (comq_quantize, COMQConfig(bits=4)),
+    "comq-cyclic1": (comq_quantize, COMQConfig(bits=4, order="cyclic")),
+}
+LAYERS = ("encoder.layer.0.attention.self.query", "encoder.layer.0.intermediate.dense", "encoder.layer.0.output.dense")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer, BertModel
+
+    from tensorslim.data import load_corpus
+    from tensorslim.quant.cli import calibration_batches, model_folder
+
+    model = BertModel.from_pretrained(model_folder("minilm")).eval()
+    tok = AutoTokenizer.from_pretrained(model_folder("minilm"))
+    batches = calibration_batches(tok, load_corpus("bbcnews").train[:32], seq_len=128)
+    layers = {n: model.get_submodule(n) for n in LAYERS}
+    grams = collect_grams(model, layers, batches)
+    rows = []
+    for name in LAYERS:
+        w, h = weight_matrix(layers[name]), grams[name].gram
+        times = {m: [] for m in SOLVERS}
+        for _ in range(args.reps):
+            for method, (solver, config) in SOLVERS.items():
+                start = time.perf_counter()
+                solver(w, h, config)
+                times[method].append(time.perf_counter() - start)
+        rows.append(
+            {"layer": name, "shape": list(w.shape), **{f"{m}_min_s": min(t) for m, t in times.items()}, "all": times}
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    meta = {
+        "command": "python " + " ".join(sys.argv),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()}, torch {torch.__version__}, threads {args.threads}",
+        "loadavg_at_end": os.getloadavg(),
+    }
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
