@@ -151,7 +151,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         report = {
             "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py "
-            + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+            + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "memory"),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
             "torch": torch.__version__,
