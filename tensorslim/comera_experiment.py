@@ -210,6 +210,8 @@ def mlm(
     lr_cores: float,
     lr_gates: float,
     gamma: float,
+    stop_at_target: bool = True,
+    target_loss: float | None = None,
 ) -> dict:
     """Dense vs CoMERA (one run per target ratio) masked-LM on ``stdlib``; same data order and masks."""
     from tensorslim.data import build_lm_data
@@ -224,7 +226,8 @@ def mlm(
     ]
     results: dict = {"tokenizer": data.tokenizer.name, "vocab": padded_vocab(vocab + 1), "runs": {}}
     late = round(steps * late_fraction)
-    for method, ratio in [("dense", None), *(("comera", r) for r in ratios)]:
+    runs = [("dense", None)] if target_loss is None else []
+    for method, ratio in [*runs, *(("comera", r) for r in ratios)]:
         torch.manual_seed(0)
         model = build(preset, method, vocab_size=padded_vocab(vocab + 1))
         optimizer = optimizer_for(model, method, lr=lr, lr_cores=lr_cores, lr_gates=lr_gates)
@@ -240,7 +243,8 @@ def mlm(
                 optimizer.step()
                 losses.append(loss.item())
         else:
-            config = CoMERAConfig(gamma=gamma, target_ratio=ratio, target_loss=_target_loss(results))
+            star = target_loss if target_loss is not None else _target_loss(results)
+            config = CoMERAConfig(gamma=gamma, target_ratio=ratio, target_loss=star)
             log = train_two_stage(
                 model,
                 batches,
@@ -250,6 +254,7 @@ def mlm(
                 late_steps=late,
                 config=config,
                 enforce_target=True,
+                stop_at_target=stop_at_target,
                 truncate_every=50,
             )
             losses = log.losses
@@ -439,6 +444,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr-cores", type=float, default=1e-3)
     parser.add_argument("--lr-gates", type=float, default=1e-2)
     parser.add_argument("--gamma", type=float, default=0.01)
+    parser.add_argument("--target-loss", type=float, default=None, help="L*; given: skip the dense MLM run")
+    parser.add_argument(
+        "--stop-at-target", action=argparse.BooleanOptionalAction, default=True, help="freeze gates once S <= S*"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write <out>.json and <out>.md")
     parser.add_argument("--render", type=Path, default=None, help="only write the .md of an existing result .json")
@@ -478,7 +487,13 @@ def main(argv: list[str] | None = None) -> None:
     if "mlm" in parts:
         ratios = [float(r) for r in args.ratios.split(",")]
         result["mlm"] = mlm(
-            steps=args.steps, late_fraction=args.late_fraction, ratios=ratios, gamma=args.gamma, **common
+            steps=args.steps,
+            late_fraction=args.late_fraction,
+            ratios=ratios,
+            gamma=args.gamma,
+            stop_at_target=args.stop_at_target,
+            target_loss=args.target_loss,
+            **common,
         )
     if "classify" in parts:
         result["classify"] = classify(steps=args.steps, **common)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tensorslim.comera.gates import RankRow, model_size, prune_to_size_, rank_report, truncate_
+from tensorslim.comera.gates import RankRow, model_size, prune_to_size_, rank_report, truncate_, tt_layers
 from tensorslim.comera.objective import CoMERAConfig, CoMERAObjective
 
 LossFn = Callable[[nn.Module, object], torch.Tensor]
@@ -35,6 +35,13 @@ class StageLog:
     ranks_after_late: list[RankRow] = field(default_factory=list)
 
 
+def _freeze_gates(model: nn.Module) -> None:
+    for _, layer in tt_layers(model):
+        for gate in layer.gates:
+            gate.requires_grad_(False)
+            gate.grad = None
+
+
 def train_two_stage(
     model: nn.Module,
     batches: Iterator[object],
@@ -46,6 +53,7 @@ def train_two_stage(
     config: CoMERAConfig | None = None,
     truncate_every: int | None = None,
     enforce_target: bool = False,
+    stop_at_target: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> StageLog:
     """Train ``model`` (which must carry rank gates) for ``early_steps`` + ``late_steps`` optimizer steps.
@@ -59,6 +67,9 @@ def train_two_stage(
         config: objective hyperparameters.
         truncate_every: also slice dead ranks out every this many steps.
         enforce_target: after the late stage, kill the smallest gates until ``S ≤ S*`` (not in CoMERA).
+        stop_at_target: freeze the gates once ``S ≤ S*`` in the late stage (not in CoMERA: there the λ-switch turns
+            the size objective off, but Adam's momentum keeps shrinking gates, so the size overshoots the target).
+            Costs one host sync per late step.
     """
     objective = CoMERAObjective(config)
     log = StageLog(size_start=float(model_size(model)))
@@ -75,6 +86,8 @@ def train_two_stage(
         optimizer.step()
         log.losses.append(float(info["task"]))
         log.lambdas.append(float(info.get("lambda", torch.zeros(()))))
+        if stop_at_target and step >= early_steps and float(model_size(model)) <= log.target_size:
+            _freeze_gates(model)
         if on_step is not None:
             on_step(step, {k: float(v) for k, v in info.items()})
         if truncate_every and (step + 1) % truncate_every == 0:

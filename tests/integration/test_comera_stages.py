@@ -26,8 +26,8 @@ def _relative_mse(model, batch):
     return ((model(x) - y) ** 2).mean() / (y**2).mean()
 
 
-@pytest.mark.parametrize("ratio", [0.5, 0.2])
-def test_late_stage_reaches_target_size(ratio):
+@pytest.mark.parametrize("ratio,stop", [(0.5, False), (0.2, False), (0.5, True)])
+def test_late_stage_reaches_target_size(ratio, stop):
     torch.manual_seed(0)
     teacher = TTLinear((4, 4), (4, 4), (1, 3, 2, 3, 1), bias=False)
     student = TTLinear((4, 4), (4, 4), (1, 4, 8, 4, 1), bias=False)
@@ -43,6 +43,7 @@ def test_late_stage_reaches_target_size(ratio):
         late_steps=150,
         config=config,
         enforce_target=True,
+        stop_at_target=stop,
         truncate_every=50,
     )
     assert log.size_after_early <= log.size_start
@@ -52,3 +53,6 @@ def test_late_stage_reaches_target_size(ratio):
     assert sum(student.ranks) < sum((1, 4, 8, 4, 1))  # cores were physically sliced
     assert any(lam == 1.0 for lam in log.lambdas[150:])  # the late stage did switch to the size objective
     assert all(isinstance(loss, float) for loss in itertools.islice(log.losses, 0, None))
+    if stop:  # the size reached the target during the late stage, then the gates froze: it stays on the target
+        assert log.pruned_to_target == 0 and all(not gate.requires_grad for gate in student.gates)
+        assert log.size_after_late >= 0.95 * log.target_size
