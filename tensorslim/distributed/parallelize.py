@@ -133,7 +133,10 @@ class TPCausalLM(nn.Module):
 
     def loss(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy, as ``tensorslim.train.trainer.causal_lm_loss`` on one process."""
-        logits = self(input_ids)
+        return self.loss_from_logits(self(input_ids), input_ids)
+
+    def loss_from_logits(self, logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """The loss of local logits ``(B, T, V/p)`` (for a wrapper such as DDP that owns the forward call)."""
         return vocab_parallel_cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1), self.tp, tag="head.ce"
         )

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from tensorslim.distributed.parallelize import STYLES, TPCausalLM, build_mesh, check_world, parallelize
 from tensorslim.distributed.sharding import full_tensors, local_shard
-from tensorslim.distributed.step import train_step
+from tensorslim.distributed.step import data_parallel, train_step
 from tensorslim.train.config import TrainConfig
 
 _LOW_RANK_METHODS = ("cola", "svd")
@@ -204,6 +204,7 @@ class _Run:
         self.model = parallelize(full.to(config.device), self.mesh, config.tp_style)
         del full
         self.optimizer = build_optimizer(self.model, lr=config.peak_lr(), weight_decay=config.weight_decay)
+        self.runner = data_parallel(self.model, self.dp.get_group(), size=self.dp.size())
         self.stream = BatchStream(self.data.train, batch_size=config.batch_size, seed=config.seed)
         self.warmup_steps = round(config.steps * (config.warmup_fraction or preset.warmup_fraction))
         self.run_dir = Path(config.run_dir)
@@ -273,7 +274,7 @@ class _Run:
         dp_rank, dp_size = self.dp.get_local_rank(), self.dp.size()
         batches = [self.stream.next_batch().chunk(dp_size)[dp_rank].to(config.device) for _ in range(config.grad_accum)]
         loss, grad_norm = train_step(
-            self.model,
+            self.runner,
             self.optimizer,
             batches,
             grad_clip=config.grad_clip,

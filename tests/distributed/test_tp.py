@@ -122,3 +122,5 @@ def test_tp4_matches_one_process(tp4: dict) -> None:
 def test_tp2_by_dp2_mesh_matches_one_process_on_the_global_batch(tp4: dict) -> None:
     curve = tp4["curve_btp_dp2tp2"]
     assert max(abs(a - b) for a, b in zip(curve["tp"], curve["ref"], strict=True)) < 1e-5
+    # DDP all-reduces every local gradient once per step over the dp axis (20 steps)
+    assert tp4["dp_grads"]["elements"] == 20 * tp4["dp_grads"]["local_params"]

@@ -67,13 +67,14 @@ def reference_curve(style: str, data: list[torch.Tensor], *, clip: float = 0.5) 
 
 
 def tp_curve(tp_model, data: list[torch.Tensor], *, dp_rank: int = 0, dp_size: int = 1, dp_group=None) -> list[float]:
-    from tensorslim.distributed.step import train_step
+    from tensorslim.distributed.step import data_parallel, train_step
 
     optimizer = torch.optim.AdamW(tp_model.parameters(), lr=LR, weight_decay=0.01)
+    model = data_parallel(tp_model, dp_group, size=dp_size)
     losses = []
     for batch in data:
         local = batch.chunk(dp_size, dim=0)[dp_rank]
-        loss, _ = train_step(tp_model, optimizer, [local], grad_clip=0.5, dp_group=dp_group, dp_size=dp_size)
+        loss, _ = train_step(model, optimizer, [local], grad_clip=0.5, dp_group=dp_group, dp_size=dp_size)
         losses.append(loss)
     return losses
 
@@ -195,6 +196,8 @@ def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
     tp_model = parallelize(tiny_model("btp"), mesh, "btp")
     curve = tp_curve(tp_model, data, dp_rank=dp.get_local_rank(), dp_size=dp.size(), dp_group=dp.get_group())
     out["curve_btp_dp2tp2"] = {"tp": curve, "ref": reference_curve("btp", data)}
+    dp_grads = tp_model.tp.log.total(prefix="dp.")
+    out["dp_grads"] = {"elements": dp_grads.elements, "local_params": sum(p.numel() for p in tp_model.parameters())}
     out["curve_btp_tp4"]["ref"] = out["curve_btp_dp2tp2"]["ref"]
     _write(path, out)
     dist.destroy_process_group()
