@@ -207,8 +207,10 @@ def _grouped_mm(a: torch.Tensor, right: torch.Tensor, counts: list[int], *, tran
     start = 0
     for j, count in enumerate(counts):
         if count:
-            block = a[start : start + count].reshape(-1, a.shape[2])  # (count·N_1, r) or (count·N_1, N_2)
-            torch.mm(block, right[j].t() if transpose else right[j], out=out[start : start + count].view(-1, width))
+            # Explicit sizes: with a pruned-to-zero rank, -1 would be ambiguous.
+            block = a[start : start + count].reshape(count * a.shape[1], a.shape[2])  # (count·N_1, r or N_2)
+            target = out[start : start + count].view(count * a.shape[1], width)
+            torch.mm(block, right[j].t() if transpose else right[j], out=target)
             start += count
     return out
 
@@ -249,8 +251,8 @@ class _HalfTableLookup(torch.autograd.Function):
         start = 0
         for j, count in enumerate(ctx.counts):
             if count:
-                block_a = a[start : start + count].reshape(-1, a.shape[2])  # (count·N_1, r)
-                block_g = grad_rows[start : start + count].reshape(-1, n_right)  # (count·N_1, N_2)
+                block_a = a[start : start + count].reshape(count * n_left, a.shape[2])  # (count·N_1, r)
+                block_g = grad_rows[start : start + count].reshape(count * n_left, n_right)  # (count·N_1, N_2)
                 torch.mm(block_a.t(), block_g, out=grad_right[j])
                 start += count
         return grad_left, grad_right, None, None, None

@@ -227,3 +227,16 @@ def test_rank_report_lists_every_tt_layer():
     assert [r.name for r in rows] == ["emb", "fc1", "fc2"]
     assert rows[1].ranks[2] == model.fc1.ranks[2] - 1
     assert "fc1" in format_rank_report(rows, title="after early stage")
+
+
+def test_embedding_with_a_dead_bond_returns_zeros_and_trains():
+    emb = TTEmbedding(30, (2, 3, 5), (2, 2, 3), (1, 2, 3, 1))
+    emb.enable_gates()
+    with torch.no_grad():
+        emb.gates[1][:] = 0.0
+    truncate_(emb)
+    assert emb.ranks == (1, 2, 0, 1)
+    out = emb(torch.tensor([[1, 2, 29]]))
+    out.sum().backward()
+    assert torch.equal(out, torch.zeros(1, 3, 12))
+    assert all(core.grad is not None and core.grad.shape == core.shape for core in emb.cores)
