@@ -308,10 +308,11 @@ def ttm_lookup_chain(ids: torch.Tensor, cores: Sequence[torch.Tensor], *, unique
     for core, digit in zip(cores, digits, strict=True):
         r0, _, n, r1 = core.shape
         piece = core.permute(1, 0, 2, 3)[digit]  # (U, r_{k-1}, n_k, r_k)
+        u = piece.shape[0]  # explicit sizes below: with a pruned-to-zero rank, -1 would be ambiguous
         if acc is None:
-            acc = piece.reshape(-1, n, r1)  # r_0 = 1
+            acc = piece.reshape(u, n, r1)  # r_0 = 1
         else:
-            acc = torch.bmm(acc, piece.reshape(-1, r0, n * r1)).reshape(acc.shape[0], -1, r1)
+            acc = torch.bmm(acc, piece.reshape(u, r0, n * r1)).reshape(u, acc.shape[1] * n, r1)
     rows = acc[..., 0]  # (U, D)
     if inverse is not None:
         rows = rows[inverse]

@@ -239,4 +239,6 @@ def test_embedding_with_a_dead_bond_returns_zeros_and_trains():
     out = emb(torch.tensor([[1, 2, 29]]))
     out.sum().backward()
     assert torch.equal(out, torch.zeros(1, 3, 12))
+    emb.lookup = "chain"
+    assert torch.equal(emb(torch.tensor([[1, 2, 29]])), out)
     assert all(core.grad is not None and core.grad.shape == core.shape for core in emb.cores)
