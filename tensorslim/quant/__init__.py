@@ -1,14 +1,25 @@
-"""Quantization: RTN, GPTQ and COMQ post-training quantization, packed storage (``QuantLinear``)."""
+"""Quantization: RTN/GPTQ/COMQ post-training quantization with packed storage (``QuantLinear``), QAT of tensor
+cores with learnable scales, and layer-by-layer distillation. Importing it does no work."""
 
 from tensorslim.quant.api import QuantReport, load_quantized, quantize_, save_quantized, select_layers
 from tensorslim.quant.comq import COMQConfig, comq_quantize
+from tensorslim.quant.distill import DistillConfig, build_student, distill
 from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
+from tensorslim.quant.qat import LearnedScaleQuantizer, QATConfig, lsq_quantize, prepare_qat_, qat_bits
 from tensorslim.quant.qlinear import QuantConv2d, QuantLinear
 from tensorslim.quant.quantizer import Grid, QuantConfig, QuantResult, minmax_grid, pack_codes, unpack_codes
 from tensorslim.quant.rtn import RTNConfig, rtn_quantize
 
 __all__ = [
     "COMQConfig",
+    "DistillConfig",
+    "LearnedScaleQuantizer",
+    "QATConfig",
+    "build_student",
+    "distill",
+    "lsq_quantize",
+    "prepare_qat_",
+    "qat_bits",
     "GPTQConfig",
     "Grid",
     "QuantConfig",
