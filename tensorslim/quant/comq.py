@@ -125,21 +125,28 @@ def comq_sweep(
     date once per block of ``block`` steps (a sparse-times-dense product: each row changed ``block`` coordinates),
     and the corrections from coordinates already changed inside the block, read from a small per-row gather
     ``H[p_j(t), p_j(s)]`` (d_out, block, block). Gathering a full row of ``H`` per step instead costs
-    O(d_out·d_in) scattered reads per step and was about 5x slower on CPU. This is our implementation choice; it
-    computes exactly the release's coordinate steps (tested against its loop).
+    O(d_out·d_in) scattered reads per step and was about 5x slower on CPU. With the cyclic order all rows share
+    the coordinate, so the lazy part is one dense GEMM per block and the in-block part one ``(b, b)`` block of
+    ``H``, as in GPTQ. This is our implementation choice; it computes exactly the release's coordinate steps
+    (tested against its loop for both orders).
     """
     d_out, d_in = w.shape
     h_diag = torch.diagonal(h)
     scale, zero = grid.scale[:, 0], grid.zero[:, 0]  # (d_out,)
     row_start = torch.arange(d_out) * d_in  # (d_out,)
     flat_r, flat_w, flat_c = residual.view(-1), w.reshape(-1), codes.view(-1)
-    lazy_all = residual @ h if bool(residual.any()) else torch.zeros_like(residual)  # (d_out, d_in) G = R H
+    shared = bool((perm == perm[:1]).all())  # cyclic order: every row visits the same coordinate at each step
+    lazy_all = None if shared else residual @ h if bool(residual.any()) else torch.zeros_like(residual)
     for start in range(0, d_in, block):
         # block tensors are laid out (step, row) so that every per-step slice is contiguous
         cols = perm[:, start : start + block].T.contiguous()  # (b, d_out) coordinate of row j at step t
         at = row_start + cols  # (b, d_out) flat positions
-        lazy = lazy_all.T.gather(0, cols)  # (b, d_out) (R H)[j, p_j(t)] at the block start
-        h_block = torch.take(h, cols[:, None, :] * d_in + cols[None, :, :])  # (b, b, d_out) H[p_j(t), p_j(s)]
+        if shared:  # one dense GEMM per block, as GPTQ's lazy batch update: (R H)[:, block]
+            lazy = (residual @ h[:, cols[:, 0]]).T  # (b, d_out)
+            h_block = h[cols[:, 0]][:, cols[:, 0], None]  # (b, b, 1) broadcast over rows
+        else:  # (R H)[j, p_j(t)] kept up to date lazily, and a per-row gather of H[p_j(t), p_j(s)]
+            lazy = lazy_all.T.gather(0, cols)  # (b, d_out)
+            h_block = torch.take(h, cols[:, None, :] * d_in + cols[None, :, :])  # (b, b, d_out)
         inner = torch.zeros_like(lazy)  # Σ_s H[p_j(t), p_j(s)] Δr_j(s) over the coordinates already visited
         r_start, w_block, diag = flat_r[at], flat_w[at], h_diag[cols]  # (b, d_out)
         # exact 1-D minimizer w_i + (H[i,:]·r − H_ii r_i)/H_ii, with the lazy, in-block and own terms
@@ -153,7 +160,7 @@ def comq_sweep(
             inner[t + 1 :].addcmul_(h_block[t, t + 1 :], r_block[t] - r_start[t])
         flat_r[at] = r_block
         flat_c[at] = c_block.to(torch.uint8)
-        if start + block < d_in:
+        if not shared and start + block < d_in:
             lazy_all += _sparse_rows(cols.T, (r_block - r_start).T, d_in) @ h
 
 

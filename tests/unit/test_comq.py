@@ -21,11 +21,13 @@ def _data(n: int = 200, d: int = 20, out: int = 6, seed: int = 0) -> tuple[torch
     return x, w
 
 
-def _residual_form_comq(x: torch.Tensor, w: torch.Tensor, bits: int, sweeps: int) -> torch.Tensor:
+def _residual_form_comq(
+    x: torch.Tensor, w: torch.Tensor, bits: int, sweeps: int, order: str = "greedy"
+) -> torch.Tensor:
     """The release's loop (compress.md §1.2): explicit residual u = X(W − Q)ᵀ, greedy order, fixed scale."""
     grid = minmax_grid(w, bits=bits)
     h = x.T @ x
-    perm = coordinate_order(w, h, "greedy")
+    perm = coordinate_order(w, h, order)
     q = w.clone()
     u = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float64)  # (n, out)
     for _ in range(sweeps):
@@ -146,15 +148,16 @@ def test_sweep_updates_in_place_consistently() -> None:
     assert torch.allclose(residual, w - grid.scale * (codes.to(torch.float64) - grid.zero))
 
 
+@pytest.mark.parametrize("order", ["greedy", "cyclic"])
 @pytest.mark.parametrize("block", [1, 3, 7, 64])
-def test_blocked_sweep_equals_residual_form_for_any_block(block: int) -> None:
+def test_blocked_sweep_equals_residual_form_for_any_block(block: int, order: str) -> None:
     x, w = _data(d=20)
     h = x.T @ x
     grid = minmax_grid(w, bits=3)
-    perm = coordinate_order(w, h, "greedy")
+    perm = coordinate_order(w, h, order)
     residual = torch.zeros_like(w)
     codes = torch.zeros_like(w, dtype=torch.uint8)
     for _ in range(2):  # the second sweep starts from a nonzero residual
         comq_sweep(w, h, residual, codes, grid, perm, block=block)
-    ref = _residual_form_comq(x, w, 3, 2)
+    ref = _residual_form_comq(x, w, 3, 2, order)
     assert torch.max(torch.abs((w - residual) - ref)) < 1e-10
