@@ -147,6 +147,37 @@ def truncate_(model: nn.Module, *, optimizer: torch.optim.Optimizer | None = Non
 
 
 @torch.no_grad()
+def resize_ranks_(
+    model: nn.Module, ranks: dict[str, list[int]], *, optimizer: torch.optim.Optimizer | None = None
+) -> None:
+    """Give every named TT/TTM layer the core ranks ``ranks[name]`` by keeping the first ``R_k`` slices per bond.
+
+    Used on resume: a checkpoint written after :func:`truncate_` holds smaller cores than a freshly built model, so
+    the fresh model is cut to the stored ranks (values are irrelevant, the checkpoint's weights are loaded next).
+
+    Raises:
+        ValueError: a name is not a TT/TTM layer of ``model``, or a rank exceeds the layer's current rank.
+    """
+    layers = dict(tt_layers(model))
+    for name, wanted in ranks.items():
+        layer = layers.get(name)
+        if (
+            layer is None
+            or len(wanted) != len(layer.ranks)
+            or any(not 0 <= w <= r for w, r in zip(wanted[1:-1], layer.ranks[1:-1], strict=True))
+        ):
+            current = None if layer is None else list(layer.ranks)
+            raise ValueError(f"cannot resize {name!r} (ranks {current}) to ranks {list(wanted)}")
+        if tuple(wanted) == layer.ranks:
+            continue
+        keep = [torch.arange(w, device=layer.cores[0].device) for w in wanted[1:-1]]
+        for k in range(len(layer.cores)):
+            _slice_param_(layer.cores, k, keep[k - 1] if k > 0 else None, keep[k] if k < len(keep) else None, optimizer)
+        for k in range(len(layer.gates)):
+            _slice_param_(layer.gates, k, keep[k], None, optimizer)
+
+
+@torch.no_grad()
 def prune_to_size_(model: nn.Module, target: float) -> int:
     """Kill the smallest active gates, globally, until ``S(D) ≤ target``; returns how many were killed.
 

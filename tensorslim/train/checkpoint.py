@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,17 @@ def latest_checkpoint(root: Path) -> Path | None:
     return path
 
 
-def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    prepare: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Load a checkpoint into ``model`` and ``optimizer``, restore the RNG, and return its JSON state.
+
+    ``prepare`` receives the JSON state before anything is loaded, e.g. to cut a freshly built model to the
+    truncated shapes the checkpoint holds.
 
     Raises:
         ValueError: the checkpoint is corrupt or does not fit the model/optimizer.
@@ -138,6 +148,8 @@ def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Opti
         state = json.loads((path / "state.json").read_text())
     except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
+    if prepare is not None:
+        prepare(state)
     expected = model.state_dict()
     missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     wrong = [k for k in expected.keys() & weights.keys() if expected[k].shape != weights[k].shape]

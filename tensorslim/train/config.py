@@ -50,6 +50,13 @@ class TrainConfig:
     # Tensor parallelism (tensorslim.distributed; launch with torchrun, one process per rank).
     tp: int = field(default=1, metadata=_help("tensor-parallel size; the rest of the world is data parallel"))
     tp_style: str = field(default="btp", metadata=_help("btp (BOOST), vanilla (low-rank TP) or megatron (dense)"))
+    # CoMERA (arXiv 2405.14377): rank-adaptive stages of method "comera" (tensorslim.comera.train_hook).
+    comera_target_ratio: float = field(default=0.5, metadata=_help("CoMERA: late-stage target size S*/S, in (0, 1]"))
+    comera_late_fraction: float = field(default=0.5, metadata=_help("CoMERA: share of steps in the late stage"))
+    comera_gamma: float = field(default=0.01, metadata=_help("CoMERA: weight of the rank penalty (early stage)"))
+    comera_target_loss: float | None = field(
+        default=None, metadata=_help("CoMERA: late-stage loss target L* (default: end-of-early-stage loss)")
+    )
 
     def __post_init__(self) -> None:
         get_preset(self.preset)
@@ -71,6 +78,7 @@ class TrainConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: {list(_DTYPES)}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
+        _check_comera(self)
 
     @property
     def run_dir(self) -> str:
@@ -94,3 +102,14 @@ class TrainConfig:
 def _require_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+
+
+def _check_comera(config: TrainConfig) -> None:
+    if not 0 < config.comera_target_ratio <= 1:
+        raise ValueError(f"comera_target_ratio={config.comera_target_ratio} is invalid; allowed: (0, 1]")
+    if not 0 <= config.comera_late_fraction < 1:
+        raise ValueError(f"comera_late_fraction={config.comera_late_fraction} is invalid; allowed: [0, 1)")
+    if not config.comera_gamma >= 0:
+        raise ValueError(f"comera_gamma={config.comera_gamma} is invalid; allowed: a number >= 0")
+    if config.comera_target_loss is not None and not config.comera_target_loss > 0:
+        raise ValueError(f"comera_target_loss={config.comera_target_loss} is invalid; allowed: a number > 0")

@@ -29,6 +29,7 @@ from tensorslim.methods import build_model
 from tensorslim.models.llama import get_preset
 from tensorslim.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tensorslim.train.config import TrainConfig
+from tensorslim.train.hooks import build_hook
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.schedule import warmup_cosine
@@ -117,7 +118,10 @@ class Trainer:
             config.preset, config.method, vocab_size=vocab_size, max_seq_len=config.seq_len, rank=config.rank
         )
         self.model.to(self.device)
-        self.optimizer = build_optimizer(
+        self.hook = build_hook(config, run_dir=self.run_dir)  # method-specific optimizer, loss and stages
+        self.optimizer = self.hook.build_optimizer(  # None: the default below
+            self.model, lr=config.peak_lr(), weight_decay=config.weight_decay
+        ) or build_optimizer(
             self.model,
             lr=config.peak_lr(),
             weight_decay=config.weight_decay,
@@ -135,12 +139,16 @@ class Trainer:
         path = latest_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise ValueError(f"resume=True but {self.run_dir / 'checkpoints'} holds no checkpoint")
-        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
+        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, prepare=self._prepare_resume)
         changed = self.config.differences(state.get("config", {}))
         if changed:
             raise ValueError(f"checkpoint {path} was written with a different config: {', '.join(changed)}")
         self.stream.load_state_dict(state["data"])
         self.step = state["step"]
+
+    def _prepare_resume(self, state: dict[str, Any]) -> None:
+        """Before the weights load: the method hook restores its state (and may reshape the model to match)."""
+        self.hook.load_state_dict(state.get("method", {}), model=self.model, optimizer=self.optimizer)
 
     def _autocast(self) -> Any:
         if self.config.dtype == "bf16":
@@ -151,8 +159,12 @@ class Trainer:
         """One optimizer step; returns (mean loss, grad norm, saved-activation bytes of the first micro-batch)."""
         config = self.config
         for group in self.optimizer.param_groups:
-            group["lr"] = config.peak_lr() * warmup_cosine(
-                self.step, total_steps=config.steps, warmup_steps=self.warmup_steps, min_ratio=config.min_lr_ratio
+            group["lr"] = (
+                group.get("lr_scale", 1.0)
+                * config.peak_lr()
+                * warmup_cosine(
+                    self.step, total_steps=config.steps, warmup_steps=self.warmup_steps, min_ratio=config.min_lr_ratio
+                )
             )
         loss_sum, saved = 0.0, 0
         for _ in range(config.grad_accum):
@@ -160,7 +172,8 @@ class Trainer:
             with count_saved_tensors(self.model) as tally, self._autocast():
                 loss = causal_lm_loss(self.model(batch), batch)
             saved = max(saved, tally.bytes)
-            (loss / config.grad_accum).backward()
+            objective = self.hook.loss(loss, model=self.model, step=self.step)
+            (objective / config.grad_accum).backward()
             loss_sum += loss.item()
         max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
@@ -175,7 +188,7 @@ class Trainer:
             step=self.step,
             model=self.model,
             optimizer=self.optimizer,
-            state={"config": asdict(self.config), "data": self.stream.state_dict()},
+            state={"config": asdict(self.config), "data": self.stream.state_dict(), "method": self.hook.state_dict()},
         )
 
     def _validate(self) -> float:
@@ -194,6 +207,7 @@ class Trainer:
                 start = time.perf_counter()
                 loss, grad_norm, saved = self._train_step()
                 speeds.append(tokens_per_step / (time.perf_counter() - start))
+                extra = self.hook.after_step(self.model, optimizer=self.optimizer, step=self.step)
                 saved_peak = max(saved_peak, saved)
                 record = {
                     "step": self.step,
@@ -202,6 +216,7 @@ class Trainer:
                     "grad_norm": grad_norm,
                     "tokens": self.step * tokens_per_step,
                     "tokens_per_s": speeds[-1],
+                    **extra,
                 }
                 if self.step % config.eval_every == 0 or self.step == config.steps:
                     record["val_loss"] = self._validate()

@@ -1,0 +1,186 @@
+"""CoMERA's rank-adaptive stages inside the shared trainer (``tensorslim train --method comera``).
+
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) trains in two stages (our digest §2.2-2.3): an early stage on
+``task + γ·R(D)`` and a late stage that steers the model size toward ``S* = ratio·S`` with the per-step λ-switch.
+:class:`CoMERAHook` plugs that into :class:`tensorslim.train.trainer.Trainer` through the method-hook seam
+(:mod:`tensorslim.train.hooks`): gates on every TT layer, the three optimizer groups, the stage losses, truncation of
+dead ranks at each stage end, a per-layer rank report after each stage (printed and written to
+``<run>/comera_ranks.json``) and the state a resumed run needs (core ranks, ``S*``, ``L*``).
+
+Where we deviate from the official code (besides the deviations listed in :mod:`tensorslim.comera.objective`):
+
+* Stages are counted in optimizer steps (``late_fraction`` of them in the late stage), not epochs (20 + 10 upstream).
+* Learning rates keep CoMERA's ratios (cores 1e-4 : gates 1e-3 : rest 5e-5) relative to the trainer's peak lr and
+  follow the trainer's warm-up + cosine schedule; upstream they are constant. Gates get no weight decay (their only
+  pull to zero is the rank penalty); cores and the rest use the run's weight decay (0 upstream).
+* ``L*`` is hard-coded to 0.8 upstream (an MNLI cross-entropy). By default it is the mean task loss of the last
+  tenth of the early stage, so the late stage trades size for loss only while the loss stays at its early-stage
+  level; ``comera_target_loss`` sets it explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from tensorslim.comera.gates import (
+    enable_gates,
+    format_rank_report,
+    model_size,
+    rank_report,
+    resize_ranks_,
+    truncate_,
+    tt_layers,
+)
+from tensorslim.comera.objective import CoMERAConfig, CoMERAObjective
+from tensorslim.comera.optim import param_groups
+from tensorslim.train.hooks import MethodHook
+
+if TYPE_CHECKING:
+    from tensorslim.train.config import TrainConfig
+
+# CoMERA's learning rates (cores 1e-4, gates 1e-3, rest 5e-5; digest §2.3) as multiples of the cores' rate.
+LR_SCALES = {"cores": 1.0, "gates": 10.0, "other": 0.5}
+REPORT_FILE = "comera_ranks.json"
+
+
+def stage_steps(steps: int, *, late_fraction: float) -> tuple[int, int]:
+    """``(early, late)`` step counts; the early stage keeps at least one step."""
+    late = min(round(steps * late_fraction), steps - 1)
+    return steps - late, late
+
+
+class CoMERAHook(MethodHook):
+    """The two CoMERA stages as a trainer hook.
+
+    Args:
+        steps: the run's total optimizer steps.
+        late_fraction: share of the steps in the late stage, in [0, 1); 0 runs the early stage only.
+        config: the objective's hyperparameters (γ, target ratio, ρ's); its ``target_loss`` is used only when
+            ``target_loss`` is given.
+        target_loss: ``L*``; None takes the mean task loss of the last tenth of the early stage.
+        run_dir: where ``comera_ranks.json`` goes (None: not written).
+    """
+
+    def __init__(
+        self,
+        steps: int,
+        *,
+        late_fraction: float = 0.5,
+        config: CoMERAConfig | None = None,
+        target_loss: float | None = None,
+        run_dir: Path | None = None,
+    ) -> None:
+        self.early_steps, self.late_steps = stage_steps(steps, late_fraction=late_fraction)
+        self.objective = CoMERAObjective(config)
+        self.target_loss = target_loss
+        self.run_dir = run_dir
+        self.window = max(1, self.early_steps // 10)
+        self.recent: list[float] = []  # task losses of the last `window` early steps (per micro-batch)
+        self.reports: dict[str, Any] = {}
+        self._info: dict[str, torch.Tensor] = {}
+        self._model: nn.Module | None = None
+
+    @classmethod
+    def from_train_config(cls, config: TrainConfig, *, run_dir: Path) -> CoMERAHook:
+        objective = CoMERAConfig(gamma=config.comera_gamma, target_ratio=config.comera_target_ratio)
+        return cls(
+            config.steps,
+            late_fraction=config.comera_late_fraction,
+            config=objective,
+            target_loss=config.comera_target_loss,
+            run_dir=run_dir,
+        )
+
+    def build_optimizer(self, model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        """Attach the rank gates, then AdamW over CoMERA's three groups (:func:`tensorslim.comera.param_groups`)."""
+        enable_gates(model, threshold=self.objective.config.threshold)
+        self._model = model  # state_dict() stores its core ranks
+        self.reports.setdefault("start_size", float(model_size(model)))
+        groups = param_groups(model, lr_cores=lr, lr_gates=lr * LR_SCALES["gates"], lr_other=lr * LR_SCALES["other"])
+        for group in groups:
+            group["lr_scale"] = LR_SCALES[group["name"]]
+            group["weight_decay"] = 0.0 if group["name"] == "gates" else weight_decay
+        fused = all(p.device.type in ("cpu", "cuda") for group in groups for p in group["params"])
+        return torch.optim.AdamW(groups, lr=lr, fused=fused)
+
+    @property
+    def late(self) -> bool:
+        return self.objective.target_size is not None
+
+    def loss(self, task_loss: torch.Tensor, *, model: nn.Module, step: int) -> torch.Tensor:
+        """Early: ``L + γ·R(D)``; late: the λ-switched loss (:class:`tensorslim.comera.CoMERAObjective`)."""
+        if self.late:
+            loss, self._info = self.objective.late(task_loss, model)
+        else:
+            loss, self._info = self.objective.early(task_loss, model)
+            if step >= self.early_steps - self.window:
+                self.recent.append(float(self._info["task"]))
+        return loss
+
+    def after_step(self, model: nn.Module, *, optimizer: torch.optim.Optimizer, step: int) -> dict[str, float]:
+        """Log penalty, size and λ; at the end of each stage truncate dead ranks and report the ranks."""
+        metrics = {f"comera_{key}": float(value) for key, value in self._info.items() if key != "task"}
+        if step == self.early_steps:
+            self._end_stage("after_early", model, optimizer=optimizer, step=step)
+            if self.late_steps:
+                self._start_late(model)
+        elif step == self.early_steps + self.late_steps:
+            self._end_stage("after_late", model, optimizer=optimizer, step=step)
+        metrics["comera_size"] = float(model_size(model))
+        return metrics
+
+    def _start_late(self, model: nn.Module) -> None:
+        target_loss = self.target_loss if self.target_loss is not None else sum(self.recent) / len(self.recent)
+        self.objective = CoMERAObjective(replace(self.objective.config, target_loss=target_loss))
+        self.objective.start_late(model)
+        self.reports["target_loss"] = target_loss
+        self.reports["target_size"] = float(self.objective.target_size)
+        self._write_reports()
+
+    def _end_stage(self, stage: str, model: nn.Module, *, optimizer: torch.optim.Optimizer, step: int) -> None:
+        truncate_(model, optimizer=optimizer)
+        rows = rank_report(model)
+        self.reports[stage] = {
+            "step": step,
+            "size": float(model_size(model)),
+            "layers": [{**asdict(row), "ranks": list(row.ranks)} for row in rows],
+        }
+        print(format_rank_report(rows, title=f"CoMERA ranks {stage.replace('_', ' ')} (step {step})"), flush=True)
+        self._write_reports()
+
+    def _write_reports(self) -> None:
+        if self.run_dir is None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        report = {"target_ratio": self.objective.config.target_ratio, "gamma": self.objective.config.gamma}
+        (self.run_dir / REPORT_FILE).write_text(json.dumps({**report, **self.reports}, indent=2) + "\n")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The core ranks of every TT layer (they shrink on truncation), ``S*``/``L*`` and the reports so far."""
+        if self._model is None:
+            raise ValueError("CoMERAHook.state_dict() before build_optimizer(model): no model to take ranks from")
+        return {
+            "ranks": {name: list(layer.ranks) for name, layer in tt_layers(self._model)},
+            "target_size": None if not self.late else float(self.objective.target_size),
+            "target_loss": self.objective.config.target_loss if self.late else None,
+            "recent": list(self.recent),
+            "reports": self.reports,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Cut the fresh model's cores and gates to the stored ranks (the weights are loaded afterwards)."""
+        if not state:  # a checkpoint written before the hook existed: nothing was truncated
+            return
+        resize_ranks_(model, state["ranks"], optimizer=optimizer)
+        self.recent = list(state["recent"])
+        self.reports = dict(state["reports"])
+        if state["target_size"] is not None:
+            self.objective = CoMERAObjective(replace(self.objective.config, target_loss=state["target_loss"]))
+            device = next(model.parameters()).device
+            self.objective.target_size = torch.tensor(state["target_size"], device=device)

@@ -1,0 +1,64 @@
+"""Method hooks: how a training method adds to the shared loop without ``if method == ...`` branches in it.
+
+The trainer builds one hook per run (:func:`build_hook`) and calls it at four points: to build the optimizer, to
+turn each micro-batch's task loss into the loss that is back-propagated, after each optimizer step, and around
+checkpoints (:meth:`MethodHook.state_dict` is stored in the checkpoint's JSON state; :meth:`load_state_dict` runs on
+resume *before* the weights are loaded, so a hook may reshape the freshly built model to the checkpoint's shapes).
+Methods without a hook get :class:`MethodHook`, whose every call is a no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from tensorslim.train.config import TrainConfig
+
+
+class MethodHook:
+    """The no-op hook; subclasses override what their method needs.
+
+    Optimizer groups may carry an ``lr_scale``: the trainer sets each group's learning rate to
+    ``lr_scale × peak lr × schedule(step)``.
+    """
+
+    def build_optimizer(self, model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer | None:
+        """The method's optimizer, or None for the trainer's default."""
+        return None
+
+    def loss(self, task_loss: torch.Tensor, *, model: nn.Module, step: int) -> torch.Tensor:
+        """The loss to back-propagate for one micro-batch of optimizer step ``step`` (0-based)."""
+        return task_loss
+
+    def after_step(self, model: nn.Module, *, optimizer: torch.optim.Optimizer, step: int) -> dict[str, float]:
+        """Runs after optimizer step ``step`` (1-based: steps completed), before validation and checkpointing;
+        returns extra metrics for the step's record."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serializable state stored in each checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], *, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Restore :meth:`state_dict` on resume, before the checkpoint's weights and optimizer state are loaded."""
+
+
+def _comera_hook(config: TrainConfig, run_dir: Path) -> MethodHook:
+    from tensorslim.comera.train_hook import CoMERAHook  # deferred: only comera runs pay for the import
+
+    return CoMERAHook.from_train_config(config, run_dir=run_dir)
+
+
+# method -> hook factory; methods not listed train with the no-op hook.
+HOOKS: dict[str, Callable[[TrainConfig, Path], MethodHook]] = {"comera": _comera_hook}
+
+
+def build_hook(config: TrainConfig, *, run_dir: Path) -> MethodHook:
+    """The hook of ``config.method`` (:class:`MethodHook` when it has none)."""
+    factory = HOOKS.get(config.method)
+    return factory(config, run_dir) if factory is not None else MethodHook()
