@@ -134,11 +134,15 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--out", default=None)
     parser.add_argument("--assemble", action="store_true", help="build the table from the rows file of finished arms")
+    parser.add_argument("--rewrite-md", action="store_true", help="rewrite <out>.md from <out>.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--arm", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     stem = Path(args.out or f"benchmarks/results/cola_m_{args.preset}")
     rows_path = stem.with_suffix(".rows.jsonl")
+    if args.rewrite_md:
+        write_markdown(json.loads(stem.with_suffix(".json").read_text()), stem)
+        return
     if args.worker:
         row = worker(args)
         print(json.dumps(row))
@@ -177,12 +181,31 @@ def main() -> None:
         "formula": formula(args.preset, tokens),
         "rows": [merged[a] for a in arms],
     }
-    text = table(result)
-    print(text)
+    print(table(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        Path(args.out).with_suffix(".md").write_text(text)
+        write_markdown(result, Path(args.out))
+
+
+def write_markdown(result: dict, stem: Path) -> None:
+    """``<stem>.md``: command, date, load averages, the formula check and the table."""
+    f, rows = result["formula"], {row["arm"]: row for row in result["rows"]}
+    lines = [
+        f"# CoLA-M memory and step time: `{result['preset']}`, batch {result['batch_size']} × {result['seq_len']}",
+        "",
+        f"- command: `{result['command']}`",
+        f"- date: {result['date']}; torch threads per arm: {sorted({r['torch_threads'] for r in result['rows']})}",
+        f"- 1-minute load averages before/after each arm: {[round(load[0], 1) for load in result['load_averages']]}",
+    ]
+    if "cola-m" in rows and "cola+gc" in rows:
+        latents = (rows["cola-m"]["saved_bytes"] - rows["cola+gc"]["saved_bytes"]) / f["n_layers"]
+        lines.append(
+            f"- formula check: (CoLA-M − CoLA+GC saved bytes) / layers = {latents:,.0f} B = 7r·tokens·4 = "
+            f"{7 * f['r'] * result['tokens'] * 4:,} B; CoLA-M per layer (d + 7r)·tokens·4 = "
+            f"{f['cola_m_bytes_per_layer']:,} B (paper's 2d + 7r: {f['paper_bytes_per_layer']:,} B)"
+        )
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n\n" + table(result))
 
 
 if __name__ == "__main__":

@@ -139,6 +139,15 @@ def main() -> None:
     table = summarize(out, runs)
     print(table)
     out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
+    loads = [r["load_average_at_start"] for r in runs if r.get("load_average_at_start")]
+    template = " ".join(run_command(preset=args.preset, method="M", steps=args.steps, seed=0, run_dir=Path("DIR")))
+    header = (
+        f"# LaX experiment: `{args.preset}`, {args.steps} steps per run\n\n"
+        f"- per run: `{template}` with `--seed S` (exact commands in the .json)\n"
+        f"- written {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
+        f"1-minute load averages at run starts: {sorted(round(load[0], 1) for load in loads)}\n\n"
+    )
+    out.with_suffix(".md").write_text(header + table)
 
 
 if __name__ == "__main__":
