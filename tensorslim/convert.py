@@ -15,6 +15,7 @@ from torch import nn
 from tensorslim.layers._source import is_dense_linear, linear_shape
 from tensorslim.layers.cola_m import CoLAMConfig, CoLAMLinear, finalize_cola_m
 from tensorslim.layers.lax import LaXCoLAConfig, LaXConfig, LaXLinear, LaXSVDConfig, finalize_lax, plan_lax
+from tensorslim.layers.lax_tt import LaXTTConfig, LaXTTLinear, finalize_lax_tt, plan_lax_tt
 from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, SVDConfig
 from tensorslim.layers.tt import TTConfig, TTLinear, plan_tt_linear
 from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig, is_embedding, plan_tt_embedding
@@ -125,6 +126,7 @@ TRANSFORMS: dict[type, Transform] = {
     CoLAMConfig: Transform(is_dense_linear, _plan_low_rank, CoLAMLinear.from_dense, finalize_cola_m),
     LaXConfig: Transform(is_dense_linear, plan_lax, LaXLinear.from_dense, finalize_lax),
     TTConfig: Transform(is_dense_linear, plan_tt_linear, TTLinear.from_dense),
+    LaXTTConfig: Transform(is_dense_linear, plan_lax_tt, LaXTTLinear.from_dense, finalize_lax_tt),
     TTEmbeddingConfig: Transform(is_embedding, plan_tt_embedding, TTEmbedding.from_dense),
 }
 

@@ -15,9 +15,12 @@ import torch
 from tensorslim.convert import ConversionReport, convert_
 from tensorslim.layers.cola_m import CoLAMConfig
 from tensorslim.layers.lax import LaXCoLAConfig, LaXSVDConfig
+from tensorslim.layers.lax_tt import LaXTTConfig
 from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
 from tensorslim.layers.tt import TTConfig
 from tensorslim.models.llama import LlamaForCausalLM, Preset, get_preset
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # LaX-TT's IntraRes_Pos (q, k, v, out)
 
 # method -> (preset, rank override) -> conversion config, or None for a full-rank model.
 CONVERSIONS: dict[str, Callable[[Preset, int | None], object | None]] = {
@@ -39,6 +42,8 @@ CONVERSIONS: dict[str, Callable[[Preset, int | None], object | None]] = {
     "lax-svd": lambda preset, rank: LaXSVDConfig(rank=rank or preset.cola_rank, init="random"),
     # CoMERA (arXiv 2405.14377): 6-core TT projections, max rank 30, CoMERA's random init (rank gates: comera/).
     "comera": lambda preset, rank: TTConfig(rank=rank or 30, init="random"),
+    # LaX-TT (arXiv 2505.21732): CoMERA's TT layers + crossing at the middle bond; intra residuals on attention.
+    "lax-tt": lambda preset, rank: LaXTTConfig(rank=rank or 30, init="random", intra_res=ATTENTION),
 }
 
 

@@ -18,7 +18,8 @@ equals the plain low-rank model **with an r-dimensional LayerNorm on the latents
 model itself.
 
 The latents travel through a per-model :class:`LatentStore`, cleared by a forward pre-hook (and post-hook) on the
-root module, so no model code changes. The tensor-train variant (inter- and intra-layer residuals) is not here yet.
+root module, so no model code changes. The tensor-train variant (inter- and intra-layer residuals) is in
+:mod:`tensorslim.layers.lax_tt`.
 """
 
 from __future__ import annotations
