@@ -1,22 +1,38 @@
 """tensorslim: low-rank and tensor-network structure for cheaper transformers.
 
-Importing the package only defines names: no global backends, threads or I/O.
+Importing the package only defines names: no global backends, threads or I/O. The public names are loaded on first
+use (PEP 562), so that ``import tensorslim.cli`` does not import torch before the command line has set up its
+environment.
 """
 
-from tensorslim.convert import METHODS, TRANSFORMS, ConversionReport, LayerReport, convert_, plan
-from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, SVDConfig
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "METHODS",
-    "TRANSFORMS",
-    "CoLAConfig",
-    "ConversionReport",
-    "LayerReport",
-    "LowRankConfig",
-    "LowRankLinear",
-    "SVDConfig",
-    "convert_",
-    "plan",
-]
+_EXPORTS = {
+    "METHODS": "tensorslim.convert",
+    "TRANSFORMS": "tensorslim.convert",
+    "ConversionReport": "tensorslim.convert",
+    "LayerReport": "tensorslim.convert",
+    "convert_": "tensorslim.convert",
+    "plan": "tensorslim.convert",
+    "CoLAConfig": "tensorslim.layers.lowrank",
+    "LowRankConfig": "tensorslim.layers.lowrank",
+    "LowRankLinear": "tensorslim.layers.lowrank",
+    "SVDConfig": "tensorslim.layers.lowrank",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tensorslim' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return [*__all__, "__version__"]

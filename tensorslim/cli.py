@@ -87,7 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prefer_passive_openmp_threads() -> None:
+    """Let idle OpenMP threads sleep instead of spinning, unless the user chose otherwise.
+
+    It must happen before torch loads OpenMP. On a shared 2-core machine (load average 9.5), training the tiny
+    preset with two spinning threads ran at 265 tokens/s, and with passive threads at 2,615 tokens/s.
+    """
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _prefer_passive_openmp_threads()
     args = build_parser().parse_args(argv)
     try:
         args.handler(args)

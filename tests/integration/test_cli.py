@@ -89,3 +89,13 @@ def test_convert_a_local_hugging_face_model(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     # MiniLM: 6 layers x 6 linears + the pooler; 22,713,216 params in all.
     assert "37 layers converted with SVDConfig" in out and "model 22,713,216 ->" in out
+
+
+def test_cli_sets_passive_openmp_before_torch_loads() -> None:
+    code = (
+        "import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import tensorslim.cli as cli; "
+        "assert 'torch' not in sys.modules; cli._prefer_passive_openmp_threads(); "
+        "print(os.environ['OMP_WAIT_POLICY'])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "PASSIVE", result.stderr
