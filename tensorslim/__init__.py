@@ -23,6 +23,14 @@ _EXPORTS = {
     "LowRankConfig": "tensorslim.layers.lowrank",
     "LowRankLinear": "tensorslim.layers.lowrank",
     "SVDConfig": "tensorslim.layers.lowrank",
+    "TTConfig": "tensorslim.layers.tt",
+    "TTLinear": "tensorslim.layers.tt",
+    "TTEmbeddingConfig": "tensorslim.layers.tt_embedding",
+    "TTEmbedding": "tensorslim.layers.tt_embedding",
+    "quantize_": "tensorslim.quant",
+    "COMQConfig": "tensorslim.quant",
+    "GPTQConfig": "tensorslim.quant",
+    "RTNConfig": "tensorslim.quant",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,19 @@
+"""The package's public names resolve, and importing it loads nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import tensorslim
+
+
+def test_every_public_name_resolves() -> None:
+    for name in tensorslim.__all__:
+        assert getattr(tensorslim, name).__name__ == name
+
+
+def test_import_has_no_heavy_side_effects() -> None:
+    code = "import sys, tensorslim; assert 'torch' not in sys.modules, 'torch imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
