@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tensorslim._checks import require_int
 from tensorslim.bench.memory import count_saved_tensors, training_memory
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_model, check_method
@@ -59,15 +60,12 @@ class BenchConfig:
         for method in self.method_list:
             check_method(method)
         for name in ("batch_size", "seq_len", "repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
-        if self.warmup < 0:
-            raise ValueError(f"warmup={self.warmup} is invalid; allowed: an integer >= 0")
+            require_int(name, getattr(self, name))
+        require_int("warmup", self.warmup, minimum=0)
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
-        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
-            raise ValueError(f"threads={self.threads!r} is invalid; allowed: an integer >= 1")
+        if self.threads is not None:
+            require_int("threads", self.threads)
         if self.timer not in ("wall", "cpu") or (self.timer == "cpu" and self.device == "cuda"):
             raise ValueError(f"timer={self.timer!r} is invalid; allowed: 'wall', or 'cpu' on device cpu")
 

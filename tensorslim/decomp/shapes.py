@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from tensorslim._checks import require_int
+
 
 def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+    require_int(name, value)
     return value
 
 

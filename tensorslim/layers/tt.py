@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from tensorslim._checks import require_int
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
 from tensorslim.functional.tt import apply_gates, tt_linear, tt_linear_factors, tt_linear_flops
@@ -81,8 +82,7 @@ class TTConfig:
                 raise ValueError(f"rank={self.rank} is invalid; allowed: an integer >= 1 or a full rank list")
         elif not isinstance(self.rank, tuple | list):
             raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
-        if isinstance(self.n_cores, bool) or not isinstance(self.n_cores, int) or self.n_cores < 2:
-            raise ValueError(f"n_cores={self.n_cores!r} is invalid; allowed: an integer >= 2")
+        require_int("n_cores", self.n_cores, minimum=2)
         if self.init not in ("tt_svd", "random"):
             raise ValueError(f"init={self.init!r} is invalid; allowed: 'tt_svd' or 'random'")
 

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from tensorslim._checks import require_int
 from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
 from tensorslim.decomp.tt import ttm_svd, ttm_to_full
 from tensorslim.functional.tt import (
@@ -63,8 +64,7 @@ class TTEmbeddingConfig:
                 raise ValueError(f"rank={self.rank} is invalid; allowed: an integer >= 1 or a full rank list")
         elif not isinstance(self.rank, tuple | list):
             raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
-        if isinstance(self.n_cores, bool) or not isinstance(self.n_cores, int) or self.n_cores < 2:
-            raise ValueError(f"n_cores={self.n_cores!r} is invalid; allowed: an integer >= 2")
+        require_int("n_cores", self.n_cores, minimum=2)
         if self.init not in ("ttm_svd", "random"):
             raise ValueError(f"init={self.init!r} is invalid; allowed: 'ttm_svd' or 'random'")
         if self.lookup not in ("halves", "chain"):

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim._checks import require_int
+
 
 @dataclass(frozen=True, kw_only=True)
 class BertConfig:
@@ -40,9 +42,7 @@ class BertConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_classes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+            require_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if not 0 <= self.dropout < 1:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim._checks import require_int
+
 
 @dataclass(frozen=True, kw_only=True)
 class LlamaConfig:
@@ -31,9 +33,7 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "max_seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
+            require_int(name, getattr(self, name))
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(
                 f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size (for RoPE)"

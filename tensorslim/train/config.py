@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from tensorslim._checks import require_int
 from tensorslim.methods import check_method
 from tensorslim.models.llama import get_preset
 
@@ -62,10 +63,10 @@ class TrainConfig:
         get_preset(self.preset)
         check_method(self.method)
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_blocks", "checkpoint_every"):
-            _require_positive_int(name, getattr(self, name))
+            require_int(name, getattr(self, name))
         for name in ("vocab_size", "rank", "galore_update_proj_gap"):
             if getattr(self, name) is not None:
-                _require_positive_int(name, getattr(self, name))
+                require_int(name, getattr(self, name))
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr={self.lr} is invalid; allowed: a number > 0")
         if self.weight_decay < 0 or self.grad_clip < 0:
@@ -97,11 +98,6 @@ class TrainConfig:
             for f in fields(self)
             if f.name not in RESUMABLE_CHANGES and other.get(f.name) != getattr(self, f.name)
         ]
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= 1")
 
 
 def _check_comera(config: TrainConfig) -> None:
