@@ -5,8 +5,10 @@ Tasks:
         via unfold); test accuracy and agreement with the float model. The classifier head stays float (default).
     bbc: BBC News topic classification (``bbcnews_split`` fixed split) with the bundled MiniLM as a *frozen*
         encoder (mean-pooled) and a logistic-regression head trained on float features; the encoder's linear
-        layers are quantized and the head is kept. Deviation from the issue's "fine-tuned MiniLM": fine-tuning on
-        2 shared CPU cores did not fit the time budget.
+        layers are quantized and the head is kept.
+    bbc-finetune: the issue's protocol: the whole MiniLM + a linear head on the mean-pooled output fine-tuned on the
+        ``bbcnews_split`` train articles (seq 128, batch 16, AdamW, default 1 epoch), then the encoder's linear
+        layers are quantized (calibration on train articles) and the float head is kept; test accuracy.
     llama: our tiny LLaMA from a ``tensorslim train`` checkpoint: validation perplexity (lm_head stays float).
 
 Usage:
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import sys
 from datetime import datetime, timezone
@@ -143,6 +146,89 @@ def bbc_task(bits_list: list[int], methods: list[str], *, seq_len: int, calib_do
     return rows
 
 
+def bbc_finetune_task(
+    bits_list: list[int], methods: list[str], *, seq_len: int, calib_docs: int, steps: int | None, lr: float
+) -> list[dict]:
+    """Fine-tune the whole MiniLM + a linear head (mean-pooled) on the BBC train split, then quantize the encoder."""
+    import time
+
+    from transformers import AutoTokenizer, BertModel
+
+    from tensorslim.data import bbcnews_labelled, bbcnews_split
+    from tensorslim.quant.cli import calibration_batches, model_folder
+
+    texts, labels, class_names = bbcnews_labelled()
+    train_idx, test_idx = bbcnews_split()
+    folder = model_folder("minilm")
+    tok = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    model = BertModel.from_pretrained(folder)
+    head = nn.Linear(model.config.hidden_size, len(class_names))
+    opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=lr)
+    order = [train_idx[i] for i in torch.randperm(len(train_idx)).tolist()]
+    batches = [order[i : i + 16] for i in range(0, len(order), 16)]
+    steps = len(batches) if steps is None else steps
+    model.train()
+    t0, losses = time.perf_counter(), []
+    for step in range(steps):
+        idx = batches[step % len(batches)]
+        enc = dict(tok([texts[i] for i in idx], truncation=True, max_length=seq_len, padding=True, return_tensors="pt"))
+        hidden = model(**enc).last_hidden_state
+        mask = enc["attention_mask"][..., None].to(hidden.dtype)
+        loss = F.cross_entropy(head((hidden * mask).sum(1) / mask.sum(1)), torch.tensor([labels[i] for i in idx]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == steps - 1:
+            print(f"step {step + 1}/{steps} loss {losses[-1]:.4f} {time.perf_counter() - t0:.0f}s", flush=True)
+    train_seconds = time.perf_counter() - t0
+    model.eval()
+    head.eval()
+    test_b = calibration_batches(tok, [texts[i] for i in test_idx], seq_len=seq_len, batch_size=32)
+    y_te = torch.tensor([labels[i] for i in test_idx])
+
+    def predict(encoder: nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return head(_minilm_features(encoder, test_b)).argmax(1)
+
+    float_pred = predict(model)
+    rows = [
+        {
+            "task": "bbc-finetune",
+            "method": "float",
+            "bits": 32,
+            "acc": float((float_pred == y_te).float().mean()),
+            "train_steps": steps,
+            "train_seconds": train_seconds,
+            "train_loss_last10": sum(losses[-10:]) / len(losses[-10:]),
+        }
+    ]
+    print(json.dumps(rows[-1]), flush=True)
+    calibration = calibration_batches(
+        tok, [texts[i] for i in train_idx[:: max(1, len(train_idx) // calib_docs)]], seq_len=seq_len
+    )
+    no_pooler = lambda m, n: isinstance(m, nn.Linear) and "pooler" not in n  # noqa: E731 - pooler unused
+    for bits in bits_list:
+        for method in methods:
+            q = copy.deepcopy(model)
+            report = quantize_(q, CONFIGS[method](bits), calibration, filter_fn=no_pooler)
+            pred = predict(q)
+            errs = [r.rel_output_error for r in report.layers]
+            rows.append(
+                {
+                    "task": "bbc-finetune",
+                    "method": method,
+                    "bits": bits,
+                    "acc": float((pred == y_te).float().mean()),
+                    "agree_float": float((pred == float_pred).float().mean()),
+                    "mean_layer_err_calib": sum(errs) / len(errs),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def llama_task(
     bits_list: list[int],
     methods: list[str],
@@ -197,7 +283,7 @@ def llama_task(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=["digits", "bbc", "llama"], required=True)
+    parser.add_argument("--task", choices=["digits", "bbc", "bbc-finetune", "llama"], required=True)
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 3])
     parser.add_argument("--methods", nargs="+", default=list(CONFIGS))
     parser.add_argument("--seq-len", type=int, default=128)
@@ -206,6 +292,8 @@ def main() -> None:
     parser.add_argument("--data", default="stdlib")
     parser.add_argument("--eval-blocks", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--ft-steps", type=int, default=None, help="bbc-finetune: optimizer steps (default 1 epoch)")
+    parser.add_argument("--ft-lr", type=float, default=5e-5, help="bbc-finetune: AdamW learning rate")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -213,6 +301,15 @@ def main() -> None:
         rows = digits_task(args.bits, args.methods)
     elif args.task == "bbc":
         rows = bbc_task(args.bits, args.methods, seq_len=args.seq_len, calib_docs=args.calib_docs)
+    elif args.task == "bbc-finetune":
+        rows = bbc_finetune_task(
+            args.bits,
+            args.methods,
+            seq_len=args.seq_len,
+            calib_docs=args.calib_docs,
+            steps=args.ft_steps,
+            lr=args.ft_lr,
+        )
     else:
         rows = llama_task(
             args.bits,
@@ -227,6 +324,7 @@ def main() -> None:
         "command": "python " + " ".join(sys.argv),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()}, torch {torch.__version__}, threads {args.threads}",
+        "loadavg_at_end": list(os.getloadavg()),
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
