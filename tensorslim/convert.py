@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from torch import nn
 
@@ -21,6 +22,7 @@ from tensorslim.layers.tt import TTConfig, TTLinear, plan_tt_linear
 from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig, is_embedding, plan_tt_embedding
 
 FilterFn = Callable[[nn.Module, str], bool]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -139,17 +141,25 @@ METHODS: dict[str, type] = {
 }
 
 
-def _transform_for(config: object) -> Transform:
+def registered_for(registry: dict[type, T], config: object, *, what: str) -> T:
+    """The registry entry of ``config``'s class or its nearest registered base class."""
     for cls in type(config).__mro__:
-        if cls in TRANSFORMS:
-            return TRANSFORMS[cls]
-    known = sorted(cls.__name__ for cls in TRANSFORMS)
-    raise TypeError(f"config of type {type(config).__name__} has no registered transform; known: {known}")
+        if cls in registry:
+            return registry[cls]
+    known = sorted(cls.__name__ for cls in registry)
+    raise TypeError(f"config of type {type(config).__name__} has no registered {what}; known: {known}")
 
 
-def _output_head_ids(model: nn.Module) -> set[int]:
-    """Output embeddings stay dense by default, as in CoLA (only the projections inside blocks are replaced)."""
-    heads = {id(module) for name, module in model.named_modules() if name.split(".")[-1] == "lm_head"}
+def _transform_for(config: object) -> Transform:
+    return registered_for(TRANSFORMS, config, what="transform")
+
+
+def output_head_ids(model: nn.Module, *, names: tuple[str, ...] = ("lm_head",)) -> set[int]:
+    """Ids of the output head(s): modules called one of ``names`` and ``get_output_embeddings()``.
+
+    They stay dense by default, as in CoLA (only the projections inside blocks are replaced).
+    """
+    heads = {id(module) for name, module in model.named_modules() if name.split(".")[-1] in names}
     get_head = getattr(model, "get_output_embeddings", None)
     if callable(get_head) and isinstance(get_head(), nn.Module):
         heads.add(id(get_head()))
@@ -157,7 +167,7 @@ def _output_head_ids(model: nn.Module) -> set[int]:
 
 
 def _candidates(model: nn.Module, transform: Transform, filter_fn: FilterFn | None) -> list[tuple[str, nn.Module]]:
-    heads = _output_head_ids(model) if filter_fn is None else set()
+    heads = output_head_ids(model) if filter_fn is None else set()
     chosen = []
     for name, module in model.named_modules(remove_duplicate=True):
         if not transform.accepts(module) or id(module) in heads:

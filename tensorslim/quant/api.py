@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tensorslim.convert import output_head_ids, registered_for
 from tensorslim.quant.calibration import (
     check_quantizable,
     collect_grams,
@@ -86,20 +87,12 @@ class QuantReport:
 
 
 def _solver_for(config: object) -> Solver:
-    for cls in type(config).__mro__:
-        if cls in SOLVERS:
-            return SOLVERS[cls]
-    known = sorted(cls.__name__ for cls in SOLVERS)
-    raise TypeError(f"config of type {type(config).__name__} has no registered quantizer; known: {known}")
+    return registered_for(SOLVERS, config, what="quantizer")
 
 
 def _output_head_ids(model: nn.Module) -> set[int]:
     """The output head stays float by default, as the COMQ release skips the classifier head (compress.md §1.4)."""
-    heads = {id(m) for name, m in model.named_modules() if name.split(".")[-1] in ("lm_head", "classifier")}
-    get_head = getattr(model, "get_output_embeddings", None)
-    if callable(get_head) and isinstance(get_head(), nn.Module):
-        heads.add(id(get_head()))
-    return heads
+    return output_head_ids(model, names=("lm_head", "classifier"))
 
 
 def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dict[str, nn.Module]:
