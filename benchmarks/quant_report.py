@@ -169,7 +169,7 @@ def main() -> None:
     if d := _load("quant_llama.json"):
         lines += task(d, "Tiny LLaMA, dense (checkpoint named in the command; lm_head float)", "ppl")
         if "train_command" in d["meta"]:
-            lines[-1:-1] = [f"Checkpoint trained with `{d['meta']['train_command']}`."]
+            lines[-1:-1] = ["", f"Checkpoint trained with `{d['meta']['train_command']}`."]
     names = {
         "tt_svd": "quant_distill_ttsvd.json",
         "random": "quant_distill_random.json",
