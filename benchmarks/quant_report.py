@@ -160,10 +160,11 @@ def main() -> None:
         lines += timing(d)
     if d := _load("quant_bbc.json"):
         lines += task(d, "BBC News topics: frozen MiniLM + logistic head (fixed split, 444 test articles)", "acc")
-    if d := _load("quant_bbc_finetune.json"):
-        lines += task(
-            d, "BBC News topics: fine-tuned MiniLM + linear head (fixed split, 444 test articles)", "acc"
-        ) + finetune_note(d)
+    for name in ("quant_bbc_finetune.json", "quant_bbc_finetune_epoch.json"):
+        if d := _load(name):
+            steps = d["rows"][0]["train_steps"]
+            title = f"BBC News topics: fine-tuned MiniLM + linear head, {steps} steps (fixed split, 444 test articles)"
+            lines += task(d, title, "acc") + finetune_note(d)
     if d := _load("quant_digits.json"):
         lines += task(d, "Digits CNN (load_digits, 450 test images; classifier head float)", "acc")
     if d := _load("quant_llama.json"):
