@@ -69,3 +69,14 @@ def test_schedule_warmup_then_cosine_to_ten_percent() -> None:
     midpoint = warmup + (total - warmup) // 2
     assert values[midpoint] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert all(a >= b for a, b in zip(values[10:], values[11:], strict=False))
+
+
+def test_format_bytes_units() -> None:
+    from tensorslim.train.metrics import format_bytes
+
+    assert [format_bytes(n) for n in (10, 1536, 283.4 * 2**20, 5 * 2**30)] == [
+        "10 B",
+        "1.5 KiB",
+        "283.4 MiB",
+        "5.0 GiB",
+    ]
