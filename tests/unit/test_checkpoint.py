@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import tensorslim.train.checkpoint as checkpoint
+from tensorslim.train.metrics import format_bytes
 from tensorslim.train.schedule import warmup_cosine
 
 
@@ -72,8 +73,6 @@ def test_schedule_warmup_then_cosine_to_ten_percent() -> None:
 
 
 def test_format_bytes_units() -> None:
-    from tensorslim.train.metrics import format_bytes
-
     assert [format_bytes(n) for n in (10, 1536, 283.4 * 2**20, 5 * 2**30)] == [
         "10 B",
         "1.5 KiB",
