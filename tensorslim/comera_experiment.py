@@ -37,6 +37,7 @@ from tensorslim.comera.gates import format_rank_report, layer_size, tt_layers
 from tensorslim.comera.loop import train_two_stage
 from tensorslim.models.bert import (
     BERT_PRESETS,
+    POOLINGS,
     BertForMaskedLM,
     BertForSequenceClassification,
     comera_,
@@ -73,10 +74,12 @@ def mlm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torc
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
 
 
-def build(preset: str, method: str, *, vocab_size: int, head: str = "mlm", n_classes: int = 3) -> nn.Module:
+def build(
+    preset: str, method: str, *, vocab_size: int, head: str = "mlm", n_classes: int = 3, pooling: str = "cls"
+) -> nn.Module:
     """A ``preset`` model for ``method`` in {dense, galore, comera}; CoMERA gets rank gates."""
     config = get_bert_preset(preset)
-    config = type(config)(**{**config.__dict__, "vocab_size": vocab_size, "n_classes": n_classes})
+    config = type(config)(**{**config.__dict__, "vocab_size": vocab_size, "n_classes": n_classes, "pooling": pooling})
     model = BertForMaskedLM(config) if head == "mlm" else BertForSequenceClassification(config)
     if method == "comera":
         comera_(model, rank_gates=True)
@@ -201,6 +204,7 @@ def _mlm_eval(model: nn.Module, batches: list) -> float:
 def mlm(
     *,
     preset: str,
+    methods: list[str],
     steps: int,
     late_fraction: float,
     ratios: list[float],
@@ -213,7 +217,10 @@ def mlm(
     stop_at_target: bool = True,
     target_loss: float | None = None,
 ) -> dict:
-    """Dense vs CoMERA (one run per target ratio) masked-LM on ``stdlib``; same data order and masks."""
+    """Dense, dense + GaLore and CoMERA (one run per target ratio) masked-LM on ``stdlib``; same data order and masks.
+
+    ``L*`` of the CoMERA late stage is ``target_loss`` or, when None, the dense run's final training loss (so
+    ``methods`` must then list ``dense`` first)."""
     from tensorslim.data import build_lm_data
 
     data = build_lm_data("stdlib", tokenizer=None, vocab_size=4096, seq_len=seq, max_val_blocks=32)
@@ -226,15 +233,17 @@ def mlm(
     ]
     results: dict = {"tokenizer": data.tokenizer.name, "vocab": padded_vocab(vocab + 1), "runs": {}}
     late = round(steps * late_fraction)
-    runs = [("dense", None)] if target_loss is None else []
-    for method, ratio in [*runs, *(("comera", r) for r in ratios)]:
+    runs = [(method, None) for method in methods if method != "comera"]
+    if "comera" in methods:
+        runs += [("comera", ratio) for ratio in ratios]
+    for method, ratio in runs:
         torch.manual_seed(0)
         model = build(preset, method, vocab_size=padded_vocab(vocab + 1))
         optimizer = optimizer_for(model, method, lr=lr, lr_cores=lr_cores, lr_gates=lr_gates)
         batches = _mlm_batches(data.train, batch=batch, mask_id=mask_id, vocab=vocab, seed=0)
         start = time.perf_counter()
         run: dict = {"params_start": sum(p.numel() for p in model.parameters())}
-        if method == "dense":
+        if method != "comera":
             losses = []
             for _ in range(steps):
                 loss = mlm_loss(model, next(batches))
@@ -271,6 +280,7 @@ def mlm(
             )
         run.update(
             train_seconds=time.perf_counter() - start,
+            step_seconds=(time.perf_counter() - start) / steps,
             final_train_loss=statistics.mean(losses[-20:]),
             val_mlm_loss=_mlm_eval(model, val),
             params_end=sum(p.numel() for p in model.parameters()),
@@ -281,8 +291,9 @@ def mlm(
 
 def _target_loss(results: dict) -> float:
     """``L*`` for the late stage: the dense run's final training loss (CoMERA hard-codes 0.8 for MNLI)."""
-    dense = results["runs"].get("dense")
-    return dense["final_train_loss"] if dense else 0.8
+    if "dense" not in results["runs"]:
+        raise ValueError("the CoMERA late stage needs L*: give --target-loss or run dense first (--mlm-methods)")
+    return results["runs"]["dense"]["final_train_loss"]
 
 
 # -------------------------------------------------------------------------------------------------------- classify
@@ -307,20 +318,34 @@ def _classification_data(seq: int):
     return ids, mask, y, split, vocab + 2, names
 
 
-def classify(*, preset: str, steps: int, batch: int, seq: int, lr: float, lr_cores: float, lr_gates: float) -> dict:
+def classify(
+    *,
+    preset: str,
+    methods: list[str],
+    pooling: str,
+    steps: int,
+    batch: int,
+    seq: int,
+    lr: float,
+    lr_cores: float,
+    lr_gates: float,
+) -> dict:
     """Dense vs CoMERA (early-stage loss only) from scratch on BBC News; test accuracy on the fixed split."""
     ids, mask, y, split, vocab, names = _classification_data(seq)
-    out: dict = {"classes": names, "train": len(split["train"]), "test": len(split["test"]), "runs": {}}
-    for method in ("dense", "comera"):
+    out: dict = {"classes": names, "train": len(split["train"]), "test": len(split["test"]), "pooling": pooling}
+    out["runs"] = {}
+    for method in methods:
         torch.manual_seed(0)
-        model = build(preset, method, vocab_size=vocab, head="classify", n_classes=len(names))
+        model = build(preset, method, vocab_size=vocab, head="classify", n_classes=len(names), pooling=pooling)
         optimizer = optimizer_for(model, method, lr=lr, lr_cores=lr_cores, lr_gates=lr_gates)
         objective = CoMERAObjective(CoMERAConfig()) if method == "comera" else None
         gen = torch.Generator().manual_seed(0)
         start = time.perf_counter()
+        losses = []
         for _ in range(steps):
             pick = split["train"][torch.randint(len(split["train"]), (batch,), generator=gen)]
             loss = F.cross_entropy(model(ids[pick], attention_mask=mask[pick]), y[pick])
+            losses.append(loss.item())
             if objective is not None:
                 loss, _ = objective.early(loss, model)
             optimizer.zero_grad(set_to_none=True)
@@ -335,10 +360,14 @@ def classify(*, preset: str, steps: int, batch: int, seq: int, lr: float, lr_cor
                     for i in range(0, len(test), 64)
                 ]
             )
+        seconds = time.perf_counter() - start
         out["runs"][method] = {
             "params": sum(p.numel() for p in model.parameters()),
             "test_accuracy": float((predictions == y[test]).float().mean()),
-            "train_seconds": time.perf_counter() - start,
+            "majority_class_share": float(torch.bincount(y[test]).max() / len(test)),
+            "final_train_loss": statistics.mean(losses[-20:]),
+            "train_seconds": seconds,
+            "step_seconds": seconds / steps,
         }
     return out
 
@@ -391,8 +420,9 @@ def render_markdown(result: dict) -> str:
         lines += [
             f"## Masked-LM on `stdlib` ({m['tokenizer']}, model vocabulary {m['vocab']})",
             "",
-            "| run | params start → end | train s | final train loss | val MLM loss | size early → target → late |",
-            "|---|---|---|---|---|---|",
+            "| run | params start → end | train s | s/step | final train loss | val MLM loss | "
+            "size early → target → late |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name, run in m["runs"].items():
             sizes = (
@@ -404,6 +434,7 @@ def render_markdown(result: dict) -> str:
             )
             lines.append(
                 f"| {name} | {run['params_start']:,} → {run['params_end']:,} | {run['train_seconds']:.0f} | "
+                f"{run['step_seconds']:.2f} | "
                 f"{run['final_train_loss']:.3f} | {run['val_mlm_loss']:.3f} | {sizes} |"
             )
         for name, run in m["runs"].items():
@@ -414,13 +445,17 @@ def render_markdown(result: dict) -> str:
     if "classify" in result:
         c = result["classify"]
         lines += [
-            f"## BBC News from scratch ({c['train']} train / {c['test']} test articles, 5 topics)",
+            f"## BBC News from scratch ({c['train']} train / {c['test']} test articles, 5 topics, "
+            f"{c['pooling']} pooling)",
             "",
-            "| method | params | test accuracy | train s |",
-            "|---|---|---|---|",
+            "| method | params | test accuracy | majority-class share | final train loss | train s | s/step |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name, run in c["runs"].items():
-            lines.append(f"| {name} | {run['params']:,} | {run['test_accuracy']:.3f} | {run['train_seconds']:.0f} |")
+            lines.append(
+                f"| {name} | {run['params']:,} | {run['test_accuracy']:.3f} | {run['majority_class_share']:.3f} | "
+                f"{run['final_train_loss']:.3f} | {run['train_seconds']:.0f} | {run['step_seconds']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -435,6 +470,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-batch", type=int, default=1, help="sequences per profiled step (paper: 1)")
     parser.add_argument("--cuda-graphs", action="store_true", help="capture the static-shape step (GPU only)")
     parser.add_argument("--preset", default="bert-small", help="model for the mlm and classify training runs")
+    parser.add_argument("--mlm-methods", default="dense,galore,comera", help="masked-LM runs, dense first")
+    parser.add_argument("--classify-methods", default="dense,comera")
+    parser.add_argument("--pooling", default="mean", choices=POOLINGS, help="classifier pooling (CoMERA: cls)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--late-fraction", type=float, default=0.5)
     parser.add_argument("--ratios", default="0.5,0.2")
@@ -487,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
     if "mlm" in parts:
         ratios = [float(r) for r in args.ratios.split(",")]
         result["mlm"] = mlm(
+            methods=args.mlm_methods.split(","),
             steps=args.steps,
             late_fraction=args.late_fraction,
             ratios=ratios,
@@ -496,7 +535,8 @@ def main(argv: list[str] | None = None) -> None:
             **common,
         )
     if "classify" in parts:
-        result["classify"] = classify(steps=args.steps, **common)
+        methods = args.classify_methods.split(",")
+        result["classify"] = classify(methods=methods, pooling=args.pooling, steps=args.steps, **common)
     result["load_average_after"] = os.getloadavg()
     text = json.dumps(result, indent=2, default=lambda v: v if not isinstance(v, float) or math.isfinite(v) else None)
     print(text)

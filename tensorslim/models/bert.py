@@ -24,6 +24,10 @@ from torch import nn
 
 from tensorslim._checks import require_int
 
+# How the classifier summarizes the sequence: CoMERA / BERT take the first ([CLS]) token; "mean" (our addition)
+# averages the unmasked tokens, which learns topic classification from scratch on a small corpus much sooner.
+POOLINGS = ("cls", "mean")
+
 
 @dataclass(frozen=True, kw_only=True)
 class BertConfig:
@@ -39,6 +43,7 @@ class BertConfig:
     norm_eps: float = 1e-9
     dropout: float = 0.1
     n_classes: int = 3
+    pooling: str = "cls"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_classes"):
@@ -47,6 +52,8 @@ class BertConfig:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout={self.dropout!r} is invalid; allowed: a number in [0, 1)")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling={self.pooling!r} is unknown; allowed: {list(POOLINGS)}")
 
 
 BERT_PRESETS: dict[str, BertConfig] = {
@@ -162,7 +169,10 @@ class BertForMaskedLM(nn.Module):
 
 
 class BertForSequenceClassification(nn.Module):
-    """Encoder + CoMERA's classifier: first token → ``fc1`` → tanh → dropout → ``fc2``; returns ``(B, n_classes)``."""
+    """Encoder + CoMERA's classifier: first token → ``fc1`` → tanh → dropout → ``fc2``; returns ``(B, n_classes)``.
+
+    With ``config.pooling == "mean"`` (not in CoMERA) the mean of the unmasked tokens replaces the first token.
+    """
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -173,8 +183,14 @@ class BertForSequenceClassification(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        cls = self.encoder(ids, attention_mask=attention_mask)[:, 0]  # (B, d)
-        return self.classifier["fc2"](self.drop(torch.tanh(self.classifier["fc1"](cls))))
+        hidden = self.encoder(ids, attention_mask=attention_mask)  # (B, T, d)
+        if self.encoder.config.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            keep = torch.ones_like(ids) if attention_mask is None else attention_mask
+            weights = keep.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return self.classifier["fc2"](self.drop(torch.tanh(self.classifier["fc1"](pooled))))
 
 
 def comera_filter(module: nn.Module, name: str) -> bool:

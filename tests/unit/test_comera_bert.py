@@ -87,7 +87,25 @@ def test_mask_tokens_follows_bert_recipe():
     assert 0.7 < (inputs[chosen] == 100).float().mean() < 0.9
 
 
-@pytest.mark.parametrize("kwargs", [{"d_model": 10, "n_heads": 3}, {"dropout": 1.0}, {"n_layers": 0}])
+def test_mean_pooling_averages_unmasked_tokens():
+    config = BertConfig(**{**get_bert_preset("bert-tiny").__dict__, "pooling": "mean", "dropout": 0.0})
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config).eval()
+    ids = torch.randint(config.vocab_size, (2, 7))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    hidden = model.encoder(ids, attention_mask=mask)
+    pooled = torch.stack([hidden[0].mean(0), hidden[1, :4].mean(0)])  # padding rows left out by hand
+    expected = model.classifier["fc2"](torch.tanh(model.classifier["fc1"](pooled)))
+    torch.testing.assert_close(model(ids, attention_mask=mask), expected)
+    # the padded positions do not change the prediction
+    changed = ids.clone()
+    changed[1, 4:] = (ids[1, 4:] + 1) % config.vocab_size
+    torch.testing.assert_close(model(changed, attention_mask=mask)[1], expected[1])
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"d_model": 10, "n_heads": 3}, {"dropout": 1.0}, {"n_layers": 0}, {"pooling": "max"}]
+)
 def test_bert_config_bad_input(kwargs):
     with pytest.raises(ValueError) as info:
         BertConfig(**kwargs)
