@@ -8,6 +8,7 @@ losses by n + 1; we divide by n).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import statistics
@@ -87,11 +88,26 @@ def _books(config: TrainConfig, vocab_size: int) -> dict[str, float]:
         model, _ = build_model(
             config.preset, method, vocab_size=vocab_size, max_seq_len=config.seq_len, rank=config.rank, device="meta"
         )
-        params = count_params(model)
-        books[f"{key}params_total"] = params.total
-        books[f"{key}params_non_embedding"] = params.non_embedding
-        books[f"{key}flops_per_token"] = flops_per_token(model, seq_len=config.seq_len)
+        books.update(_model_books(model, seq_len=config.seq_len, prefix=key))
     return books
+
+
+def _model_books(model: nn.Module, *, seq_len: int, prefix: str = "") -> dict[str, float]:
+    params = count_params(model)
+    return {
+        f"{prefix}params_total": params.total,
+        f"{prefix}params_non_embedding": params.non_embedding,
+        f"{prefix}flops_per_token": flops_per_token(model, seq_len=seq_len),
+    }
+
+
+def _trained_books(model: nn.Module, books: dict[str, float], *, seq_len: int) -> dict[str, float]:
+    """``books`` with the method's entries recounted when training changed the model's shapes (CoMERA truncates
+    dead ranks), on a meta copy so the count costs no compute and follows the same code path as at the start."""
+    if count_params(model).total == books["params_total"]:
+        return books
+    shapes_only = copy.deepcopy(model).to("meta")
+    return {**books, **_model_books(shapes_only, seq_len=seq_len)}
 
 
 class Trainer:
@@ -243,7 +259,7 @@ class Trainer:
         result = TrainResult(
             run_dir=str(self.run_dir),
             steps=self.step,
-            **self.books,
+            **_trained_books(self.model, self.books, seq_len=self.config.seq_len),
             # The first step pays for lazy initialization; the median of the rest is the steady state.
             tokens_per_s=statistics.median(speeds[1:] or speeds) if speeds else 0.0,
             memory={**asdict(memory), "total": memory.total},

@@ -85,6 +85,9 @@ def test_stages_prune_truncate_and_report(full_run) -> None:
     assert {row["name"]: tuple(row["ranks"]) for row in late["layers"]} == {n: m.ranks for n, m in layers.items()}
     assert any(m.ranks != FULL_RANKS for m in layers.values() if isinstance(m, TTLinear) and m.in_features == 256)
     assert all(torch.isfinite(torch.tensor(result.losses)))
+    # The summary counts the trained, truncated model (gates included), not the books at the start.
+    assert result.params_total == sum(p.numel() for p in trainer.model.parameters())
+    assert result.flops_per_token < trainer.books["flops_per_token"]
 
 
 def test_optimizer_groups_keep_comera_lr_ratios(full_run) -> None:
