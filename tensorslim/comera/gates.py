@@ -59,7 +59,7 @@ def layer_size_tensor(layer: TTLayer) -> torch.Tensor:
     """:func:`layer_size` as tensor ops only (no ``.item()``), so it can live inside a captured CUDA graph."""
     device = layer.cores[0].device
     if len(layer.gates) == 0:
-        return torch.tensor(float(layer_size(layer)), device=device)
+        return torch.full((), float(layer_size(layer)), device=device)  # a fill kernel, no host-to-device copy
     one = torch.ones((), device=device)
     ranks = [one, *((gate > layer.gate_threshold).sum().float() for gate in layer.gates), one]
     size = sum(r0 * n * r1 for r0, n, r1 in zip(ranks[:-1], mode_sizes(layer), ranks[1:], strict=True))
