@@ -43,6 +43,7 @@ from tensorslim.models.bert import (
     comera_,
     get_bert_preset,
 )
+from tensorslim.train.cuda_graph import GraphedStep
 
 MASK_FRACTION = 0.15  # BERT: 15 % of tokens, 80 % [MASK] / 10 % random / 10 % kept
 PAPER_VOCAB = 30522
@@ -86,9 +87,17 @@ def build(
     return model
 
 
-def optimizer_for(model: nn.Module, method: str, *, lr: float, lr_cores: float, lr_gates: float):
+def optimizer_for(
+    model: nn.Module, method: str, *, lr: float, lr_cores: float, lr_gates: float, capturable: bool = False
+) -> torch.optim.Optimizer:
+    """AdamW for ``dense`` and CoMERA's three groups for ``comera`` (``capturable`` for CUDA graphs), or GaLore."""
+    if capturable and method == "galore":
+        raise ValueError("method='galore' cannot run in a CUDA graph (its projector SVDs run on the host side)")
     if method == "comera":
-        return build_optimizer(model, lr_cores=lr_cores, lr_gates=lr_gates, lr_other=lr)
+        optimizer = build_optimizer(model, lr_cores=lr_cores, lr_gates=lr_gates, lr_other=lr)
+        for group in optimizer.param_groups:  # safe before the first step: no state exists yet
+            group["capturable"] = capturable
+        return optimizer
     if method == "galore":
         from galore_torch import GaLoreAdamW
 
@@ -100,7 +109,7 @@ def optimizer_for(model: nn.Module, method: str, *, lr: float, lr_cores: float, 
             {"params": projected, "rank": 128, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"},
         ]
         return GaLoreAdamW(groups, lr=lr, weight_decay=0.0)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, capturable=capturable)
 
 
 # ----------------------------------------------------------------------------------------------------------- books
@@ -193,8 +202,10 @@ def _mlm_batches(blocks: torch.Tensor, *, batch: int, mask_id: int, vocab: int, 
 def _mlm_eval(model: nn.Module, batches: list) -> float:
     model.eval()
     total, count = 0.0, 0
+    device = next(model.parameters()).device
     for inputs, labels in batches:
-        logits = model(inputs)
+        logits = model(inputs.to(device))
+        labels = labels.to(device)
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum").item()
         count += int((labels != -100).sum())
     model.train()
@@ -216,11 +227,13 @@ def mlm(
     gamma: float,
     stop_at_target: bool = True,
     target_loss: float | None = None,
+    cuda_graphs: bool = False,
 ) -> dict:
     """Dense, dense + GaLore and CoMERA (one run per target ratio) masked-LM on ``stdlib``; same data order and masks.
 
     ``L*`` of the CoMERA late stage is ``target_loss`` or, when None, the dense run's final training loss (so
-    ``methods`` must then list ``dense`` first)."""
+    ``methods`` must then list ``dense`` first). ``cuda_graphs`` trains on the GPU with every step captured
+    (:class:`tensorslim.train.cuda_graph.GraphedStep`; GaLore cannot be captured)."""
     from tensorslim.data import build_lm_data
 
     data = build_lm_data("stdlib", tokenizer=None, vocab_size=4096, seq_len=seq, max_val_blocks=32)
@@ -238,19 +251,13 @@ def mlm(
         runs += [("comera", ratio) for ratio in ratios]
     for method, ratio in runs:
         torch.manual_seed(0)
-        model = build(preset, method, vocab_size=padded_vocab(vocab + 1))
-        optimizer = optimizer_for(model, method, lr=lr, lr_cores=lr_cores, lr_gates=lr_gates)
+        model = build(preset, method, vocab_size=padded_vocab(vocab + 1)).to("cuda" if cuda_graphs else "cpu")
+        optimizer = optimizer_for(model, method, lr=lr, lr_cores=lr_cores, lr_gates=lr_gates, capturable=cuda_graphs)
         batches = _mlm_batches(data.train, batch=batch, mask_id=mask_id, vocab=vocab, seed=0)
         start = time.perf_counter()
         run: dict = {"params_start": sum(p.numel() for p in model.parameters())}
         if method != "comera":
-            losses = []
-            for _ in range(steps):
-                loss = mlm_loss(model, next(batches))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
+            losses = _train_plain(model, optimizer, batches, steps=steps, cuda_graphs=cuda_graphs)
         else:
             star = target_loss if target_loss is not None else _target_loss(results)
             config = CoMERAConfig(gamma=gamma, target_ratio=ratio, target_loss=star)
@@ -265,6 +272,8 @@ def mlm(
                 enforce_target=True,
                 stop_at_target=stop_at_target,
                 truncate_every=50,
+                cuda_graphs=cuda_graphs,
+                log_every=50 if cuda_graphs else 1,  # one host sync per 50 captured steps
             )
             losses = log.losses
             run.update(
@@ -287,6 +296,18 @@ def mlm(
         )
         results["runs"][method if ratio is None else f"comera_ratio_{ratio}"] = run
     return results
+
+
+def _train_plain(model: nn.Module, optimizer, batches: Iterator, *, steps: int, cuda_graphs: bool) -> list[float]:
+    """``steps`` masked-LM steps of a dense model: the static-shape step, replayed from a CUDA graph if asked."""
+
+    def loss_and_info(module: nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss = mlm_loss(module, batch)
+        return loss, {"task": loss.detach()}
+
+    step = GraphedStep(model, optimizer, loss_and_info, capture=cuda_graphs, warmup=3 if cuda_graphs else 0)
+    kept = [step(next(batches))["task"].clone() for _ in range(steps)]  # the step overwrites its outputs
+    return torch.stack(kept).tolist()  # one host sync
 
 
 def _target_loss(results: dict) -> float:
@@ -493,11 +514,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.render is not None:
         args.render.with_suffix(".md").write_text(render_markdown(json.loads(args.render.read_text())))
         return
-    if args.cuda_graphs:
-        # The late-stage loss is graph-capturable (no host syncs), but the capture itself is not implemented yet,
-        # and on CPU there is nothing to capture.
-        reason = "no CUDA device is available" if not torch.cuda.is_available() else "capture is not implemented yet"
-        parser.exit(2, f"error: --cuda-graphs needs a CUDA device and a captured training step; {reason}\n")
+    if args.cuda_graphs and "galore" in args.mlm_methods.split(","):
+        parser.exit(
+            2, "error: --cuda-graphs cannot capture GaLore (host-side projector SVDs); drop it from --mlm-methods\n"
+        )
+    if args.cuda_graphs and set(args.parts.split(",")) - {"mlm", "books"}:
+        parser.exit(2, f"error: --cuda-graphs applies to --parts mlm (and books) only; got --parts {args.parts}\n")
+    if args.cuda_graphs and not torch.cuda.is_available():
+        parser.exit(2, "error: --cuda-graphs needs a CUDA device; torch.cuda.is_available() is False on this machine\n")
     if args.threads:
         torch.set_num_threads(args.threads)
     parts = args.parts.split(",")
@@ -532,6 +556,7 @@ def main(argv: list[str] | None = None) -> None:
             gamma=args.gamma,
             stop_at_target=args.stop_at_target,
             target_loss=args.target_loss,
+            cuda_graphs=args.cuda_graphs,
             **common,
         )
     if "classify" in parts:

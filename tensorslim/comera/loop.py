@@ -89,21 +89,23 @@ class GateFreeze:
 
 @contextlib.contextmanager
 def static_lookups(model: nn.Module) -> Iterator[None]:
-    """TTM embeddings look rows up per id without ``torch.unique`` (whose output size depends on the data) and with
-    the ``"chain"`` lookup (the ``"halves"`` lookup reads its group sizes on the host); restored on exit.
+    """TTM embeddings look rows up per id without ``torch.unique`` (whose output size depends on the data), with
+    the ``"chain"`` lookup (the ``"halves"`` lookup reads its group sizes on the host) and without the host-side
+    id range check (out-of-range ids are then not caught: the data pipeline must keep them in range); restored on
+    exit.
 
     The official CoMERA embedding dedupes ids (``use_unique=True``, digest §1.5) even inside its graph, which fixes
     the number of distinct ids at capture time; we compute every id instead (same rows, more FLOPs).
     """
     layers = [layer for _, layer in tt_layers(model) if isinstance(layer, TTEmbedding)]
-    saved = [(layer.unique, layer.lookup) for layer in layers]
+    saved = [(layer.unique, layer.lookup, layer.check_ids) for layer in layers]
     for layer in layers:
-        layer.unique, layer.lookup = False, "chain"
+        layer.unique, layer.lookup, layer.check_ids = False, "chain", False
     try:
         yield
     finally:
-        for layer, (unique, lookup) in zip(layers, saved, strict=True):
-            layer.unique, layer.lookup = unique, lookup
+        for layer, (unique, lookup, check_ids) in zip(layers, saved, strict=True):
+            layer.unique, layer.lookup, layer.check_ids = unique, lookup, check_ids
 
 
 class _LogReader:

@@ -92,6 +92,9 @@ class TTEmbedding(nn.Module):
         ranks: full rank list with boundary 1s.
         lookup: ``"halves"`` or ``"chain"`` (see :class:`TTEmbeddingConfig`).
         unique: deduplicate ids before computing rows (CoMERA ``use_unique=True``).
+
+    Attribute ``check_ids`` (default True) rejects ids outside ``[0, V)``; the check reads the ids' range on the
+    host, so a captured CUDA graph runs with it off (:func:`tensorslim.comera.loop.static_lookups`).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class TTEmbedding(nn.Module):
             tuple(ranks), tuple(m * n for m, n in zip(self.row_factors, self.col_factors, strict=True))
         )
         self.lookup, self.unique = lookup, unique
+        self.check_ids = True
         factory = {"device": device, "dtype": dtype}
         self.cores = nn.ParameterList(
             nn.Parameter(torch.empty(r0, m, n, r1, **factory))
@@ -150,7 +154,7 @@ class TTEmbedding(nn.Module):
         if ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
         # Padding rows exist only to make the modes factor; reading one is a caller bug (as nn.Embedding would be).
-        if ids.numel() and ids.device.type != "meta":
+        if self.check_ids and ids.numel() and ids.device.type != "meta":
             low, high = int(ids.min()), int(ids.max())
             if low < 0 or high >= self.num_embeddings:
                 raise IndexError(f"ids must lie in [0, {self.num_embeddings}); got range [{low}, {high}]")

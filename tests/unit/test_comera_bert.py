@@ -110,3 +110,64 @@ def test_bert_config_bad_input(kwargs):
     with pytest.raises(ValueError) as info:
         BertConfig(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_experiment_dense_loop_equals_a_plain_loop():
+    """The experiment's dense runs go through the static-shape step; it must train exactly like a plain loop."""
+    from tensorslim.comera_experiment import _train_plain, build, optimizer_for
+
+    gen = torch.Generator().manual_seed(0)
+    data = [
+        mask_tokens(torch.randint(90, (2, 16), generator=gen), mask_id=90, vocab=90, generator=gen) for _ in range(3)
+    ]
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(build("bert-tiny", "dense", vocab_size=96))
+    static_model, plain_model = models
+    torch.manual_seed(1)
+    opt = optimizer_for(static_model, "dense", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2)
+    static_losses = _train_plain(static_model, opt, iter(data), steps=3, cuda_graphs=False)
+    torch.manual_seed(1)  # the same dropout masks
+    opt = optimizer_for(plain_model, "dense", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2)
+    plain_losses = []
+    for batch in data:
+        loss = mlm_loss(plain_model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        plain_losses.append(loss.item())
+    assert static_losses == plain_losses
+    for a, b in zip(static_model.parameters(), plain_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_experiment_capturable_optimizers():
+    from tensorslim.comera_experiment import build, optimizer_for
+
+    model = build("bert-tiny", "comera", vocab_size=96)
+    groups = optimizer_for(model, "comera", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2, capturable=True).param_groups
+    assert [g["capturable"] for g in groups] == [True] * 3
+    with pytest.raises(ValueError, match="galore"):
+        optimizer_for(model, "galore", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2, capturable=True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(
+            ["--cuda-graphs", "--parts", "mlm", "--mlm-methods", "dense,comera"],
+            "needs a CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of CPU-only machines"),
+        ),
+        (["--cuda-graphs", "--parts", "mlm"], "cannot capture GaLore"),
+        (["--pooling", "max"], "invalid choice"),
+    ],
+)
+def test_experiment_cli_refuses_bad_flags(argv, message, capsys):
+    from tensorslim.comera_experiment import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
