@@ -257,7 +257,7 @@ def mlm(
         start = time.perf_counter()
         run: dict = {"params_start": sum(p.numel() for p in model.parameters())}
         if method != "comera":
-            losses = _train_plain(model, optimizer, batches, steps=steps, cuda_graphs=cuda_graphs)
+            losses = _train_plain(model, optimizer, batches, mlm_loss, steps=steps, cuda_graphs=cuda_graphs)
         else:
             star = target_loss if target_loss is not None else _target_loss(results)
             config = CoMERAConfig(gamma=gamma, target_ratio=ratio, target_loss=star)
@@ -298,11 +298,13 @@ def mlm(
     return results
 
 
-def _train_plain(model: nn.Module, optimizer, batches: Iterator, *, steps: int, cuda_graphs: bool) -> list[float]:
-    """``steps`` masked-LM steps of a dense model: the static-shape step, replayed from a CUDA graph if asked."""
+def _train_plain(
+    model: nn.Module, optimizer, batches: Iterator, loss_fn, *, steps: int, cuda_graphs: bool = False
+) -> list[float]:
+    """``steps`` steps of a model without rank gates: the static-shape step, replayed from a CUDA graph if asked."""
 
     def loss_and_info(module: nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss = mlm_loss(module, batch)
+        loss = loss_fn(module, batch)
         return loss, {"task": loss.detach()}
 
     step = GraphedStep(model, optimizer, loss_and_info, capture=cuda_graphs, warmup=3 if cuda_graphs else 0)
@@ -391,13 +393,7 @@ def classify(
         start = time.perf_counter()
         run: dict = {}
         if method != "comera":
-            losses = []
-            for _ in range(steps):
-                loss = classify_loss(model, next(batches))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
+            losses = _train_plain(model, optimizer, batches, classify_loss, steps=steps)
         else:
             late = 0 if ratio is None else round(steps * late_fraction)
             config = CoMERAConfig(gamma=gamma)  # early stage only
