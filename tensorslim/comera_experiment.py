@@ -5,10 +5,12 @@ Parts (each can run alone):
 * ``books``: parameters of the ``bert6`` classifier dense vs CoMERA-tensorized (paper shapes, vocabulary 30,522).
 * ``profile``: step time and peak training memory at batch 1 of ``bert6`` masked-LM training: dense (AdamW),
   dense + GaLore (``galore-torch``, rank 128, gap 200, scale 0.25) and CoMERA (TT r=30, TTM r=32, gates, early loss).
-* ``mlm``: masked-LM on the built-in code corpus (``stdlib``): dense vs CoMERA two-stage training with target ratios,
-  validation MLM loss, size and per-layer ranks after each stage.
+* ``mlm``: masked-LM on the built-in code corpus (``stdlib``): dense, dense + GaLore and CoMERA two-stage training
+  with target ratios, validation MLM loss, size and per-layer ranks after each stage (``--cuda-graphs``: every step
+  captured in a CUDA graph, GPU only).
 * ``classify``: the labelled BBC News articles (5 topics, fixed split), trained from scratch: dense vs CoMERA test
-  accuracy (CoMERA's MNLI experiment also trains the six-encoder classifier from scratch).
+  accuracy (CoMERA's MNLI experiment also trains the six-encoder classifier from scratch), optionally with two-stage
+  CoMERA runs at target ratios (``--classify-ratios``); mean pooling by default (``--pooling cls`` is CoMERA's).
 
 Peak memory on CPU = parameters + gradients + optimizer state + activations saved for backward
 (:mod:`tensorslim.bench.memory`). Usage: ``python -m tensorslim.comera_experiment --parts books,profile``.
