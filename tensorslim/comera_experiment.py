@@ -25,7 +25,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -345,7 +345,9 @@ def _classification_data(seq: int):
     return ids, mask, y, split, vocab + 2, names
 
 
-def _classify_batches(ids, mask, y, train: torch.Tensor, *, batch: int) -> Iterator:
+def _classify_batches(
+    ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor, train: torch.Tensor, *, batch: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Random training batches ``(ids, mask, labels)``, the same sequence for every run."""
     gen = torch.Generator().manual_seed(0)
     while True:
@@ -369,7 +371,7 @@ def classify(
     lr: float,
     lr_cores: float,
     lr_gates: float,
-    ratios: list[float] = (),
+    ratios: Sequence[float] = (),
     late_fraction: float = 0.5,
     gamma: float = 0.01,
     target_loss: float | None = None,
@@ -432,7 +434,7 @@ def classify(
 
 
 @torch.no_grad()
-def _accuracy(model: nn.Module, ids, mask, y, test: torch.Tensor) -> float:
+def _accuracy(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor, test: torch.Tensor) -> float:
     model.eval()
     predictions = torch.cat(
         [
@@ -541,6 +543,24 @@ def render_markdown(result: dict) -> str:
 # ------------------------------------------------------------------------------------------------------------ main
 
 
+def _check_runs(args: argparse.Namespace) -> str | None:
+    """What is wrong with the requested runs (checked before hours of training), or None."""
+    unknown = set(args.parts.split(",")) - {"books", "profile", "mlm", "classify"}
+    if unknown:
+        return f"--parts {args.parts!r} names unknown parts {sorted(unknown)}; allowed: books, profile, mlm, classify"
+    for flag, value, allowed in (
+        ("--mlm-methods", args.mlm_methods, ("dense", "galore", "comera")),
+        ("--classify-methods", args.classify_methods, ("dense", "comera")),
+    ):
+        methods = value.split(",")
+        if set(methods) - set(allowed):
+            return f"{flag} {value!r} is invalid; allowed: a comma list of {', '.join(allowed)}"
+        late = "comera" in methods and (flag == "--mlm-methods" or args.classify_ratios)
+        if late and args.target_loss is None and (methods[0] != "dense"):
+            return f"{flag} {value!r}: the CoMERA late stage needs L*; list dense first or give --target-loss"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="CoMERA small-scale experiment (CPU)")
     parser.add_argument("--parts", default="books,profile,mlm,classify")
@@ -586,6 +606,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     parts = args.parts.split(",")
+    problem = _check_runs(args)
+    if problem:
+        parser.exit(2, f"error: {problem}\n")
     result: dict = {
         "command": "python -m tensorslim.comera_experiment " + " ".join(argv if argv is not None else os.sys.argv[1:]),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

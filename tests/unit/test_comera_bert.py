@@ -162,6 +162,10 @@ def test_experiment_capturable_optimizers():
         ),
         (["--cuda-graphs", "--parts", "mlm"], "cannot capture GaLore"),
         (["--pooling", "max"], "invalid choice"),
+        (["--parts", "mlm", "--mlm-methods", "comera"], "needs L*"),
+        (["--parts", "classify", "--classify-methods", "comera,dense", "--classify-ratios", "0.5"], "needs L*"),
+        (["--parts", "classify", "--classify-methods", "dense,lora"], "--classify-methods 'dense,lora' is invalid"),
+        (["--parts", "mlm,train"], "unknown parts ['train']"),
     ],
 )
 def test_experiment_cli_refuses_bad_flags(argv, message, capsys):
