@@ -1,12 +1,14 @@
 """A BERT-style post-LN encoder: CoMERA's six-encoder transformer (``bert6``) with MLM and classification heads.
 
-Architecture as CoMERA's official ``Transformer_tensor_sublayers.py`` / ``Transformer_tensor.py`` (our digest §1.4):
+Architecture as CoMERA's (Yang et al., NeurIPS 2024, arXiv 2405.14377) official ``Transformer_tensor_sublayers.py``
+/ ``Transformer_tensor.py``:
 learned word, position (512) and token-type (2) embeddings summed and layer-normed; post-LN blocks
 (``x = LN(x + Attn(x))``, ``x = LN(x + FFN(x))``) with GELU, LayerNorm eps 1e-9 and dropout 0.1; the classifier takes
 the first ([CLS]) token through ``fc1`` (tanh) and ``fc2``. The MLM head (dense + GELU + LN + decoder, untied) follows
-BERT; CoMERA's released code has no MLM head (its code-model pre-training is not released).
+BERT; CoMERA's released code has no MLM head (its code-model pre-training is not released). Registered as the
+``bert`` family (tasks ``mlm``, ``classify``) with the models ``bert-tiny``, ``bert-small`` and ``bert6``.
 
-:func:`comera_` tensorizes the model as CoMERA does (Table "tensorization settings", digest §1.1/§1.4): every
+:func:`comera_` tensorizes the model as CoMERA does (the paper's table of tensorization settings): every
 attention and FFN projection and the classifier's ``fc1`` become 6-core TT layers (max rank 30), the word embedding a
 4-core TTM (rank 32, vocabulary 30,522 padded to 16·20·10·10); position/type embeddings, norms, the classifier's
 ``fc2`` stays dense. CoMERA releases no MLM head; we tensorize its ``transform`` and ``lm_head`` decoder with the same
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 # How the classifier summarizes the sequence: CoMERA / BERT take the first ([CLS]) token; "mean" (our addition)
 # averages the unmasked tokens, which learns topic classification from scratch on a small corpus much sooner.
@@ -38,7 +41,7 @@ class BertConfig:
     n_layers: int = 6
     n_heads: int = 12
     d_ff: int = 3072
-    max_positions: int = 512
+    max_seq_len: int = 512
     type_vocab_size: int = 2
     norm_eps: float = 1e-9
     dropout: float = 0.1
@@ -46,7 +49,7 @@ class BertConfig:
     pooling: str = "cls"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions", "n_classes"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "n_classes"):
             require_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
@@ -59,8 +62,8 @@ class BertConfig:
 BERT_PRESETS: dict[str, BertConfig] = {
     "bert6": BertConfig(),
     # CPU-sized (not in the paper): same layout, fewer and narrower layers, for the small-scale experiment and tests.
-    "bert-small": BertConfig(vocab_size=4097, d_model=192, n_layers=2, n_heads=4, d_ff=768, max_positions=128),
-    "bert-tiny": BertConfig(vocab_size=1000, d_model=96, n_layers=2, n_heads=4, d_ff=384, max_positions=128),
+    "bert-small": BertConfig(vocab_size=4097, d_model=192, n_layers=2, n_heads=4, d_ff=768, max_seq_len=128),
+    "bert-tiny": BertConfig(vocab_size=1000, d_model=96, n_layers=2, n_heads=4, d_ff=384, max_seq_len=128),
 }
 
 
@@ -119,7 +122,7 @@ class Embeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.word = nn.Embedding(config.vocab_size, config.d_model)
-        self.position = nn.Embedding(config.max_positions, config.d_model)
+        self.position = nn.Embedding(config.max_seq_len, config.d_model)
         self.token_type = nn.Embedding(config.type_vocab_size, config.d_model)
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.drop = nn.Dropout(config.dropout)
@@ -191,6 +194,21 @@ class BertForSequenceClassification(nn.Module):
             weights = keep.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
         return self.classifier["fc2"](self.drop(torch.tanh(self.classifier["fc1"](pooled))))
+
+
+def _build(config: BertConfig, *, task: str) -> nn.Module:
+    return BertForMaskedLM(config) if task == "mlm" else BertForSequenceClassification(config)
+
+
+# The MLM decoder and the classifier's last layer (d × n_classes) stay dense by default; ``fc1`` (d × d) is a block.
+BERT = ModelFamily(name="bert", tasks=("mlm", "classify"), build=_build, head_names=("lm_head", "classifier.fc2"))
+_HELP = {
+    "bert6": "CoMERA's six-encoder BERT (arXiv 2405.14377): 768-d, 12 heads, vocab 30522",
+    "bert-small": "BERT 192-d, 2 layers, vocab 4097 (CPU-sized)",
+    "bert-tiny": "BERT 96-d, 2 layers, vocab 1000 (tests)",
+}
+for _name in ("bert-tiny", "bert-small", "bert6"):
+    register_model(ModelPreset(name=_name, family=BERT, config=BERT_PRESETS[_name], help=_HELP[_name]))
 
 
 def comera_filter(module: nn.Module, name: str) -> bool:

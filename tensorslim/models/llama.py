@@ -1,9 +1,10 @@
-"""LLaMA-style decoder with the GaLore/CoLA size presets.
+"""LLaMA-style decoder with the GaLore/CoLA model sizes.
 
-Architecture (Touvron et al., 2023; the configs of GaLore and CoLA, lowrank digest §1.1): pre-norm RMSNorm
-(eps 1e-6), rotary position embeddings (θ = 10⁴), SwiGLU MLP, no biases, untied input and output embeddings,
-multi-head attention without GQA. Module names follow Hugging Face's ``LlamaForCausalLM`` (``q_proj``, ``gate_proj``,
-``input_layernorm`` ...) so that CoLA's and Hugging Face's checkpoints map one to one.
+Architecture (Touvron et al., 2023, arXiv 2302.13971, §2; the model configs of GaLore, arXiv 2403.03507, and CoLA,
+arXiv 2502.10940): pre-norm RMSNorm (eps 1e-6), rotary position embeddings (θ = 10⁴), SwiGLU MLP, no biases, untied
+input and output embeddings, multi-head attention without GQA. Module names follow Hugging Face's
+``LlamaForCausalLM`` (``q_proj``, ``gate_proj``, ``input_layernorm`` ...) so that CoLA's and Hugging Face's
+checkpoints map one to one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,9 +46,21 @@ class LlamaConfig:
         return self.d_model // self.n_heads
 
 
+# The model sizes of GaLore and CoLA (their ``configs/llama_*.json``), plus a CPU-sized one.
+CONFIGS: dict[str, LlamaConfig] = {
+    # Not in the papers: trains in minutes on two cores; the 60M ratios (d_ff ≈ 8d/3).
+    "tiny": LlamaConfig(d_model=256, n_layers=4, n_heads=4, d_ff=688, vocab_size=4096, max_seq_len=256),
+    "60m": LlamaConfig(d_model=512, n_layers=8, n_heads=8, d_ff=1376),
+    "130m": LlamaConfig(d_model=768, n_layers=12, n_heads=12, d_ff=2048),
+    "350m": LlamaConfig(d_model=1024, n_layers=24, n_heads=16, d_ff=2736),
+    "1b": LlamaConfig(d_model=2048, n_layers=24, n_heads=32, d_ff=5461),
+    "7b": LlamaConfig(d_model=4096, n_layers=32, n_heads=32, d_ff=11008, max_seq_len=2048),
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Preset:
-    """A model size with the CoLA recipe that goes with it (lowrank digest §1.1, §1.3, §2.2)."""
+    """A model size with the CoLA recipe that goes with it (CoLA, arXiv 2502.10940, its released configs)."""
 
     model: LlamaConfig
     cola_rank: int
@@ -56,45 +70,13 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # CPU-sized: trains in minutes on two cores. Not in the papers; same ratios as 60M (r = d/4).
-    "tiny": Preset(
-        model=LlamaConfig(d_model=256, n_layers=4, n_heads=4, d_ff=688, vocab_size=4096, max_seq_len=256),
-        cola_rank=64,
-        only_lr_act=False,
-        lr=6e-3,
-        warmup_fraction=0.1,
-    ),
-    "60m": Preset(
-        model=LlamaConfig(d_model=512, n_layers=8, n_heads=8, d_ff=1376),
-        cola_rank=128,
-        only_lr_act=False,
-        lr=6e-3,
-        warmup_fraction=0.2,
-    ),
-    "130m": Preset(
-        model=LlamaConfig(d_model=768, n_layers=12, n_heads=12, d_ff=2048),
-        cola_rank=256,
-        only_lr_act=False,
-        lr=3e-3,
-    ),
-    "350m": Preset(
-        model=LlamaConfig(d_model=1024, n_layers=24, n_heads=16, d_ff=2736),
-        cola_rank=256,
-        only_lr_act=True,
-        lr=3e-3,
-    ),
-    "1b": Preset(
-        model=LlamaConfig(d_model=2048, n_layers=24, n_heads=32, d_ff=5461),
-        cola_rank=512,
-        only_lr_act=True,
-        lr=2e-3,
-    ),
-    "7b": Preset(
-        model=LlamaConfig(d_model=4096, n_layers=32, n_heads=32, d_ff=11008, max_seq_len=2048),
-        cola_rank=1024,
-        only_lr_act=True,
-        lr=1e-3,
-    ),
+    # CPU-sized: same ratios as 60M (r = d/4).
+    "tiny": Preset(model=CONFIGS["tiny"], cola_rank=64, only_lr_act=False, lr=6e-3, warmup_fraction=0.1),
+    "60m": Preset(model=CONFIGS["60m"], cola_rank=128, only_lr_act=False, lr=6e-3, warmup_fraction=0.2),
+    "130m": Preset(model=CONFIGS["130m"], cola_rank=256, only_lr_act=False, lr=3e-3),
+    "350m": Preset(model=CONFIGS["350m"], cola_rank=256, only_lr_act=True, lr=3e-3),
+    "1b": Preset(model=CONFIGS["1b"], cola_rank=512, only_lr_act=True, lr=2e-3),
+    "7b": Preset(model=CONFIGS["7b"], cola_rank=1024, only_lr_act=True, lr=1e-3),
 }
 
 
@@ -217,3 +199,21 @@ class LlamaForCausalLM(nn.Module):
         for block in self.layers:
             x = block(x, cos, sin)
         return self.lm_head(self.norm(x))  # (B, T, V)
+
+
+def _build(config: LlamaConfig, *, task: str) -> LlamaForCausalLM:
+    return LlamaForCausalLM(config)
+
+
+LLAMA = ModelFamily(name="llama", tasks=("lm",), build=_build, head_names=("lm_head",))
+
+_HELP = {
+    "tiny": "LLaMA 256-d, 4 layers, vocab 4096 (CPU-sized, not in the papers)",
+    "60m": "LLaMA 60M (GaLore/CoLA): 512-d, 8 layers, 8 heads",
+    "130m": "LLaMA 130M (GaLore/CoLA): 768-d, 12 layers, 12 heads",
+    "350m": "LLaMA 350M (GaLore/CoLA): 1024-d, 24 layers, 16 heads",
+    "1b": "LLaMA 1B (GaLore/CoLA): 2048-d, 24 layers, 32 heads",
+    "7b": "LLaMA 7B (GaLore/CoLA): 4096-d, 32 layers, 32 heads, context 2048",
+}
+for _name, _config in CONFIGS.items():
+    register_model(ModelPreset(name=_name, family=LLAMA, config=_config, help=_HELP[_name]))

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tensorslim.books import count_params, flops_per_token
-from tensorslim.methods import build_model
+from tensorslim.methods import build_for_method
+from tensorslim.models import get_model, model_names
 from tensorslim.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, get_preset
 from tests.helpers import TINY_LLAMA
 
@@ -43,8 +44,8 @@ def test_param_count_equals_hugging_face() -> None:
     assert count_params(LlamaForCausalLM(TINY_LLAMA)).total == sum(p.numel() for p in _hf_twin(TINY_LLAMA).parameters())
 
 
-# lowrank digest §2.3 (derived from the GaLore/CoLA configs): total params full -> CoLA, in millions, and the
-# forward FLOPs per token at s = 256 including attention and the head.
+# Derived from the GaLore/CoLA model configs (CoLA, arXiv 2502.10940): total params full -> CoLA, in millions, and
+# the forward FLOPs per token at s = 256 including attention and the head.
 PAPER_BOOKS = {
     "60m": (58.1, 42.8, 87.6, 57.0),
     "130m": (134.1, 94.0, 228.5, 148.2),
@@ -56,8 +57,8 @@ PAPER_BOOKS = {
 
 @pytest.mark.parametrize("name", list(PAPER_BOOKS))
 def test_preset_books_reproduce_the_cola_tables(name: str) -> None:
-    dense, _ = build_model(name, "dense", device="meta")
-    cola, report = build_model(name, "cola", device="meta")
+    dense, _, _ = build_for_method(name, "dense", device="meta")
+    cola, (report,), _ = build_for_method(name, "cola", device="meta")
     params_dense, params_cola, flops_dense, flops_cola = PAPER_BOOKS[name]
     assert round(count_params(dense).total / 1e6, 1) == pytest.approx(params_dense, abs=0.51)
     assert round(count_params(cola).total / 1e6, 1) == pytest.approx(params_cola, abs=0.51)
@@ -68,14 +69,16 @@ def test_preset_books_reproduce_the_cola_tables(name: str) -> None:
 
 
 def test_only_lr_act_follows_the_cola_configs() -> None:
-    small, _ = build_model("60m", "cola", device="meta")
-    large, _ = build_model("350m", "cola", device="meta")
+    small, _, _ = build_for_method("60m", "cola", device="meta")
+    large, _, _ = build_for_method("350m", "cola", device="meta")
     assert isinstance(small.layers[0].mlp.act_fn, torch.nn.SiLU)
     assert isinstance(large.layers[0].mlp.act_fn, torch.nn.Identity)
 
 
-def test_all_presets_have_the_digest_dims() -> None:
-    dims = {name: (p.model.d_model, p.model.d_ff, p.model.n_heads, p.model.n_layers) for name, p in PRESETS.items()}
+def test_all_models_have_the_paper_dims() -> None:
+    configs = {name: get_model(name).config for name in model_names("lm") if get_model(name).family.name == "llama"}
+    dims = {name: (c.d_model, c.d_ff, c.n_heads, c.n_layers) for name, c in configs.items()}
+    assert list(dims) == ["tiny", "60m", "130m", "350m", "1b", "7b"]
     assert dims["60m"] == (512, 1376, 8, 8)
     assert dims["130m"] == (768, 2048, 12, 12)
     assert dims["350m"] == (1024, 2736, 16, 24)
