@@ -118,6 +118,44 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+class LayerKV:
+    """The rotated keys and the values of one attention layer for the tokens seen so far, each ``(B, H, P, hd)``."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new tokens' ``(B, H, T, hd)`` keys and values; returns all of them, ``(B, H, P + T, hd)``."""
+        if self.keys is not None:
+            keys, values = torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding: ``model(ids, cache=cache)`` appends to it in place,
+    and the next call's positions continue from :attr:`length`."""
+
+    def __init__(self, n_layers: int) -> None:
+        require_int("n_layers", n_layers)
+        self.layers = [LayerKV() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far."""
+        return self.layers[0].length
+
+
+def causal_mask(seq: int, past: int, *, device: torch.device) -> torch.Tensor:
+    """``(T, P + T)`` boolean mask, True where query ``P + i`` may attend key ``j`` (``j <= P + i``)."""
+    return torch.arange(past + seq, device=device)[None, :] <= past + torch.arange(seq, device=device)[:, None]
+
+
 class Attention(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -128,7 +166,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, d, bias=False)
         self.o_proj = nn.Linear(d, d, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerKV | None = None) -> torch.Tensor:
         batch, seq, d = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
@@ -136,7 +174,13 @@ class Attention(nn.Module):
 
         q = apply_rotary(heads(self.q_proj(x)), cos, sin)
         k = apply_rotary(heads(self.k_proj(x)), cos, sin)
-        y = F.scaled_dot_product_attention(q, k, heads(self.v_proj(x)), is_causal=True)  # (B, H, T, hd)
+        v = heads(self.v_proj(x))
+        if kv is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        else:
+            # SDPA's is_causal aligns the mask top-left; the new queries sit after the P cached keys.
+            mask = causal_mask(seq, kv.length, device=x.device)  # (T, P + T)
+            y = F.scaled_dot_product_attention(q, *kv.append(k, v), attn_mask=mask)  # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(batch, seq, d))
 
 
@@ -162,8 +206,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerKV | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -188,16 +232,29 @@ class LlamaForCausalLM(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        seq = input_ids.shape[1]
+    def new_cache(self) -> KVCache:
+        """An empty cache for incremental decoding with this model."""
+        return KVCache(self.config.n_layers)
+
+    def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits ``(B, T, V)`` of ``input_ids`` ``(B, T)``.
+
+        With ``cache`` (from :meth:`new_cache`), ``input_ids`` continue the cached tokens: their positions start at
+        ``cache.length``, they attend to the cached keys too, and their keys and values are appended to ``cache``.
+        """
+        past = 0 if cache is None else cache.length
+        seq = past + input_ids.shape[1]
         if seq > self.config.max_seq_len:
             raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.config.max_seq_len}")
+        if cache is not None and len(cache.layers) != len(self.layers):
+            raise ValueError(f"cache has {len(cache.layers)} layers; allowed: the model's {len(self.layers)}")
         cos, sin = rotary_cos_sin(
             seq, self.config.head_dim, theta=self.config.rope_theta, device=self.embed_tokens.weight.device
         )
+        cos, sin = cos[past:], sin[past:]  # (T, hd): the new tokens' positions
         x = self.embed_tokens(input_ids)  # (B, T, d)
-        for block in self.layers:
-            x = block(x, cos, sin)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin) if cache is None else block(x, cos, sin, cache.layers[i])
         return self.lm_head(self.norm(x))  # (B, T, V)
 
 

@@ -8,7 +8,7 @@ import torch
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_for_method
 from tensorslim.models import get_model, model_names
-from tensorslim.models.llama import PRESETS, LlamaConfig, LlamaForCausalLM, get_preset
+from tensorslim.models.llama import PRESETS, KVCache, LlamaConfig, LlamaForCausalLM, get_preset
 from tests.helpers import TINY_LLAMA
 
 transformers = pytest.importorskip("transformers")
@@ -94,3 +94,47 @@ def test_unknown_preset_and_bad_shapes() -> None:
         LlamaConfig(d_model=64, n_layers=1, n_heads=5, d_ff=8)
     with pytest.raises(ValueError, match="exceeds max_seq_len=64"):
         LlamaForCausalLM(TINY_LLAMA)(torch.zeros(1, 65, dtype=torch.long))
+
+
+def _decode_in_chunks(model: LlamaForCausalLM, ids: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    cache, logits, start = model.new_cache(), [], 0
+    for size in sizes:
+        logits.append(model(ids[:, start : start + size], cache=cache))
+        start += size
+        assert cache.length == start
+    return torch.cat(logits, dim=1)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 20, [7, 1, 1, 1, 5, 5], [20]], ids=["tokens", "chunks", "prefill"])
+def test_cached_decoding_equals_the_full_forward(sizes: list[int]) -> None:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(TINY_LLAMA).eval()
+    ids = torch.randint(0, TINY_LLAMA.vocab_size, (2, sum(sizes)))
+    with torch.no_grad():
+        torch.testing.assert_close(_decode_in_chunks(model, ids, sizes), model(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_cached_decoding_of_a_cola_model_equals_its_full_forward() -> None:
+    torch.manual_seed(0)
+    model, _, _ = build_for_method("tiny", "cola")
+    model.eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(_decode_in_chunks(model, ids, [4, 1, 1, 6]), model(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_cache_continues_positions_and_checks_its_bounds() -> None:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(TINY_LLAMA).eval()
+    ids = torch.randint(0, TINY_LLAMA.vocab_size, (1, 2))
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(ids[:, :1], cache=cache)
+        second = model(ids[:, 1:], cache=cache)
+        assert not torch.allclose(second, model(ids[:, 1:]))  # position 1 (and token 0) differ from a fresh start
+        cache = model.new_cache()
+        model(torch.zeros(1, 60, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="sequence length 65 exceeds max_seq_len=64"):
+            model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="cache has 3 layers; allowed: the model's 2"):
+            model(ids, cache=KVCache(3))
