@@ -108,7 +108,7 @@ def bbc_task(bits_list: list[int], methods: list[str], *, seq_len: int, calib_do
     from transformers import AutoTokenizer, BertModel
 
     from tensorslim.data import bbcnews_labelled, bbcnews_split
-    from tensorslim.quant.cli import calibration_batches, model_folder
+    from tensorslim.quant.hf_inputs import calibration_batches, model_folder
 
     texts, labels, _ = bbcnews_labelled()
     train_idx, test_idx = bbcnews_split()
@@ -155,7 +155,7 @@ def bbc_finetune_task(
     from transformers import AutoTokenizer, BertModel
 
     from tensorslim.data import bbcnews_labelled, bbcnews_split
-    from tensorslim.quant.cli import calibration_batches, model_folder
+    from tensorslim.quant.hf_inputs import calibration_batches, model_folder
 
     texts, labels, class_names = bbcnews_labelled()
     train_idx, test_idx = bbcnews_split()

@@ -40,7 +40,7 @@ def main() -> None:
     from transformers import AutoTokenizer, BertModel
 
     from tensorslim.data import load_corpus
-    from tensorslim.quant.cli import calibration_batches, model_folder
+    from tensorslim.quant.hf_inputs import calibration_batches, model_folder
 
     model = BertModel.from_pretrained(model_folder("minilm")).eval()
     tok = AutoTokenizer.from_pretrained(model_folder("minilm"))

@@ -1,5 +1,5 @@
 """`python -m tensorslim` is the same as the `tensorslim` console script."""
 
-from tensorslim.cli import main
+from tensorslim.cli.main import main
 
 raise SystemExit(main())

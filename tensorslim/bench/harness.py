@@ -8,6 +8,7 @@ see :mod:`tensorslim.bench.memory`), each with its ratio to dense. Output: a Mar
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -25,10 +26,13 @@ import torch
 from tensorslim._checks import require_int
 from tensorslim.bench.memory import count_saved_tensors, training_memory
 from tensorslim.books import count_params, flops_per_token
-from tensorslim.methods import build_model, check_method
-from tensorslim.models.llama import get_preset
+from tensorslim.methods import build_for_method, get_method
+from tensorslim.methods.recipes import recipe_for
+from tensorslim.models.registry import model_config, resolve_task
+from tensorslim.tasks import get_task
+from tensorslim.tasks.base import to_device
+from tensorslim.train.config import check_preset
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.trainer import causal_lm_loss
 
 
 def _help(text: str) -> dict[str, str]:
@@ -39,13 +43,14 @@ def _help(text: str) -> dict[str, str]:
 class BenchConfig:
     """What ``tensorslim bench`` measures."""
 
-    preset: str = field(default="60m", metadata=_help("model size: tiny, 60m, 130m, 350m, 1b, 7b"))
+    preset: str = field(default="60m", metadata=_help("registered model (see `tensorslim train -h`)"))
+    task: str | None = field(default=None, metadata=_help("lm, mlm or classify (default: the model's first task)"))
     methods: str = field(default="dense,cola", metadata=_help("comma-separated methods; dense is always added"))
     batch_size: int = field(default=4, metadata=_help("sequences per step"))
     seq_len: int = field(default=256, metadata=_help("tokens per sequence"))
     warmup: int = field(default=2, metadata=_help("untimed steps per method"))
     repeats: int = field(default=5, metadata=_help("timed steps per method, alternating between methods"))
-    rank: int | None = field(default=None, metadata=_help("low-rank / GaLore rank (default: the preset's)"))
+    rank: int | None = field(default=None, metadata=_help("rank of every method that has one (default: its own)"))
     seed: int = field(default=0, metadata=_help("seed of model init and the random token batch"))
     device: str = field(default="cpu", metadata=_help("cpu or cuda"))
     threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: torch's choice)"))
@@ -56,9 +61,10 @@ class BenchConfig:
     out: str | None = field(default=None, metadata=_help("output stem for .md/.json/.png (default: print only)"))
 
     def __post_init__(self) -> None:
-        get_preset(self.preset)
+        check_preset(self.preset)
+        object.__setattr__(self, "task", resolve_task(self.preset, self.task))
         for method in self.method_list:
-            check_method(method)
+            get_method(method)
         for name in ("batch_size", "seq_len", "repeats"):
             require_int(name, getattr(self, name))
         require_int("warmup", self.warmup, minimum=0)
@@ -80,16 +86,19 @@ class _Arm:
 
     def __init__(self, config: BenchConfig, method: str) -> None:
         self.method = method
-        preset = get_preset(config.preset)
+        self.task = get_task(config.task)
+        options = _rank_options(method, config.rank)
         torch.manual_seed(config.seed)
-        self.model, _ = build_model(
-            config.preset, method, max_seq_len=config.seq_len, rank=config.rank, device=config.device
+        self.model, _, _ = build_for_method(
+            config.preset, method, task=config.task, options=options, device=config.device, max_seq_len=config.seq_len
         )
-        rank = config.rank or preset.cola_rank
-        self.optimizer = build_optimizer(
-            self.model, lr=1e-4, weight_decay=0.0, galore_rank=rank if method == "galore" else None
+        galore_rank = None
+        if get_method(method).optimizer == "galore":
+            galore_rank = config.rank or recipe_for(config.preset).cola_rank or 128
+        self.optimizer = build_optimizer(self.model, lr=1e-4, weight_decay=0.0, galore_rank=galore_rank)
+        meta, _, _ = build_for_method(
+            config.preset, method, task=config.task, options=options, device="meta", max_seq_len=config.seq_len
         )
-        meta, _ = build_model(config.preset, method, max_seq_len=config.seq_len, rank=config.rank, device="meta")
         params = count_params(meta)
         self.books = {
             "params_total": params.total,
@@ -97,18 +106,19 @@ class _Arm:
             "fwd_flops_per_token": flops_per_token(meta, seq_len=config.seq_len),
             "train_flops_per_token": flops_per_token(meta, seq_len=config.seq_len, backward=True),
         }
+        self.model_device = config.device
         self.times: list[float] = []
         self.saved_bytes = 0
         self.cuda_peak = 0
 
-    def step(self, batch: torch.Tensor, *, timed: bool, clock: Callable[[], float]) -> None:
-        cuda = batch.device.type == "cuda"
+    def step(self, batch: Any, *, timed: bool, clock: Callable[[], float]) -> None:
+        cuda = torch.device(self.model_device).type == "cuda"
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start = clock()
         with count_saved_tensors(self.model) as tally:
-            loss = causal_lm_loss(self.model(batch), batch)
+            loss = self.task.loss(self.model, batch)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -118,6 +128,24 @@ class _Arm:
         if timed:
             self.times.append(clock() - start)
         self.saved_bytes = max(self.saved_bytes, tally.bytes)
+
+
+def _rank_options(method: str, rank: int | None) -> dict[str, int]:
+    """``{"rank": rank}`` for methods whose options have a rank, else nothing."""
+    has_rank = any(f.name == "rank" for f in dataclasses.fields(get_method(method).options))
+    return {"rank": rank} if rank is not None and has_rank else {}
+
+
+def synthetic_batch(config: BenchConfig) -> Any:
+    """A random batch of ``config.task``'s shape (token ids; MLM labels; a classification mask and labels)."""
+    vocab = model_config(config.preset, task=config.task).vocab_size
+    generator = torch.Generator().manual_seed(config.seed)
+    ids = torch.randint(vocab, (config.batch_size, config.seq_len), generator=generator)
+    if config.task == "mlm":
+        return ids, ids
+    if config.task == "classify":
+        return ids, torch.ones_like(ids), torch.zeros(config.batch_size, dtype=torch.long)
+    return ids
 
 
 def machine_description() -> dict[str, Any]:
@@ -148,9 +176,7 @@ def measure(config: BenchConfig) -> dict[str, Any]:
     # processes hold the cores (with one thread, so that no OpenMP thread spins while waiting for another).
     clock = time.process_time if config.timer == "cpu" else time.perf_counter
     arms = [_Arm(config, method) for method in config.method_list]
-    vocab = get_preset(config.preset).model.vocab_size
-    generator = torch.Generator().manual_seed(config.seed)
-    batch = torch.randint(vocab, (config.batch_size, config.seq_len), generator=generator).to(config.device)
+    batch = to_device(synthetic_batch(config), torch.device(config.device))
     for round_index in range(config.warmup + config.repeats):
         for arm in arms:  # alternate methods so that machine noise hits all of them alike
             arm.step(batch, timed=round_index >= config.warmup, clock=clock)

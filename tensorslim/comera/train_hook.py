@@ -1,4 +1,5 @@
-"""CoMERA's rank-adaptive stages inside the shared trainer (``tensorslim train --method comera``).
+"""CoMERA's rank-adaptive stages inside the shared trainer (``tensorslim train --method comera``), built by the
+``comera`` method's registry record.
 
 CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) trains in two stages (our digest §2.2-2.3): an early stage on
 ``task + γ·R(D)`` and a late stage that steers the model size toward ``S* = ratio·S`` with the per-step λ-switch.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,10 +40,7 @@ from tensorslim.comera.gates import (
 )
 from tensorslim.comera.objective import CoMERAConfig, CoMERAObjective
 from tensorslim.comera.optim import param_groups
-from tensorslim.train.hooks import MethodHook
-
-if TYPE_CHECKING:
-    from tensorslim.train.config import TrainConfig
+from tensorslim.train.hooks import TrainHook
 
 # CoMERA's learning rates (cores 1e-4, gates 1e-3, rest 5e-5; digest §2.3) as multiples of the cores' rate.
 LR_SCALES = {"cores": 1.0, "gates": 10.0, "other": 0.5}
@@ -55,7 +53,7 @@ def stage_steps(steps: int, *, late_fraction: float) -> tuple[int, int]:
     return steps - late, late
 
 
-class CoMERAHook(MethodHook):
+class CoMERAHook(TrainHook):
     """The two CoMERA stages as a trainer hook.
 
     Args:
@@ -85,17 +83,6 @@ class CoMERAHook(MethodHook):
         self.reports: dict[str, Any] = {}
         self._info: dict[str, torch.Tensor] = {}
         self._model: nn.Module | None = None
-
-    @classmethod
-    def from_train_config(cls, config: TrainConfig, *, run_dir: Path) -> CoMERAHook:
-        objective = CoMERAConfig(gamma=config.comera_gamma, target_ratio=config.comera_target_ratio)
-        return cls(
-            config.steps,
-            late_fraction=config.comera_late_fraction,
-            config=objective,
-            target_loss=config.comera_target_loss,
-            run_dir=run_dir,
-        )
 
     def build_optimizer(self, model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
         """Attach the rank gates, then AdamW over CoMERA's three groups (:func:`tensorslim.comera.param_groups`)."""

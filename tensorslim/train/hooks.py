@@ -1,26 +1,22 @@
-"""Method hooks: how a training method adds to the shared loop without ``if method == ...`` branches in it.
+"""Training hooks: how a method adds to the one training loop without ``if method == ...`` branches in it.
 
-The trainer builds one hook per run (:func:`build_hook`) and calls it at four points: to build the optimizer, to
-turn each micro-batch's task loss into the loss that is back-propagated, after each optimizer step, and around
-checkpoints (:meth:`MethodHook.state_dict` is stored in the checkpoint's JSON state; :meth:`load_state_dict` runs on
-resume *before* the weights are loaded, so a hook may reshape the freshly built model to the checkpoint's shapes).
-Methods without a hook get :class:`MethodHook`, whose every call is a no-op.
+A method's registry record (:mod:`tensorslim.methods.registry`) may name a hook factory. The trainer calls the hook
+at four points: to build the optimizer, to turn each micro-batch's task loss into the loss that is back-propagated,
+after each optimizer step, and around checkpoints (:meth:`TrainHook.state_dict` is stored in the checkpoint's JSON
+state; :meth:`TrainHook.load_state_dict` runs on resume *before* the weights are loaded, so a hook may reshape the
+freshly built model to the checkpoint's shapes). Methods without a hook get :class:`TrainHook`, whose every call is a
+no-op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from tensorslim.train.config import TrainConfig
 
-
-class MethodHook:
+class TrainHook:
     """The no-op hook; subclasses override what their method needs.
 
     Optimizer groups may carry an ``lr_scale``: the trainer sets each group's learning rate to
@@ -46,19 +42,3 @@ class MethodHook:
 
     def load_state_dict(self, state: dict[str, Any], *, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Restore :meth:`state_dict` on resume, before the checkpoint's weights and optimizer state are loaded."""
-
-
-def _comera_hook(config: TrainConfig, run_dir: Path) -> MethodHook:
-    from tensorslim.comera.train_hook import CoMERAHook  # deferred: only comera runs pay for the import
-
-    return CoMERAHook.from_train_config(config, run_dir=run_dir)
-
-
-# method -> hook factory; methods not listed train with the no-op hook.
-HOOKS: dict[str, Callable[[TrainConfig, Path], MethodHook]] = {"comera": _comera_hook}
-
-
-def build_hook(config: TrainConfig, *, run_dir: Path) -> MethodHook:
-    """The hook of ``config.method`` (:class:`MethodHook` when it has none)."""
-    factory = HOOKS.get(config.method)
-    return factory(config, run_dir) if factory is not None else MethodHook()

@@ -1,9 +1,13 @@
-"""The training loop: data → model → loss → optimizer → checkpoint → metrics.
+"""The one training loop: task data → model → loss → optimizer → checkpoint → metrics → report.
 
-Follows the GaLore/CoLA recipe (lowrank digest §1.2–1.3): AdamW, linear warm-up then cosine to 10% of the peak
-learning rate, gradient clipping, next-token cross-entropy on packed sequences. Validation loss is the mean
-cross-entropy over every predicted token of a fixed held-out set (the reference code divides the summed batch
-losses by n + 1; we divide by n).
+Every method (:mod:`tensorslim.methods`) and every task (:mod:`tensorslim.tasks`) trains here. The schedule follows
+the GaLore/CoLA recipe (GaLore, arXiv 2403.03507 §5; CoLA, arXiv 2502.10940 §4): AdamW, linear warm-up then cosine
+to 10 % of the peak learning rate, gradient clipping. A method's hook (:mod:`tensorslim.train.hooks`) may add to the
+loss, build its own optimizer and act after each step (CoMERA's stages).
+
+Runs end well: a non-finite loss or gradient stops the run at once, naming the step, before the optimizer touches
+the weights (or, with ``on_nonfinite="skip"``, skips that step and counts it), so no checkpoint ever holds
+non-finite weights; SIGTERM and Ctrl-C finish the current step, write a checkpoint and raise :class:`Interrupted`.
 """
 
 from __future__ import annotations
@@ -11,55 +15,51 @@ from __future__ import annotations
 import copy
 import json
 import math
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.bench.memory import MemoryBreakdown, count_saved_tensors, training_memory
 from tensorslim.books import count_params, flops_per_token
-from tensorslim.data import BatchStream, build_lm_data
-from tensorslim.methods import build_model
-from tensorslim.models.llama import get_preset
+from tensorslim.methods import build_for_method, get_method
+from tensorslim.methods.recipes import recipe_for
+from tensorslim.tasks import get_task
+from tensorslim.tasks.base import to_device
 from tensorslim.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tensorslim.train.config import TrainConfig
-from tensorslim.train.hooks import build_hook
+from tensorslim.train.hooks import TrainHook
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.schedule import warmup_cosine
 
 
-def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy: position t predicts token t+1. logits ``(B, T, V)``, ids ``(B, T)``.
+class NonFiniteError(ValueError):
+    """The loss or the gradient norm of a step was not finite; the weights were left as they were before it."""
 
-    The last position has no target and is ignored, rather than sliced off: slicing ``logits[:, :-1]`` would copy
-    the whole ``(B, T, V)`` tensor, which at a 32k vocabulary costs as much memory traffic as a small layer.
+
+class Interrupted(Exception):  # noqa: N818 - reads as "the run was interrupted"
+    """SIGTERM or Ctrl-C stopped the run after a step; a checkpoint of that step was written.
+
+    Attributes:
+        step: the last completed step.
+        checkpoint: the checkpoint folder written for it.
+        signal_number: the signal that asked the run to stop.
     """
-    targets = F.pad(input_ids[:, 1:], (0, 1), value=-100)  # (B, T), -100 = ignore_index
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction, ignore_index=-100)
 
-
-@torch.no_grad()
-def evaluate(model: nn.Module, blocks: torch.Tensor, *, batch_size: int, autocast: Any = nullcontext) -> float:
-    """Mean next-token cross-entropy over all predicted tokens of ``blocks`` ``(N, T)``."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    device = next(model.parameters()).device
-    for start in range(0, len(blocks), batch_size):
-        batch = blocks[start : start + batch_size].to(device)
-        with autocast():
-            total += causal_lm_loss(model(batch), batch, reduction="sum").item()
-        count += batch.shape[0] * (batch.shape[1] - 1)
-    model.train(was_training)
-    return total / count
+    def __init__(self, step: int, checkpoint: Path, signal_number: int) -> None:
+        super().__init__(f"interrupted after step {step}; checkpoint written to {checkpoint} (resume with --resume)")
+        self.step = step
+        self.checkpoint = checkpoint
+        self.signal_number = signal_number
 
 
 @dataclass(frozen=True)
@@ -77,19 +77,9 @@ class TrainResult:
     tokens_per_s: float
     memory: dict[str, int]
     val_loss: float
-    val_perplexity: float
     losses: list[float]
-
-
-def _books(config: TrainConfig, vocab_size: int) -> dict[str, float]:
-    """Parameters and forward FLOPs per token of the method and of the dense baseline, counted on meta models."""
-    books = {}
-    for key, method in (("", config.method), ("dense_", "dense")):
-        model, _ = build_model(
-            config.preset, method, vocab_size=vocab_size, max_seq_len=config.seq_len, rank=config.rank, device="meta"
-        )
-        books.update(_model_books(model, seq_len=config.seq_len, prefix=key))
-    return books
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    skipped_steps: int = 0
 
 
 def _model_books(model: nn.Module, *, seq_len: int, prefix: str = "") -> dict[str, float]:
@@ -110,46 +100,100 @@ def _trained_books(model: nn.Module, books: dict[str, float], *, seq_len: int) -
     return {**books, **_model_books(shapes_only, seq_len=seq_len)}
 
 
-class Trainer:
-    """Runs a :class:`TrainConfig` to the end, resuming from the run folder's checkpoint when asked."""
+class _StopRequests:
+    """Turns SIGTERM/SIGINT into a request that the loop honours after the current step (main thread only)."""
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self) -> None:
+        self.signal_number: int | None = None
+
+    @contextmanager
+    def installed(self) -> Iterator[_StopRequests]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def request(signal_number: int, _frame: object) -> None:
+            self.signal_number = signal_number
+
+        for sig in previous:
+            signal.signal(sig, request)
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class Trainer:
+    """Runs a :class:`TrainConfig` to the end, resuming from the run folder's checkpoint when asked.
+
+    Args:
+        config: the run.
+        on_nonfinite: ``"stop"`` raises :class:`NonFiniteError` at the first non-finite loss or gradient;
+            ``"skip"`` drops that step's update, counts it (``skipped_steps``) and goes on.
+    """
+
+    def __init__(self, config: TrainConfig, *, on_nonfinite: str = "stop") -> None:
+        if on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"on_nonfinite={on_nonfinite!r} is invalid; allowed: 'stop' or 'skip'")
         self.config = config
+        self.on_nonfinite = on_nonfinite
         self.run_dir = Path(config.run_dir)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
-        preset = get_preset(config.preset)
-        self.data = build_lm_data(
-            config.data,
-            tokenizer=config.tokenizer,
-            vocab_size=config.vocab_size or preset.model.vocab_size,
-            seq_len=config.seq_len,
-            max_val_blocks=config.eval_blocks,
-        )
-        vocab_size = self.data.tokenizer.vocab_size
-        self.books = _books(config, vocab_size)
+        self.task = get_task(config.task)
+        self.method = get_method(config.method)
+        self.data = self.task.build_data(config, model_name=config.preset)
+        self.books = self._books()
         torch.manual_seed(config.seed)
-        self.model, self.report = build_model(
-            config.preset, config.method, vocab_size=vocab_size, max_seq_len=config.seq_len, rank=config.rank
+        self.model, self.reports, context = build_for_method(
+            config.preset,
+            config.method,
+            task=config.task,
+            options=config.options,
+            steps=config.steps,
+            run_dir=self.run_dir,
+            **self.data.model_overrides,
         )
         self.model.to(self.device)
-        self.hook = build_hook(config, run_dir=self.run_dir)  # method-specific optimizer, loss and stages
-        self.optimizer = self.hook.build_optimizer(  # None: the default below
-            self.model, lr=config.peak_lr(), weight_decay=config.weight_decay
-        ) or build_optimizer(
+        self.hook: TrainHook = self.method.hook(context) if self.method.hook is not None else TrainHook()
+        self.optimizer = (
+            self.hook.build_optimizer(self.model, lr=config.peak_lr(), weight_decay=config.weight_decay)
+            or self._default_optimizer()
+        )
+        self.stream = self.data.train
+        self.warmup_steps = round(config.steps * config.warmup())
+        self.step = 0
+        self.skipped_steps = 0
+        if config.resume:
+            self._resume()
+
+    def _books(self) -> dict[str, float]:
+        """Parameters and forward FLOPs per token of the method and of the dense baseline, on meta models."""
+        config, books = self.config, {}
+        for prefix, method, options in (("", config.method, config.options), ("dense_", "dense", None)):
+            model, _, _ = build_for_method(
+                config.preset, method, task=config.task, options=options, device="meta", **self.data.model_overrides
+            )
+            books.update(_model_books(model, seq_len=config.seq_len, prefix=prefix))
+        return books
+
+    def _default_optimizer(self) -> torch.optim.Optimizer:
+        config = self.config
+        galore_rank = None
+        options = config.options
+        if self.method.optimizer == "galore":
+            galore_rank = options.rank or recipe_for(config.preset).cola_rank or 128
+        return build_optimizer(
             self.model,
             lr=config.peak_lr(),
             weight_decay=config.weight_decay,
-            galore_rank=(config.rank or preset.cola_rank) if config.method == "galore" else None,
-            galore_update_proj_gap=config.galore_update_proj_gap,
-            galore_scale=config.galore_scale,
+            galore_rank=galore_rank,
+            galore_update_proj_gap=getattr(options, "update_proj_gap", 200),
+            galore_scale=getattr(options, "scale", 0.25),
         )
-        self.stream = BatchStream(self.data.train, batch_size=config.batch_size, seed=config.seed)
-        self.warmup_steps = round(config.steps * (config.warmup_fraction or preset.warmup_fraction))
-        self.step = 0
-        if config.resume:
-            self._resume()
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.run_dir / "checkpoints")
@@ -161,6 +205,7 @@ class Trainer:
             raise ValueError(f"checkpoint {path} was written with a different config: {', '.join(changed)}")
         self.stream.load_state_dict(state["data"])
         self.step = state["step"]
+        self.skipped_steps = state.get("skipped_steps", 0)
 
     def _prepare_resume(self, state: dict[str, Any]) -> None:
         """Before the weights load: the method hook restores its state (and may reshape the model to match)."""
@@ -171,80 +216,110 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
+    def _set_lr(self) -> None:
+        config = self.config
+        schedule = warmup_cosine(
+            self.step, total_steps=config.steps, warmup_steps=self.warmup_steps, min_ratio=config.min_lr_ratio
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = group.get("lr_scale", 1.0) * config.peak_lr() * schedule
+
     def _train_step(self) -> tuple[float, float, int]:
         """One optimizer step; returns (mean loss, grad norm, saved-activation bytes of the first micro-batch)."""
         config = self.config
-        for group in self.optimizer.param_groups:
-            group["lr"] = (
-                group.get("lr_scale", 1.0)
-                * config.peak_lr()
-                * warmup_cosine(
-                    self.step, total_steps=config.steps, warmup_steps=self.warmup_steps, min_ratio=config.min_lr_ratio
-                )
-            )
+        self._set_lr()
         loss_sum, saved = 0.0, 0
         for _ in range(config.grad_accum):
-            batch = self.stream.next_batch().to(self.device)
+            batch = to_device(self.stream.next_batch(), self.device)
             with count_saved_tensors(self.model) as tally, self._autocast():
-                loss = causal_lm_loss(self.model(batch), batch)
+                loss = self.task.loss(self.model, batch)
             saved = max(saved, tally.bytes)
             objective = self.hook.loss(loss, model=self.model, step=self.step)
             (objective / config.grad_accum).backward()
             loss_sum += loss.item()
         max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
-        self.optimizer.step()
+        loss_mean = loss_sum / config.grad_accum
+        if math.isfinite(loss_mean) and math.isfinite(grad_norm):
+            self.optimizer.step()
+        elif self.on_nonfinite == "stop":
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(
+                f"step {self.step + 1}: loss={loss_mean} grad_norm={grad_norm} is not finite; stopped before updating "
+                f"the weights (lower --lr or keep --grad-clip > 0; the last checkpoint is the last good one)"
+            )
+        else:
+            self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return loss_sum / config.grad_accum, grad_norm, saved
+        return loss_mean, grad_norm, saved
 
-    def _checkpoint(self) -> None:
-        save_checkpoint(
+    def _checkpoint(self) -> Path:
+        bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise NonFiniteError(
+                f"step {self.step}: {len(bad)} weights are not finite (first: {bad[0]}); no checkpoint written, the "
+                "last one is the last good one"
+            )
+        return save_checkpoint(
             self.run_dir / "checkpoints",
             step=self.step,
             model=self.model,
             optimizer=self.optimizer,
-            state={"config": asdict(self.config), "data": self.stream.state_dict(), "method": self.hook.state_dict()},
+            state={
+                "config": self.config.to_dict(),
+                "data": self.stream.state_dict(),
+                "method": self.hook.state_dict(),
+                "skipped_steps": self.skipped_steps,
+            },
         )
 
-    def _validate(self) -> float:
-        return evaluate(self.model, self.data.validation, batch_size=self.config.batch_size, autocast=self._autocast)
+    def validate(self) -> dict[str, float]:
+        """The task's metrics on the held-out set (model in eval mode meanwhile)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self.task.evaluate(self.model, self.data, batch_size=self.config.batch_size, autocast=self._autocast)
+        finally:
+            self.model.train(was_training)
 
     def run(self, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
         """Train until ``config.steps``; ``on_step`` receives each step's metrics record."""
         config = self.config
         log = MetricsLog(self.run_dir, resume_step=self.step if config.resume else None, tensorboard=config.tensorboard)
-        tokens_per_step = config.batch_size * config.grad_accum * config.seq_len
         speeds: list[float] = []
         saved_peak = 0
         bar = _progress(config, initial=self.step)
+        stop = _StopRequests()
         try:
-            while self.step < config.steps:
-                start = time.perf_counter()
-                loss, grad_norm, saved = self._train_step()
-                speeds.append(tokens_per_step / (time.perf_counter() - start))
-                extra = self.hook.after_step(self.model, optimizer=self.optimizer, step=self.step)
-                saved_peak = max(saved_peak, saved)
-                record = {
-                    "step": self.step,
-                    "loss": loss,
-                    "lr": self.optimizer.param_groups[0]["lr"],
-                    "grad_norm": grad_norm,
-                    "tokens": self.step * tokens_per_step,
-                    "tokens_per_s": speeds[-1],
-                    **extra,
-                }
-                if self.step % config.eval_every == 0 or self.step == config.steps:
-                    record["val_loss"] = self._validate()
-                    record["val_perplexity"] = math.exp(record["val_loss"])
-                log.log(record)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speeds[-1]:,.0f}")
-                if self.step % config.checkpoint_every == 0 or self.step == config.steps:
-                    self._checkpoint()
-                if on_step is not None:
-                    on_step(record)
+            with stop.installed():
+                while self.step < config.steps:
+                    start = time.perf_counter()
+                    loss, grad_norm, saved = self._train_step()
+                    speeds.append(self.data.tokens_per_batch * config.grad_accum / (time.perf_counter() - start))
+                    extra = self.hook.after_step(self.model, optimizer=self.optimizer, step=self.step)
+                    saved_peak = max(saved_peak, saved)
+                    record = {
+                        "step": self.step,
+                        "loss": loss,
+                        "lr": self.optimizer.param_groups[0]["lr"],
+                        "grad_norm": grad_norm,
+                        "tokens": self.step * self.data.tokens_per_batch * config.grad_accum,
+                        "tokens_per_s": speeds[-1],
+                        **extra,
+                    }
+                    if self.step % config.eval_every == 0 or self.step == config.steps:
+                        record.update(self.validate())
+                    log.log(record)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speeds[-1]:,.0f}")
+                    if stop.signal_number is not None:
+                        raise Interrupted(self.step, self._checkpoint(), stop.signal_number)
+                    if self.step % config.checkpoint_every == 0 or self.step == config.steps:
+                        self._checkpoint()
+                    if on_step is not None:
+                        on_step(record)
         finally:
             if bar is not None:
                 bar.close()
@@ -253,8 +328,8 @@ class Trainer:
 
     def _finish(self, log: MetricsLog, speeds: list[float], saved_peak: int) -> TrainResult:
         records = log.records()
-        val = [r for r in records if "val_loss" in r]
-        val_loss = val[-1]["val_loss"] if val else self._validate()
+        validated = [r for r in records if "val_loss" in r]
+        val_metrics = {k: v for k, v in validated[-1].items() if k.startswith("val_")} if validated else self.validate()
         memory: MemoryBreakdown = training_memory(self.model, self.optimizer, saved_peak)
         result = TrainResult(
             run_dir=str(self.run_dir),
@@ -263,12 +338,14 @@ class Trainer:
             # The first step pays for lazy initialization; the median of the rest is the steady state.
             tokens_per_s=statistics.median(speeds[1:] or speeds) if speeds else 0.0,
             memory={**asdict(memory), "total": memory.total},
-            val_loss=val_loss,
-            val_perplexity=math.exp(val_loss),
+            val_loss=val_metrics["val_loss"],
             losses=[r["loss"] for r in records if "loss" in r],
+            val_metrics=val_metrics,
+            skipped_steps=self.skipped_steps,
         )
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
-        plot_loss_curve(records, self.run_dir / "loss.png", title=f"{self.config.preset} {self.config.method}")
+        title = f"{self.config.preset} {self.config.task} {self.config.method}"
+        plot_loss_curve(records, self.run_dir / "loss.png", title=title)
         return result
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorslim.cli import main
+from tensorslim.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -76,7 +76,7 @@ def test_train_config_checks_style_method_and_batch_split() -> None:
 
 
 def test_cli_reports_a_bad_mesh_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    from tensorslim.cli import main
+    from tensorslim.cli.main import main
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")

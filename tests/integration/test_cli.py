@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tensorslim.cli import main
+from tensorslim.cli.main import main
 
 
 @pytest.mark.parametrize(
@@ -25,7 +25,9 @@ from tensorslim.cli import main
         (["train", "--data", "/no/such/file.txt", "--steps", "1"], "/no/such/file.txt"),
         (["bench", "--preset", "tiny", "--rank", "999", "--methods", "cola"], "rank=999 is out of range"),
         (["bench", "--timer", "gpu"], "timer='gpu' is invalid"),
-        (["convert", "--rank-ratio", "1.5"], "rank_ratio=1.5 is invalid"),
+        (["convert", "--rank", "0"], "rank=0 is invalid"),
+        (["train", "--method", "cola", "--comera-gamma", "1"], "--comera-gamma does not apply to method 'cola'"),
+        (["train", "--preset", "tiny", "--task", "classify"], "task='classify' is not supported by model='tiny'"),
         (["convert", "--method", "dense"], "method='dense' is not a conversion"),
     ],
 )
@@ -93,7 +95,7 @@ def test_convert_a_local_hugging_face_model(capsys: pytest.CaptureFixture[str]) 
 
 def test_cli_sets_passive_openmp_before_torch_loads() -> None:
     code = (
-        "import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import tensorslim.cli as cli; "
+        "import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import tensorslim.cli.main as cli; "
         "assert 'torch' not in sys.modules; cli._prefer_passive_openmp_threads(); "
         "print(os.environ['OMP_WAIT_POLICY'])"
     )

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorslim.cli import main
+from tensorslim.cli.main import main
 from tensorslim.quant import QuantLinear, load_quantized
 
 
 def test_quantize_cli_writes_a_loadable_packed_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from transformers import BertModel
 
-    from tensorslim.quant.cli import model_folder
+    from tensorslim.quant.hf_inputs import model_folder
 
     out = tmp_path / "minilm-w4.safetensors"
     argv = ["quantize", "--method", "rtn", "--bits", "4", "--calib-docs", "2", "--seq-len", "16", "--data"]

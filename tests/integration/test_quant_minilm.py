@@ -12,7 +12,7 @@ def test_comq_on_a_real_minilm_layer_is_within_the_issue_goal_of_gptq() -> None:
     from transformers import AutoTokenizer, BertModel
 
     from tensorslim.data import bbcnews_labelled
-    from tensorslim.quant.cli import calibration_batches, model_folder
+    from tensorslim.quant.hf_inputs import calibration_batches, model_folder
 
     model = BertModel.from_pretrained(model_folder("minilm")).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_folder("minilm"))

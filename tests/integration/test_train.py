@@ -12,7 +12,7 @@ import torch
 
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
-from tensorslim.train.trainer import Trainer, evaluate, train
+from tensorslim.train.trainer import Trainer, train
 
 
 def _config(corpus: Path, out: Path, **overrides: object) -> TrainConfig:
@@ -49,7 +49,7 @@ def test_thirty_steps_of_tiny_cola_lower_the_loss(small_corpus: Path, tmp_path: 
 def test_interrupted_and_resumed_equals_uninterrupted(small_corpus: Path, tmp_path: Path, method: str) -> None:
     config = _config(small_corpus, tmp_path / "full", method=method, steps=8, checkpoint_every=3, eval_every=4)
     if method == "galore":
-        config = replace(config, galore_update_proj_gap=2, rank=8)
+        config = replace(config, options={"update_proj_gap": 2, "rank": 8})
     full = train(config)
 
     interrupted = replace(config, out_dir=str(tmp_path / "cut"))
@@ -62,19 +62,21 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_corpus: Path, tmp_pa
         train(interrupted, on_step=stop_after_step_5)
     assert latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "step_0000003"
     resumed = train(replace(interrupted, resume=True))
-    assert resumed.losses == pytest.approx(full.losses, rel=1e-6, abs=0)
-    assert resumed.val_loss == pytest.approx(full.val_loss, rel=1e-6)
+    # Bit for bit: a resumed run does the same arithmetic on the same layouts, so any difference is a state the
+    # checkpoint did not restore exactly (GaLore once lost its projector's strides: 1e-9 off, 1e-4 by step 8).
+    assert resumed.losses == full.losses
+    assert resumed.val_loss == full.val_loss
 
 
 def test_validation_loss_is_the_mean_over_all_tokens(small_corpus: Path, tmp_path: Path) -> None:
-    trainer = Trainer(_config(small_corpus, tmp_path / "run"))
-    blocks = trainer.data.validation[:5]
+    trainer = Trainer(_config(small_corpus, tmp_path / "run", batch_size=2))
+    blocks = trainer.data.validation = trainer.data.validation[:5]
     logits = trainer.model(blocks)
     per_token = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1), reduction="none"
     )
     # batch_size 2 splits the 5 blocks unevenly (2+2+1): averaging batch means would weight the last block double.
-    assert evaluate(trainer.model, blocks, batch_size=2) == pytest.approx(per_token.mean().item(), rel=1e-5)
+    assert trainer.validate()["val_loss"] == pytest.approx(per_token.mean().item(), rel=1e-5)
 
 
 def test_resume_rejects_a_changed_config(small_corpus: Path, tmp_path: Path) -> None:

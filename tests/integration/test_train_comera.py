@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorslim.cli import main
+from tensorslim.cli.main import main
 from tensorslim.comera.gates import tt_layers
 from tensorslim.layers.tt import TTLinear
 from tensorslim.train.checkpoint import latest_checkpoint
@@ -33,9 +33,7 @@ def _config(corpus: Path, out: Path, **overrides: object) -> TrainConfig:
         vocab_size=512,
         data=str(corpus),
         lr=0.03,
-        comera_gamma=10.0,
-        comera_late_fraction=1 / 3,
-        comera_target_ratio=0.5,
+        options={"gamma": 10.0, "late_fraction": 1 / 3, "target_ratio": 0.5},
         eval_every=3,
         eval_blocks=8,
         checkpoint_every=3,

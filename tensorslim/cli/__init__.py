@@ -1,0 +1,1 @@
+"""The command line: ``tensorslim <subcommand>``; the entry point is :func:`tensorslim.cli.main.main`."""

@@ -1,0 +1,23 @@
+"""``tensorslim bench``: params, FLOPs, step time and memory of methods against dense, side by side."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "bench"
+HELP = "measure params, FLOPs, step time and memory of methods vs dense"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorslim.bench.harness import BenchConfig
+    from tensorslim.cli.flags import add_dataclass_arguments
+
+    add_dataclass_arguments(parser, BenchConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorslim.bench.harness import BenchConfig, run_bench
+    from tensorslim.cli.flags import config_from_args
+
+    run_bench(config_from_args(BenchConfig, args))
+    return 0

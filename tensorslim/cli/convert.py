@@ -1,0 +1,91 @@
+"""``tensorslim convert``: what a training method does to a model's layers (a dry run on ``meta``), or, with
+``--save``, the converted model's weights."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NAME = "convert"
+HELP = "show (or apply and save) a method's conversion of a registered model or a Hugging Face folder"
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertConfig:
+    """What ``tensorslim convert`` converts and where it saves the result."""
+
+    preset: str = field(default="60m", metadata=_help("registered model to convert (ignored with --model)"))
+    model: str | None = field(default=None, metadata=_help("local Hugging Face model folder instead of a preset"))
+    method: str = field(default="cola", metadata=_help("a method that converts layers (see `tensorslim train -h`)"))
+    save: str | None = field(default=None, metadata=_help("write the converted weights to this .safetensors file"))
+
+
+def description() -> str:
+    from tensorslim.methods import METHODS
+
+    converting = [name for name, method in METHODS.items() if method.convert is not None]
+    return f"{HELP}\n\nmethods that convert: {', '.join(converting)}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorslim.cli.flags import add_dataclass_arguments, add_method_option_arguments
+
+    add_dataclass_arguments(parser, ConvertConfig)
+    add_method_option_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorslim.cli.flags import config_from_args, method_options_from_args
+
+    convert(config_from_args(ConvertConfig, args), options=method_options_from_args(args.method, args))
+    return 0
+
+
+def convert(config: ConvertConfig, *, options: dict) -> None:
+    """Print the conversion; with ``save`` apply it to real weights and save them atomically."""
+    from safetensors.torch import save_file
+
+    from tensorslim.methods import METHODS, MethodContext, apply_method, build_for_method, get_method, method_options
+
+    if get_method(config.method).convert is None:
+        allowed = [name for name, method in METHODS.items() if method.convert is not None]
+        raise ValueError(f"method={config.method!r} is not a conversion; allowed: {allowed}")
+    if config.model is not None:
+        model = _load_hf_model(config.model)
+        context = MethodContext(
+            model_name=config.model,
+            family="hf",
+            model_config=model.config,
+            task="embed",
+            options=method_options(config.method, options),
+            pretrained=True,
+        )
+        reports = apply_method(model, config.method, context)
+    else:
+        device = "cpu" if config.save else "meta"
+        model, reports, _ = build_for_method(config.preset, config.method, options=options, device=device)
+    for report in reports:
+        print(report.table())
+    if config.save is None:
+        if config.model is None:
+            print("(a dry run on the meta device: nothing was allocated; --save writes converted weights)")
+        return
+    target = Path(config.save)
+    tmp = target.with_name(target.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp)
+    tmp.replace(target)
+    print(f"saved {target}")
+
+
+def _load_hf_model(path: str):  # noqa: ANN202 - a transformers PreTrainedModel
+    """A local Hugging Face model folder, loaded offline."""
+    if not Path(path).is_dir():
+        raise ValueError(f"model={path!r} is not a folder; allowed: a local Hugging Face model folder")
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(path, local_files_only=True)

@@ -1,0 +1,91 @@
+"""``tensorslim quantize``: post-training quantization of a Hugging Face model folder, with a report and a file."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads only when a command runs (after the OpenMP setting)
+    from torch import nn
+
+    from tensorslim.quant.quantizer import QuantConfig
+
+QUANT_METHODS = ("comq", "gptq", "rtn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantizeRunConfig:
+    """What ``tensorslim quantize`` does; one flag per field."""
+
+    model: str = field(default="minilm", metadata={"help": "'minilm' (the bundled MiniLM BERT) or a HF model folder"})
+    method: str = field(default="comq", metadata={"help": f"one of {QUANT_METHODS}"})
+    bits: int = field(default=4, metadata={"help": "code width, 2..8"})
+    granularity: str = field(default="channel", metadata={"help": "'channel' or 'layer'"})
+    order: str = field(default="greedy", metadata={"help": "COMQ coordinate order: 'greedy' or 'cyclic'"})
+    sweeps: int = field(default=1, metadata={"help": "COMQ sweeps"})
+    update_scale: bool = field(default=True, metadata={"help": "COMQ least-squares scale update"})
+    act_order: bool = field(default=False, metadata={"help": "GPTQ: columns by decreasing diag(H)"})
+    data: str = field(default="bbcnews", metadata={"help": "calibration corpus: 'bbcnews', 'stdlib' or a path"})
+    calib_docs: int = field(default=128, metadata={"help": "calibration documents (first seq-len tokens of each)"})
+    seq_len: int = field(default=128, metadata={"help": "tokens per calibration document"})
+    out: str | None = field(default=None, metadata={"help": "write the quantized model to this .safetensors file"})
+
+    def __post_init__(self) -> None:
+        if self.method not in QUANT_METHODS:
+            raise ValueError(f"method={self.method!r} is not supported; use one of {QUANT_METHODS}")
+        for name in ("calib_docs", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
+        self.quant_config()  # validate bits, granularity, order, sweeps now
+
+    def quant_config(self) -> QuantConfig:
+        from tensorslim.quant.comq import COMQConfig
+        from tensorslim.quant.gptq import GPTQConfig
+        from tensorslim.quant.rtn import RTNConfig
+
+        common = {"bits": self.bits, "granularity": self.granularity}
+        if self.method == "comq":
+            return COMQConfig(**common, order=self.order, sweeps=self.sweeps, update_scale=self.update_scale)
+        if self.method == "gptq":
+            return GPTQConfig(**common, act_order=self.act_order)
+        return RTNConfig(**common)
+
+
+def run_quantize(config: QuantizeRunConfig) -> None:
+    from transformers import AutoModel, AutoTokenizer
+
+    from tensorslim.data import load_corpus
+    from tensorslim.quant.api import quantize_, save_quantized
+    from tensorslim.quant.hf_inputs import calibration_batches, model_folder
+
+    folder = model_folder(config.model)
+    model: nn.Module = AutoModel.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = load_corpus(config.data).train[: config.calib_docs]
+    batches = calibration_batches(tokenizer, texts, seq_len=config.seq_len)
+    report = quantize_(model, config.quant_config(), batches)
+    print(report.table())
+    float_file = folder / "model.safetensors"
+    if float_file.is_file():
+        print(f"float checkpoint on disk: {float_file.stat().st_size:,} bytes")
+    if config.out is not None:
+        size = save_quantized(model, config.out)
+        print(f"wrote {config.out}: {size:,} bytes")
+
+
+NAME = "quantize"
+HELP = "post-training quantization (COMQ, GPTQ, RTN) of a Hugging Face model folder"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorslim.cli.flags import add_dataclass_arguments
+
+    add_dataclass_arguments(parser, QuantizeRunConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorslim.cli.flags import config_from_args
+
+    run_quantize(config_from_args(QuantizeRunConfig, args))
+    return 0

@@ -1,0 +1,53 @@
+"""``tensorslim train``: one run of any registered model, task and method through the one Trainer."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+NAME = "train"
+HELP = "train a registered model with a method on a task (default: tiny CoLA on the stdlib corpus)"
+
+
+def description() -> str:
+    from tensorslim.methods import METHODS
+    from tensorslim.models.registry import MODELS
+    from tensorslim.tasks import TASKS
+
+    lines = [HELP, "", "methods:"]
+    lines += [f"  {name:<10} {method.help}" for name, method in METHODS.items()]
+    lines += ["", "models:"] + [
+        f"  {name:<12} {preset.help} [{', '.join(preset.tasks)}]" for name, preset in MODELS.items()
+    ]
+    lines += ["", "tasks:"] + [f"  {name:<10} {task.help}" for name, task in TASKS.items()]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorslim.cli.flags import add_dataclass_arguments, add_method_option_arguments
+    from tensorslim.train.config import TrainConfig
+
+    add_dataclass_arguments(parser, TrainConfig, skip=("options",))
+    add_method_option_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorslim.cli.flags import config_from_args, method_options_from_args
+    from tensorslim.train.config import TrainConfig
+
+    config = config_from_args(TrainConfig, args, options=method_options_from_args(args.method, args))
+    if config.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: tensor/data parallel loop
+        from tensorslim.distributed.train import train_distributed
+
+        train_distributed(config)
+        return 0
+    from tensorslim.report import print_train_summary
+    from tensorslim.train.trainer import Interrupted, train
+
+    try:
+        result = train(config)
+    except Interrupted as stop:
+        print(f"tensorslim train: {stop}", flush=True)
+        return 128 + stop.signal_number
+    print_train_summary(config, result)
+    return 0

@@ -1,0 +1,86 @@
+"""Build a registered model and restructure it for a training method."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensorslim.methods.registry import MethodContext, get_method
+
+
+def method_options(method: str, options: Any = None) -> Any:
+    """``method``'s options: ``options`` itself (checked), built from a mapping of its fields, or the defaults."""
+    kind = get_method(method).options
+    if options is None:
+        return kind()
+    if dataclasses.is_dataclass(options) and not isinstance(options, kind):
+        # Another method's options (e.g. ``dataclasses.replace(config, method=...)``): carry over what was set.
+        options = {
+            f.name: getattr(options, f.name)
+            for f in dataclasses.fields(options)
+            if getattr(options, f.name) != f.default
+        }
+    if isinstance(options, Mapping):
+        allowed = [f.name for f in dataclasses.fields(kind)]
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise ValueError(f"options {unknown} do not apply to method {method!r}; allowed: {allowed}")
+        return kind(**options)
+    if not isinstance(options, kind):
+        raise TypeError(
+            f"options of type {type(options).__name__} do not fit method {method!r}; allowed: {kind.__name__}"
+        )
+    return options
+
+
+def build_for_method(
+    model_name: str,
+    method: str,
+    *,
+    task: str | None = None,
+    options: Any = None,
+    device: torch.device | str | None = None,
+    steps: int = 0,
+    run_dir: Any = None,
+    **overrides: Any,
+) -> tuple[nn.Module, list, MethodContext]:
+    """Model ``model_name`` built for ``task`` and converted by ``method``.
+
+    Args:
+        model_name: a registered model (:func:`tensorslim.models.registry.get_model`).
+        method: a registered method (:func:`get_method`).
+        task: the head to build (default: the model family's first task).
+        options: the method's options, or a mapping of some of their fields (default: its defaults).
+        device: ``"meta"`` builds without allocating (for the books).
+        steps, run_dir: passed to the method's hook through the returned context.
+        overrides: ``vocab_size``, ``max_seq_len``, ``n_classes`` for the model.
+
+    Returns:
+        ``(model, conversion reports, context)``.
+    """
+    from tensorslim.models.registry import build_model, get_model, resolve_task
+
+    preset = get_model(model_name)
+    task = resolve_task(model_name, task)
+    model = build_model(model_name, task=task, device=device, **overrides)
+    context = MethodContext(
+        model_name=model_name,
+        family=preset.family.name,
+        model_config=getattr(model, "config", preset.config),
+        task=task,
+        options=method_options(method, options),
+        pretrained=preset.pretrained,
+        steps=steps,
+        run_dir=run_dir,
+    )
+    return model, apply_method(model, method, context), context
+
+
+def apply_method(model: nn.Module, method: str, context: MethodContext) -> list:
+    """Restructure ``model`` in place as ``method`` does (nothing for full-rank methods); the conversion reports."""
+    spec = get_method(method)
+    return spec.convert(model, context) if spec.convert is not None else []

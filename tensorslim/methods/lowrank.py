@@ -1,0 +1,127 @@
+"""Low-rank training methods: CoLA, SVD, CoLA-M, LaX-CoLA, LaX-SVD and LaX-TT.
+
+* CoLA (Liu et al., 2025, arXiv 2502.10940): every projection inside the blocks becomes ``B·σ(A·x)``, trained from
+  scratch with CoLA's initialization (§2.1) and the recipe's rank and ``only_lr_act`` (§2.2).
+* SVD: the same bottleneck without σ (the paper's low-rank baseline).
+* CoLA-M (§4): CoLA plus latent checkpointing of every block; the same weights as ``cola``.
+* LaX (Zhang et al., 2025, arXiv 2505.21732): latent crossing between consecutive blocks with Kronecker gates; on
+  CoMERA's TT layers (LaX-TT) the crossing runs at the middle bond, with intra-layer residuals on attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from tensorslim._checks import require_int
+from tensorslim.convert import convert_
+from tensorslim.layers.cola_m import CoLAMConfig
+from tensorslim.layers.lax import LaXCoLAConfig, LaXSVDConfig
+from tensorslim.layers.lax_tt import LaXTTConfig
+from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
+from tensorslim.methods.recipes import recipe_for
+from tensorslim.methods.registry import Method, MethodContext, option, register_method
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # LaX-TT's IntraRes_Pos (q, k, v, out)
+TT_RANK = 30  # CoMERA's --max-rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankOptions:
+    """The one option of the low-rank methods."""
+
+    rank: int | None = option(None, "latent rank (default: the model's recipe, else a quarter of min(d_in, d_out))")
+
+    def __post_init__(self) -> None:
+        if self.rank is not None:
+            require_int("rank", self.rank)
+
+
+def _init(context: MethodContext) -> str:
+    """Pretrained weights are factorized by SVD; models trained from scratch use the method's random init."""
+    return "svd" if context.pretrained else "random"
+
+
+def _rank(context: MethodContext) -> int | None:
+    return context.options.rank or recipe_for(context.model_name).cola_rank
+
+
+def _converter(make_config):  # noqa: ANN001, ANN202 - (context -> layer config) -> Conversion
+    def convert(model: nn.Module, context: MethodContext) -> list:
+        return [convert_(model, make_config(context))]
+
+    return convert
+
+
+def _cola(context: MethodContext) -> CoLAConfig:
+    only_lr_act = recipe_for(context.model_name).only_lr_act
+    return CoLAConfig(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
+
+
+def _cola_m(context: MethodContext) -> CoLAMConfig:
+    only_lr_act = recipe_for(context.model_name).only_lr_act
+    return CoLAMConfig(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
+
+
+def _lax_cola(context: MethodContext) -> LaXCoLAConfig:
+    only_lr_act = recipe_for(context.model_name).only_lr_act
+    return LaXCoLAConfig(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
+
+
+def _lax_tt(context: MethodContext) -> LaXTTConfig:
+    init = "tt_svd" if context.pretrained else "random"
+    return LaXTTConfig(rank=context.options.rank or TT_RANK, init=init, intra_res=ATTENTION)
+
+
+_LOW_RANK_TP = ("btp", "vanilla")
+register_method(
+    Method(
+        name="cola",
+        help="CoLA: every block projection becomes B·σ(A·x) (arXiv 2502.10940)",
+        convert=_converter(_cola),
+        options=RankOptions,
+        tensor_parallel=_LOW_RANK_TP,
+    )
+)
+register_method(
+    Method(
+        name="svd",
+        help="plain low-rank B·A projections (CoLA's SVD baseline)",
+        convert=_converter(lambda c: SVDConfig(rank=_rank(c), init=_init(c))),
+        options=RankOptions,
+        tensor_parallel=_LOW_RANK_TP,
+    )
+)
+register_method(
+    Method(
+        name="cola-m",
+        help="CoLA-M: CoLA with only the rank-r latents checkpointed (arXiv 2502.10940 §4)",
+        convert=_converter(_cola_m),
+        options=RankOptions,
+    )
+)
+register_method(
+    Method(
+        name="lax-cola",
+        help="LaX on CoLA: latent crossing between consecutive blocks (arXiv 2505.21732)",
+        convert=_converter(_lax_cola),
+        options=RankOptions,
+    )
+)
+register_method(
+    Method(
+        name="lax-svd",
+        help="LaX on SVD layers (arXiv 2505.21732)",
+        convert=_converter(lambda c: LaXSVDConfig(rank=_rank(c), init=_init(c))),
+        options=RankOptions,
+    )
+)
+register_method(
+    Method(
+        name="lax-tt",
+        help="LaX on CoMERA's TT layers: crossing at the middle bond (arXiv 2505.21732)",
+        convert=_converter(_lax_tt),
+        options=RankOptions,
+    )
+)

@@ -1,0 +1,118 @@
+"""What a task is: the data stream, the loss and the evaluation metrics of one kind of training.
+
+The Trainer (:mod:`tensorslim.train.trainer`) knows nothing else about what is learned. A task registers itself with
+:func:`register_task`; importing :mod:`tensorslim.tasks` registers every task.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import nn
+
+
+class Stream(Protocol):
+    """A deterministic, resumable source of training batches."""
+
+    def next_batch(self) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class TaskData:
+    """A task's data for one run.
+
+    Attributes:
+        train: the training batches.
+        validation: the fixed held-out set, in whatever form the task's :meth:`Task.evaluate` reads.
+        tokenizer: the tokenizer, when the task has one (saved beside checkpoints' books).
+        model_overrides: what the model must be built with (``vocab_size``, ``max_seq_len``, ``n_classes``).
+        tokens_per_batch: tokens (or examples) in one training batch, for throughput.
+    """
+
+    train: Stream
+    validation: Any
+    tokenizer: Any = None
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    tokens_per_batch: int = 0
+
+
+Autocast = Callable[[], AbstractContextManager]
+
+
+class Task(ABC):
+    """One kind of training: subclasses set :attr:`name` and :attr:`help` and implement the three methods."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+
+    @abstractmethod
+    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+        """The data of a run of ``config`` (a :class:`tensorslim.train.config.TrainConfig`) on model ``model_name``."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The mean training loss of one batch (already on the model's device)."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
+        """Metrics on the held-out set; always includes ``val_loss``."""
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of our models (a tensor) and of Hugging Face models (an output with ``.logits``)."""
+    return output if isinstance(output, torch.Tensor) else output.logits
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (a tensor, or a tuple/list/dict of them) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    return batch
+
+
+def model_tokenizer(model_name: str) -> str | None:
+    """The folder of ``model_name``'s own tokenizer (pretrained models), or None when the run trains one."""
+    from tensorslim.models.registry import get_model
+
+    folder = get_model(model_name).tokenizer_folder
+    return None if folder is None else str(folder())
+
+
+def special_id(tokenizer: Any, token: str) -> int | None:
+    """The id of ``token`` (e.g. ``"[MASK]"``) in a tokenizer that has it, else None."""
+    backend = tokenizer.backend
+    lookup = getattr(backend, "token_to_id", None) or getattr(backend, "convert_tokens_to_ids", None)
+    found = lookup(token) if lookup is not None else None
+    unknown = getattr(backend, "unk_token_id", None)
+    return found if isinstance(found, int) and found >= 0 and found != unknown else None
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Add ``task`` to :data:`TASKS` under its name."""
+    if task.name in TASKS:
+        raise ValueError(f"task {task.name!r} is registered twice")
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    """The task called ``name``, or a one-line ``ValueError`` listing the registered ones."""
+    if name not in TASKS:
+        raise ValueError(f"task={name!r} is unknown; allowed: {list(TASKS)}")
+    return TASKS[name]
