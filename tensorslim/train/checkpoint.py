@@ -5,6 +5,12 @@ reader), ``state.safetensors`` (optimizer tensors and RNG state) and ``state.jso
 the optimizer's non-tensor state). A checkpoint is written to a temporary folder and renamed into place, and the
 ``latest`` pointer is replaced atomically afterwards, so an interruption never leaves a half-written checkpoint
 behind. Nothing is unpickled on load.
+
+Optimizer tensors come back with the strides they were saved with, not just their values: a resumed run must do the
+same arithmetic as an uninterrupted one, and BLAS picks its kernel by layout. GaLore's projector is a strided view of
+the SVD's column-major output (``Vh[:rank]`` or ``U[:, :rank]``); a contiguous copy of it makes ``grad @ P.T`` an
+MKL ``sgemm`` with a transposed operand instead of a plain one, which sums in another order and changes the low bits
+of every step that reuses the projector.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ def _flatten(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     stored by their attributes."""
     if isinstance(obj, torch.Tensor):
         tensors[key] = obj.detach().contiguous().cpu()
-        return {_TENSOR: key}
+        if obj.is_contiguous():
+            return {_TENSOR: key}
+        return {_TENSOR: key, "stride": list(obj.stride()), "offset": obj.storage_offset()}
     if isinstance(obj, dict):
         return {
             "__dict__": [
@@ -47,13 +55,22 @@ def _flatten(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     raise TypeError(f"cannot checkpoint optimizer state of type {type(obj).__name__}")
 
 
+def _strided(values: torch.Tensor, stride: list[int], offset: int) -> torch.Tensor:
+    """``values`` in a fresh storage, laid out with ``stride`` and ``offset`` as the tensor it was saved from."""
+    extent = offset + 1 + sum((n - 1) * s for n, s in zip(values.shape, stride, strict=True))
+    storage = values.new_empty(extent)
+    storage[torch.arange(extent).as_strided(values.shape, stride, offset)] = values  # also right for overlaps
+    return storage.as_strided(values.shape, stride, offset)
+
+
 def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, list):
         return [_unflatten(v, tensors) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if _TENSOR in obj:
-        return tensors[obj[_TENSOR]]
+        values = tensors[obj[_TENSOR]]
+        return _strided(values, obj["stride"], obj["offset"]) if "stride" in obj else values
     if _PROJECTOR in obj:
         from galore_torch.galore_projector import GaLoreProjector
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -79,3 +80,49 @@ def test_format_bytes_units() -> None:
         "283.4 MiB",
         "5.0 GiB",
     ]
+
+
+def test_optimizer_tensors_come_back_with_their_strides() -> None:
+    base = torch.arange(60.0).reshape(6, 10)
+    for saved in (base.t(), base[1:, ::3], base.t()[:, :2], torch.ones(3).expand(4, 3)):
+        tensors: dict[str, torch.Tensor] = {}
+        tree = json.loads(json.dumps(checkpoint._flatten({"t": saved}, "s", tensors)))
+        restored = checkpoint._unflatten(tree, tensors)["t"]
+        assert torch.equal(restored, saved)
+        assert (restored.stride(), restored.storage_offset()) == (saved.stride(), saved.storage_offset())
+
+
+def test_resumed_galore_step_equals_the_uninterrupted_one_bit_for_bit(tmp_path: Path) -> None:
+    """GaLore's projector is a strided view of the SVD's column-major output. Restored as a contiguous copy, the
+    projection ``grad @ P.T`` runs MKL's sgemm with a transposed operand instead of a plain one, which sums in another
+    order: the next step's weights then differ in the low bits, and later SVDs can blow that up."""
+    pytest.importorskip("galore_torch")
+    from tensorslim.train.optim import build_optimizer
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        # (256, 128) and (128, 256) weights: GaLore keeps Vh[:rank] of the first and U[:, :rank] of the second.
+        model = nn.ModuleDict({"attn": nn.Linear(128, 256, bias=False), "mlp": nn.Linear(256, 128, bias=False)})
+        optimizer = build_optimizer(model, lr=1e-2, weight_decay=0.0, galore_rank=8, galore_update_proj_gap=100)
+        return model, optimizer
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=generator)
+        optimizer.step()
+
+    model, optimizer = build()
+    step(model, optimizer, seed=1)  # computes the projectors by SVD
+    checkpoint.save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state={})
+    resumed_model, resumed_optimizer = build()
+    checkpoint.load_checkpoint(tmp_path / "step_0000001", model=resumed_model, optimizer=resumed_optimizer)
+    for p, resumed in zip(model.parameters(), resumed_model.parameters(), strict=True):
+        projector = optimizer.state[p]["projector"].ortho_matrix
+        restored = resumed_optimizer.state[resumed]["projector"].ortho_matrix
+        assert not projector.is_contiguous()
+        assert torch.equal(restored, projector) and restored.stride() == projector.stride()
+    step(model, optimizer, seed=2)  # reuses the projectors
+    step(resumed_model, resumed_optimizer, seed=2)
+    for name, p in model.named_parameters():
+        assert torch.equal(resumed_model.get_parameter(name), p), name
