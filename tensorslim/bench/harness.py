@@ -86,7 +86,7 @@ class _Arm:
 
     def __init__(self, config: BenchConfig, method: str) -> None:
         self.method = method
-        self.task = get_task(config.task)
+        self.task = get_task(config.task)()
         options = _rank_options(method, config.rank)
         torch.manual_seed(config.seed)
         self.model, _, _ = build_for_method(

@@ -33,16 +33,19 @@ def description() -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tensorslim.cli.flags import add_dataclass_arguments, add_method_option_arguments
+    from tensorslim.cli.flags import add_dataclass_arguments, add_option_arguments, method_owners
 
     add_dataclass_arguments(parser, ConvertConfig)
-    add_method_option_arguments(parser)
+    add_option_arguments(parser, method_owners(), title="method options (each applies to the methods named)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from tensorslim.cli.flags import config_from_args, method_options_from_args
+    from tensorslim.cli.flags import config_from_args, method_owners, options_from_args
 
-    convert(config_from_args(ConvertConfig, args), options=method_options_from_args(args.method, args))
+    convert(
+        config_from_args(ConvertConfig, args),
+        options=options_from_args(args.method, method_owners(), args, what="method"),
+    )
     return 0
 
 

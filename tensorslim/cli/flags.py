@@ -1,8 +1,8 @@
 """The one flag builder of every subcommand: one ``--flag`` per field of a config dataclass.
 
-Booleans get ``--flag/--no-flag``. A training method's own options (a nested dataclass in the method registry) get
-flags too, shared between methods where the field and type agree (``--rank``); they default to "not given", so a
-method's own defaults apply unless the user sets one.
+Booleans get ``--flag/--no-flag``. The options of training methods and of tasks (nested dataclasses in their
+registries) get flags too, shared where the field and type agree (``--rank``); they default to "not given", so the
+method's or task's own defaults apply unless the user sets one.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import dataclasses
 import types
 import typing
 from typing import Any
+
+from tensorslim.options import option_flag
 
 
 def _flag_type(annotation: Any) -> type:
@@ -46,42 +48,51 @@ def config_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
     return cls(**values, **extra)
 
 
-def _option_flags() -> dict[str, tuple[dataclasses.Field, list[str]]]:
-    """``flag -> (field, [methods that take it])`` over every registered method's options."""
-    from tensorslim.methods import METHODS
-    from tensorslim.methods.registry import option_flag
-
+def _option_flags(owners: dict[str, type]) -> dict[str, tuple[dataclasses.Field, list[str]]]:
+    """``flag -> (field, [owners that take it])`` over the options dataclasses of ``owners`` (name -> type)."""
     flags: dict[str, tuple[dataclasses.Field, list[str]]] = {}
-    for name, method in METHODS.items():
-        for field in dataclasses.fields(method.options):
-            flag = option_flag(method.options, field.name)
+    for name, kind in owners.items():
+        for field in dataclasses.fields(kind):
+            flag = option_flag(kind, field.name)
             if flag in flags and _flag_type(flags[flag][0].type) is not _flag_type(field.type):
-                raise TypeError(f"--{flag} has two types in the method options ({flags[flag][1][0]} and {name})")
+                raise TypeError(f"--{flag} has two types in the options ({flags[flag][1][0]} and {name})")
             flags.setdefault(flag, (field, []))[1].append(name)
     return flags
 
 
-def add_method_option_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of every method's options, in one group; none has a default (the method's own applies)."""
-    group = parser.add_argument_group("method options (each applies to the methods named)")
-    for flag, (field, methods) in _option_flags().items():
-        text = f"{field.metadata.get('help', '')} [{', '.join(methods)}]"
+def method_owners() -> dict[str, type]:
+    from tensorslim.methods import METHODS
+
+    return {name: method.options for name, method in METHODS.items()}
+
+
+def task_owners() -> dict[str, type]:
+    from tensorslim.tasks import TASKS
+
+    return {name: task.options for name, task in TASKS.items()}
+
+
+def add_option_arguments(parser: argparse.ArgumentParser, owners: dict[str, type], *, title: str) -> None:
+    """The flags of every owner's options, in one group; none has a default (the owner's own applies)."""
+    group = parser.add_argument_group(title)
+    for flag, (field, names) in _option_flags(owners).items():
+        text = f"{field.metadata.get('help', '')} [{', '.join(names)}]"
         _add(group, "--" + flag, field.type, text, default=argparse.SUPPRESS)
 
 
-def method_options_from_args(method: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The options fields of ``method`` that were given on the command line; a flag of another method is an error."""
-    from tensorslim.methods import get_method
-    from tensorslim.methods.registry import option_flag
-
-    kind = get_method(method).options
+def options_from_args(owner: str, owners: dict[str, type], args: argparse.Namespace, *, what: str) -> dict[str, Any]:
+    """The options fields of ``owner`` (a ``what``: method or task) given on the command line; a flag that only
+    another owner takes is an error."""
+    if owner not in owners:
+        raise ValueError(f"{what}={owner!r} is unknown; allowed: {list(owners)}")
+    kind = owners[owner]
     own = {option_flag(kind, f.name): f.name for f in dataclasses.fields(kind)}
     given: dict[str, Any] = {}
-    for flag, (_, methods) in _option_flags().items():
+    for flag, (_, names) in _option_flags(owners).items():
         dest = flag.replace("-", "_")
         if not hasattr(args, dest):
             continue
         if flag not in own:
-            raise ValueError(f"--{flag} does not apply to method {method!r}; it applies to: {', '.join(methods)}")
+            raise ValueError(f"--{flag} does not apply to {what} {owner!r}; it applies to: {', '.join(names)}")
         given[own[flag]] = getattr(args, dest)
     return given

@@ -24,18 +24,27 @@ def description() -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tensorslim.cli.flags import add_dataclass_arguments, add_method_option_arguments
+    from tensorslim.cli.flags import add_dataclass_arguments, add_option_arguments, method_owners, task_owners
     from tensorslim.train.config import TrainConfig
 
-    add_dataclass_arguments(parser, TrainConfig, skip=("options",))
-    add_method_option_arguments(parser)
+    add_dataclass_arguments(parser, TrainConfig, skip=("options", "task_options"))
+    add_option_arguments(parser, method_owners(), title="method options (each applies to the methods named)")
+    add_option_arguments(parser, task_owners(), title="task options (each applies to the tasks named)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from tensorslim.cli.flags import config_from_args, method_options_from_args
-    from tensorslim.train.config import TrainConfig
+    from tensorslim.cli.flags import config_from_args, method_owners, options_from_args, task_owners
+    from tensorslim.models.registry import resolve_task
+    from tensorslim.train.config import TrainConfig, check_preset
 
-    config = config_from_args(TrainConfig, args, options=method_options_from_args(args.method, args))
+    check_preset(args.preset)
+    task = resolve_task(args.preset, args.task)
+    config = config_from_args(
+        TrainConfig,
+        args,
+        options=options_from_args(args.method, method_owners(), args, what="method"),
+        task_options=options_from_args(task, task_owners(), args, what="task"),
+    )
     if config.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: tensor/data parallel loop
         from tensorslim.distributed.train import train_distributed
 

@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from tensorslim.methods.registry import MethodContext, get_method
+from tensorslim.options import resolve_options
 
 
 def method_options(method: str, options: Any = None) -> Any:
-    """``method``'s options: ``options`` itself (checked), built from a mapping of its fields, or the defaults."""
-    kind = get_method(method).options
-    if options is None:
-        return kind()
-    if dataclasses.is_dataclass(options) and not isinstance(options, kind):
-        # Another method's options (e.g. ``dataclasses.replace(config, method=...)``): carry over what was set.
-        options = {
-            f.name: getattr(options, f.name)
-            for f in dataclasses.fields(options)
-            if getattr(options, f.name) != f.default
-        }
-    if isinstance(options, Mapping):
-        allowed = [f.name for f in dataclasses.fields(kind)]
-        unknown = sorted(set(options) - set(allowed))
-        if unknown:
-            raise ValueError(f"options {unknown} do not apply to method {method!r}; allowed: {allowed}")
-        return kind(**options)
-    if not isinstance(options, kind):
-        raise TypeError(
-            f"options of type {type(options).__name__} do not fit method {method!r}; allowed: {kind.__name__}"
-        )
-    return options
+    """``method``'s options from ``options`` (see :func:`tensorslim.options.resolve_options`)."""
+    return resolve_options(get_method(method).options, options, owner=f"method {method!r}")
 
 
 def build_for_method(

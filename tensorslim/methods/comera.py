@@ -15,7 +15,8 @@ from tensorslim._checks import require_int
 from tensorslim.convert import convert_
 from tensorslim.layers.tt import TTConfig
 from tensorslim.methods.lowrank import TT_RANK
-from tensorslim.methods.registry import Method, MethodContext, option, register_method
+from tensorslim.methods.registry import Method, MethodContext, register_method
+from tensorslim.options import option
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tensorslim._checks import require_int
-from tensorslim.methods.registry import Method, option, register_method
+from tensorslim.methods.registry import Method, register_method
+from tensorslim.options import option
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,8 @@ from tensorslim.layers.lax import LaXCoLAConfig, LaXSVDConfig
 from tensorslim.layers.lax_tt import LaXTTConfig
 from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
 from tensorslim.methods.recipes import recipe_for
-from tensorslim.methods.registry import Method, MethodContext, option, register_method
+from tensorslim.methods.registry import Method, MethodContext, register_method
+from tensorslim.options import option
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # LaX-TT's IntraRes_Pos (q, k, v, out)
 TT_RANK = 30  # CoMERA's --max-rank

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -99,15 +99,3 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"method={name!r} is unknown; allowed: {list(METHODS)}")
     return METHODS[name]
-
-
-def option(default: Any, help: str, *, flag: str | None = None) -> Any:
-    """A field of a method's options; ``flag`` is the command-line name when it is not ``<field>``."""
-    metadata = {"help": help} if flag is None else {"help": help, "flag": flag}
-    return field(default=default, metadata=metadata)
-
-
-def option_flag(options: type, name: str) -> str:
-    """The ``--flag`` (without dashes) of field ``name`` of the options dataclass ``options``."""
-    meta = next(f.metadata for f in dataclasses.fields(options) if f.name == name)
-    return meta.get("flag", name.replace("_", "-"))

@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from tensorslim.options import resolve_options
+
 
 class Stream(Protocol):
     """A deterministic, resumable source of training batches."""
@@ -48,11 +50,27 @@ class TaskData:
 Autocast = Callable[[], AbstractContextManager]
 
 
+@dataclass(frozen=True, kw_only=True)
+class NoTaskOptions:
+    """Options of a task that takes none."""
+
+
 class Task(ABC):
-    """One kind of training: subclasses set :attr:`name` and :attr:`help` and implement the three methods."""
+    """One kind of training, built once per run from its options.
+
+    Subclasses set :attr:`name`, :attr:`help` and (if they take any) :attr:`options`, a frozen dataclass whose
+    fields become ``tensorslim train`` flags, and implement the three abstract methods.
+    """
 
     name: ClassVar[str]
     help: ClassVar[str]
+    options: ClassVar[type] = NoTaskOptions
+
+    def __init__(self, options: Any = None) -> None:
+        self.settings = resolve_options(self.options, options, owner=f"task {self.name!r}")
+
+    def begin_step(self, step: int) -> None:  # noqa: B027 - optional hook, a no-op unless a task needs it
+        """Called before optimizer step ``step`` (0-based), for tasks whose loss follows a schedule."""
 
     @abstractmethod
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
@@ -100,18 +118,18 @@ def special_id(tokenizer: Any, token: str) -> int | None:
     return found if isinstance(found, int) and found >= 0 and found != unknown else None
 
 
-TASKS: dict[str, Task] = {}
+TASKS: dict[str, type[Task]] = {}
 
 
-def register_task(task: Task) -> Task:
-    """Add ``task`` to :data:`TASKS` under its name."""
+def register_task(task: type[Task]) -> type[Task]:
+    """Add the task class ``task`` to :data:`TASKS` under its name (usable as a class decorator)."""
     if task.name in TASKS:
         raise ValueError(f"task {task.name!r} is registered twice")
     TASKS[task.name] = task
     return task
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str) -> type[Task]:
     """The task called ``name``, or a one-line ``ValueError`` listing the registered ones."""
     if name not in TASKS:
         raise ValueError(f"task={name!r} is unknown; allowed: {list(TASKS)}")

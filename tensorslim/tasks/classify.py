@@ -63,6 +63,7 @@ def encode(texts: list[str], labels: list[int], tokenizer: Any, *, seq_len: int)
     return rows, pad_id, vocab
 
 
+@register_task
 class Classification(Task):
     name = "classify"
     help = "sequence classification (built-in data: bbcnews, 5 topics)"
@@ -102,6 +103,3 @@ class Classification(Task):
             total += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(-1) == labels).sum())
         return {"val_loss": total / len(rows), "val_accuracy": correct / len(rows)}
-
-
-register_task(Classification())

@@ -26,6 +26,7 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, *, reduction: 
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction, ignore_index=-100)
 
 
+@register_task
 class CausalLM(Task):
     name = "lm"
     help = "causal language modelling on packed text (default data: the Python standard library's source)"
@@ -65,6 +66,3 @@ class CausalLM(Task):
             count += batch.shape[0] * (batch.shape[1] - 1)
         loss = total / count
         return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}
-
-
-register_task(CausalLM())

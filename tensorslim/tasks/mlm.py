@@ -69,6 +69,7 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor, *, reduction: str = "me
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction=reduction)
 
 
+@register_task
 class MaskedLM(Task):
     name = "mlm"
     help = "masked language modelling (BERT) on packed text"
@@ -114,6 +115,3 @@ class MaskedLM(Task):
             count += int((batch_labels != -100).sum())
         loss = total / max(count, 1)
         return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}
-
-
-register_task(MaskedLM())

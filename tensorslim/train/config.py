@@ -11,6 +11,7 @@ from tensorslim._checks import require_int
 from tensorslim.methods import get_method, method_options
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
+from tensorslim.options import resolve_options
 from tensorslim.tasks import get_task
 
 _DTYPES = ("fp32", "bf16")
@@ -35,14 +36,15 @@ def _help(text: str) -> dict[str, str]:
 class TrainConfig:
     """Everything that defines a training run (defaults: tiny CoLA on the built-in stdlib corpus).
 
-    ``options`` holds the method's own settings (e.g. :class:`tensorslim.methods.comera.CoMERAOptions`); None takes
-    the method's defaults.
+    ``options`` holds the method's own settings (e.g. :class:`tensorslim.methods.comera.CoMERAOptions`) and
+    ``task_options`` the task's; None takes their defaults.
     """
 
     preset: str = field(default="tiny", metadata=_help("registered model (listed above)"))
     task: str | None = field(default=None, metadata=_help("lm, mlm or classify (default: the model's first task)"))
     method: str = field(default="cola", metadata=_help("training method (listed above)"))
     options: Any = field(default=None, metadata=_help("the method's options"))
+    task_options: Any = field(default=None, metadata=_help("the task's options"))
     steps: int = field(default=300, metadata=_help("optimizer steps"))
     batch_size: int = field(default=16, metadata=_help("sequences per micro-batch"))
     seq_len: int = field(default=128, metadata=_help("tokens per sequence"))
@@ -76,6 +78,10 @@ class TrainConfig:
         if self.task is not None:
             get_task(self.task)
         object.__setattr__(self, "task", resolve_task(self.preset, self.task))
+        task_kind = get_task(self.task).options
+        object.__setattr__(
+            self, "task_options", resolve_options(task_kind, self.task_options, owner=f"task {self.task!r}")
+        )
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_blocks", "checkpoint_every"):
             require_int(name, getattr(self, name))
         if self.vocab_size is not None:

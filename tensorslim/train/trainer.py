@@ -143,7 +143,7 @@ class Trainer:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
-        self.task = get_task(config.task)
+        self.task = get_task(config.task)(config.task_options)
         self.method = get_method(config.method)
         self.data = self.task.build_data(config, model_name=config.preset)
         self.books = self._books()
@@ -229,6 +229,7 @@ class Trainer:
         config = self.config
         self._set_lr()
         loss_sum, saved = 0.0, 0
+        self.task.begin_step(self.step)
         for _ in range(config.grad_accum):
             batch = to_device(self.stream.next_batch(), self.device)
             with count_saved_tensors(self.model) as tally, self._autocast():
