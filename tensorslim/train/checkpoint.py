@@ -89,6 +89,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``state`` with each shared tensor (tied weights, e.g. GPT-2's ``lm_head`` and ``wte``) kept once, as
+    contiguous CPU copies, plus ``{alias: kept name}`` for the others (safetensors refuses shared storage)."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        if tensor.device.type != "meta" and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        kept[name] = tensor.detach().contiguous().cpu()
+    return kept, aliases
+
+
 def save_checkpoint(
     root: Path,
     *,
@@ -115,10 +131,11 @@ def save_checkpoint(
     tmp.mkdir()
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     optimizer_tree = _flatten(optimizer.state_dict(), "optim", tensors)
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+    weights, aliases = unique_tensors(model.state_dict())
+    save_file(weights, tmp / "model.safetensors")
     save_file(tensors, tmp / "state.safetensors")
     with open(tmp / "state.json", "w") as f:
-        json.dump({"format": 1, "step": step, "optimizer": optimizer_tree, **state}, f)
+        json.dump({"format": 1, "step": step, "optimizer": optimizer_tree, "aliases": aliases, **state}, f)
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
@@ -167,6 +184,7 @@ def load_checkpoint(
         raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
     if prepare is not None:
         prepare(state)
+    weights.update({alias: weights[name] for alias, name in state.get("aliases", {}).items() if name in weights})
     expected = model.state_dict()
     missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     wrong = [k for k in expected.keys() & weights.keys() if expected[k].shape != weights[k].shape]

@@ -126,3 +126,17 @@ def test_resumed_galore_step_equals_the_uninterrupted_one_bit_for_bit(tmp_path: 
     step(resumed_model, resumed_optimizer, seed=2)
     for name, p in model.named_parameters():
         assert torch.equal(resumed_model.get_parameter(name), p), name
+
+
+def test_tied_weights_are_saved_once_and_restored_tied(tmp_path: Path) -> None:
+    from tensorslim.models.registry import build_model
+
+    torch.manual_seed(0)
+    model = build_model("gpt2-tiny")
+    optimizer = torch.optim.AdamW(model.parameters())
+    path = checkpoint.save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state={})
+    fresh = build_model("gpt2-tiny")
+    checkpoint.load_checkpoint(path, model=fresh, optimizer=torch.optim.AdamW(fresh.parameters()))
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight  # still one tensor
+    ids = torch.randint(4096, (2, 8))
+    assert torch.equal(fresh(ids), model(ids))
