@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim.layers.lax import GATES, LatentStore, ensure_store, gate_params, make_gate, split_block_path
+from tensorslim.layers.lax import CROSSINGS, LatentStore, crossing_params, ensure_store, make_crossing, split_block_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +53,8 @@ class LoRAConfig:
             raise ValueError(f"dropout={self.dropout!r} is invalid; allowed: [0, 1)")
         if not self.targets:
             raise ValueError("targets=() is invalid; allowed: a non-empty tuple of layer names")
-        if self.lax_gate is not None and self.lax_gate not in GATES:
-            raise ValueError(f"lax_gate={self.lax_gate!r} is unknown; allowed: None or one of {list(GATES)}")
+        if self.lax_gate is not None and self.lax_gate not in CROSSINGS:
+            raise ValueError(f"lax_gate={self.lax_gate!r} is unknown; allowed: None or one of {list(CROSSINGS)}")
 
 
 class LoRALinear(nn.Module):
@@ -88,7 +88,7 @@ class LoRALinear(nn.Module):
         """Publish the adapter latent under ``stream``; with a ``gate`` also add the previous block's latent."""
         self._store, self.stream = store, stream
         if gate is not None:
-            self.gate = make_gate(gate, self.rank, device=self.lora_a.device, dtype=self.lora_a.dtype)
+            self.gate = make_crossing(gate, self.rank, device=self.lora_a.device, dtype=self.lora_a.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         latent = F.linear(self.dropout(x), self.lora_a)  # (..., r)
@@ -134,7 +134,7 @@ def apply_lora_(model: nn.Module, config: LoRAConfig) -> dict[str, Any]:
         adapters[name] = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
         _set_submodule(model, name, adapters[name])
     crossing = _wire_crossings(model, adapters, config.lax_gate) if config.lax_gate is not None else []
-    lax_added = len(crossing) * gate_params(config.lax_gate, config.rank) if config.lax_gate else 0
+    lax_added = len(crossing) * crossing_params(config.lax_gate, config.rank, norm=False) if config.lax_gate else 0
     return {
         "layers": list(adapters),
         "crossing": crossing,

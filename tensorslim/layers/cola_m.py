@@ -36,7 +36,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from tensorslim.functional.lowrank import activation_fn
-from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear
+from tensorslim.layers._source import is_dense_linear
+from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, drop_glu_activation, plan_low_rank
+from tensorslim.registry import ConversionReport, Transform, register_transform
 
 Policy = Literal["latent", "layer"]
 POLICIES: tuple[str, ...] = ("latent", "layer")
@@ -342,9 +344,10 @@ def uncheckpoint_(model: nn.Module) -> None:
             del block._tensorslim_policy
 
 
-def finalize_cola_m(model: nn.Module, config: CoLAMConfig, report: Any) -> None:
+def finalize_cola_m(model: nn.Module, config: CoLAMConfig, report: ConversionReport) -> None:
     """``convert_``'s model-level step for :class:`CoLAMConfig`: CoLA's ``only_lr_act``, then :func:`checkpoint_`."""
-    from tensorslim.convert import _drop_gate_activation  # convert.py imports this module
-
-    _drop_gate_activation(model, config, report)
+    drop_glu_activation(model, config, report)
     checkpoint_(model, policy=config.policy)
+
+
+register_transform(CoLAMConfig, Transform(is_dense_linear, plan_low_rank, CoLAMLinear.from_dense, finalize_cola_m))

@@ -1,19 +1,21 @@
 """LaX (Latent Crossing): low-rank layers that receive the latent of the same layer type in the previous block.
 
 LaX, "Boosting Low-Rank Training of Foundation Models via Latent Crossing" (arXiv 2505.21732), §3 "The LaX Method",
-"Variants of LaX" and "LaX Gates"; the official ViT code (``K1seki221/Latent_Crossing``, lowrank digest §4.2). For
-the low-rank layer of type ℓ (q, k, v, o, gate, up, down in LLaMA) in block i > 0::
+"Variants of LaX" and "LaX Gates"; the official ViT code (``K1seki221/Latent_Crossing``). For the low-rank layer of
+type ℓ (q, k, v, o, gate_proj, up_proj, down_proj in LLaMA) in block i > 0::
 
     z = LN_r(x·A + G(h_prev))        h_prev: the latent of layer ℓ in block i−1, shape (..., r)
     h = σ(z)                          σ = SiLU for LaX-CoLA, identity for LaX-SVD; h is passed on to block i+1
     y = h·B (+ b)
 
-Block 0 (and any layer whose type has no predecessor in the block before) has no crossing, **no gate and no
-LayerNorm**: it is the plain low-rank layer, as in the official code where ``first=True`` switches both off. Gates:
-``identity``; ``dense`` (``nn.Linear(r, r)`` with bias); ``kronecker`` (``G(h) = Dᵀ·H·E`` per token with ``H`` the
-a×b reshape of h, a·b = r the most balanced factor pair, a² + b² parameters), the gate of the paper's LaX configs.
+``G`` is the **crossing** (the paper's "LaX gate"; named crossing here so that it is never confused with CoMERA's
+rank gates or a GLU's gate projection). Block 0 (and any layer whose type has no predecessor in the block before)
+has **no crossing and no LayerNorm**: it is the plain low-rank layer, as in the official code where ``first=True``
+switches both off. Crossing kinds: ``identity``; ``dense`` (``nn.Linear(r, r)`` with bias); ``kronecker``
+(``G(h) = Dᵀ·H·E`` per token with ``H`` the a×b reshape of h, a·b = r the most balanced factor pair, a² + b²
+parameters), the kind of the paper's LaX configs.
 
-With the gate set to zero a crossing layer computes ``B σ(LN_r(x·A))``: the LayerNorm stays, so LaX with G = 0
+With the crossing set to zero a crossing layer computes ``B σ(LN_r(x·A))``: the LayerNorm stays, so LaX with G = 0
 equals the plain low-rank model **with an r-dimensional LayerNorm on the latents of blocks i > 0**, not the plain
 model itself.
 
@@ -34,9 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.functional.lowrank import activation_fn
-from tensorslim.layers.lowrank import LowRankConfig, LowRankLinear
+from tensorslim.layers._source import is_dense_linear
+from tensorslim.layers.lowrank import LowRankConfig, LowRankLinear, drop_glu_activation, plan_low_rank
+from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
 
-GATES: tuple[str, ...] = ("identity", "dense", "kronecker")
+CROSSINGS: tuple[str, ...] = ("identity", "dense", "kronecker")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,17 +48,17 @@ class LaXConfig(LowRankConfig):
     """Low-rank layers with latent crossing (LaX §3).
 
     Attributes:
-        gate: ``"kronecker"`` (the paper's configs), ``"dense"`` or ``"identity"``.
+        crossing: the kind of crossing G: ``"kronecker"`` (the paper's configs), ``"dense"`` or ``"identity"``.
         norm_eps: epsilon of the r-dimensional LayerNorm (1e-6 in the official code).
     """
 
-    gate: str = "kronecker"
+    crossing: str = "kronecker"
     norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.gate not in GATES:
-            raise ValueError(f"gate={self.gate!r} is unknown; allowed: {list(GATES)}")
+        if self.crossing not in CROSSINGS:
+            raise ValueError(f"crossing={self.crossing!r} is unknown; allowed: {list(CROSSINGS)}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} is invalid; allowed: a number > 0")
 
@@ -81,7 +85,7 @@ def balanced_factors(rank: int) -> tuple[int, int]:
     return a, rank // a
 
 
-class KroneckerGate(nn.Module):
+class KroneckerCrossing(nn.Module):
     """``G(h) = Dᵀ·H·E`` with ``H = h.view(a, b)``, i.e. ``(D ⊗ E)ᵀ h`` (LaX §3 "LaX Gates", ``TenserizedGate``).
 
     Args:
@@ -96,41 +100,54 @@ class KroneckerGate(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # The official gate uses kaiming_uniform_ on both factors.
+        # The official ``TenserizedGate`` uses kaiming_uniform_ on both factors.
         nn.init.kaiming_uniform_(self.weight_d, a=math.sqrt(5))
         nn.init.kaiming_uniform_(self.weight_e, a=math.sqrt(5))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # Two explicit GEMMs (not einsum, whose path may turn a size-1 factor into an uncounted multiply), so the
+        # cost is exactly 2·r·(a+b) per token, as :func:`crossing_flops` books it.
         grid = h.unflatten(-1, (self.a, self.b))  # (..., a, b)
-        out = torch.einsum("...cd,de,cf->...fe", grid, self.weight_e, self.weight_d)  # (..., a, b)
+        mixed = grid @ self.weight_e  # (..., a, b): H·E
+        out = (mixed.transpose(-1, -2) @ self.weight_d).transpose(-1, -2)  # (..., a, b): Dᵀ·H·E
         return out.flatten(-2)  # (..., r)
 
     def extra_repr(self) -> str:
         return f"a={self.a}, b={self.b}"
 
 
-def make_gate(kind: str, rank: int, *, device: Any = None, dtype: torch.dtype | None = None) -> nn.Module:
-    """The r×r gate of one crossing: ``identity``, ``dense`` or ``kronecker``."""
+def make_crossing(kind: str, rank: int, *, device: Any = None, dtype: torch.dtype | None = None) -> nn.Module:
+    """The r×r crossing G of one layer: ``identity``, ``dense`` or ``kronecker``."""
     if kind == "identity":
         return nn.Identity()
     if kind == "dense":
         return nn.Linear(rank, rank, bias=True, device=device, dtype=dtype)
     if kind == "kronecker":
-        return KroneckerGate(rank, device=device, dtype=dtype)
-    raise ValueError(f"gate={kind!r} is unknown; allowed: {list(GATES)}")
+        return KroneckerCrossing(rank, device=device, dtype=dtype)
+    raise ValueError(f"crossing={kind!r} is unknown; allowed: {list(CROSSINGS)}")
 
 
-def gate_params(kind: str, rank: int) -> int:
-    """Parameters of a gate: 0, r² + r, or a² + b²."""
+def crossing_params(kind: str, rank: int, *, norm: bool = True) -> int:
+    """Parameters LaX adds to a crossing layer: the crossing G (0, r² + r, or a² + b²) plus, with ``norm``, the
+    LayerNorm's 2r."""
+    if kind not in CROSSINGS:
+        raise ValueError(f"crossing={kind!r} is unknown; allowed: {list(CROSSINGS)}")
     if kind == "kronecker":
         a, b = balanced_factors(rank)
-        return a * a + b * b
-    return {"identity": 0, "dense": rank * rank + rank}[kind]
+        mixing = a * a + b * b
+    else:
+        mixing = {"identity": 0, "dense": rank * rank + rank}[kind]
+    return mixing + (2 * rank if norm else 0)
 
 
-def crossing_params(kind: str, rank: int) -> int:
-    """Parameters LaX adds to a crossing layer: the gate plus the LayerNorm's 2r."""
-    return gate_params(kind, rank) + 2 * rank
+def crossing_flops(kind: str, rank: int, *, tokens: int) -> int:
+    """Matmul FLOPs of the crossing G on ``tokens`` latents: 0, 2r² per token (dense), 2r(a+b) (Kronecker)."""
+    if kind == "identity":
+        return 0
+    if kind == "dense":
+        return 2 * tokens * rank * rank
+    a, b = balanced_factors(rank)
+    return 2 * tokens * rank * (a + b)
 
 
 class LatentStore:
@@ -182,12 +199,13 @@ def split_block_path(name: str) -> tuple[int, str] | None:
 class LaXLinear(LowRankLinear):
     """``y = B σ(LN_r(A x + G(h_prev))) + b`` (crossing) or ``B σ(A x) + b`` (first block); LaX §3.
 
-    Same ``weight_a``/``weight_b``/``bias`` as :class:`LowRankLinear`; a crossing layer adds ``gate`` and ``norm``.
-    Crossings are switched on by :func:`attach_crossings` (``convert_`` does it), which knows the block structure.
+    Same ``weight_a``/``weight_b``/``bias`` as :class:`LowRankLinear`; a crossing layer adds ``crossing`` (G) and
+    ``norm``. Crossings are switched on by :func:`attach_crossings` (``convert_`` does it), which knows the block
+    structure.
 
     Args:
         in_features, out_features, rank, bias, activation: as :class:`LowRankLinear`.
-        gate: the gate kind used when a crossing is enabled.
+        crossing: the kind of crossing G used when the layer crosses.
         norm_eps: epsilon of LN_r.
     """
 
@@ -199,37 +217,37 @@ class LaXLinear(LowRankLinear):
         *,
         bias: bool = False,
         activation: str = "identity",
-        gate: str = "kronecker",
+        crossing: str = "kronecker",
         norm_eps: float = 1e-6,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        if gate not in GATES:
-            raise ValueError(f"gate={gate!r} is unknown; allowed: {list(GATES)}")
+        if crossing not in CROSSINGS:
+            raise ValueError(f"crossing={crossing!r} is unknown; allowed: {list(CROSSINGS)}")
         super().__init__(in_features, out_features, rank, bias=bias, activation=activation, device=device, dtype=dtype)
-        self.gate_kind, self.norm_eps = gate, norm_eps
-        self.gate: nn.Module | None = None
+        self.crossing_kind, self.norm_eps = crossing, norm_eps
+        self.crossing: nn.Module | None = None
         self.norm: nn.LayerNorm | None = None
         self.stream: str | None = None
         self._store: LatentStore | None = None
 
     @property
-    def crossing(self) -> bool:
+    def crosses(self) -> bool:
         """Whether this layer adds the previous block's latent (False in block 0)."""
         return self.norm is not None
 
-    def join(self, store: LatentStore, stream: str, *, crossing: bool) -> None:
-        """Publish this layer's latent to ``store`` under ``stream``; with ``crossing`` also read the previous one."""
+    def join(self, store: LatentStore, stream: str, *, cross: bool) -> None:
+        """Publish this layer's latent to ``store`` under ``stream``; with ``cross`` also read the previous one."""
         self._store, self.stream = store, stream
-        if crossing and not self.crossing:
+        if cross and not self.crosses:
             factory = {"device": self.weight_a.device, "dtype": self.weight_a.dtype}
-            self.gate = make_gate(self.gate_kind, self.rank, **factory)
+            self.crossing = make_crossing(self.crossing_kind, self.rank, **factory)
             self.norm = nn.LayerNorm(self.rank, eps=self.norm_eps, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         latent = F.linear(x, self.weight_a)  # (..., r)
         if self.norm is not None:
-            latent = self.norm(latent + self.gate(self._store.get(self.stream)))  # (..., r)
+            latent = self.norm(latent + self.crossing(self._store.get(self.stream)))  # (..., r)
         latent = activation_fn(self.activation)(latent)
         if self._store is not None:
             self._store.put(self.stream, latent)
@@ -246,7 +264,7 @@ class LaXLinear(LowRankLinear):
             base.rank,
             bias=base.bias is not None,
             activation=base.activation,
-            gate=getattr(config, "gate", "kronecker"),
+            crossing=getattr(config, "crossing", "kronecker"),
             norm_eps=getattr(config, "norm_eps", 1e-6),
             device="meta",
         )
@@ -254,26 +272,21 @@ class LaXLinear(LowRankLinear):
         return layer
 
     def to_dense(self) -> nn.Linear:
-        if self.crossing:
+        if self.crosses:
             raise ValueError("to_dense() is undefined for a crossing LaX layer: its output depends on h_prev")
         return super().to_dense()
 
     def num_params(self) -> int:
-        extra = crossing_params(self.gate_kind, self.rank) if self.crossing else 0
+        extra = crossing_params(self.crossing_kind, self.rank) if self.crosses else 0
         return super().num_params() + extra
 
     def flops(self, tokens: int) -> int:
-        """Matmul FLOPs: the factors plus the gate (dense: 2r² per token; Kronecker: 2r(a+b) per token)."""
-        base = super().flops(tokens)
-        if not self.crossing or self.gate_kind == "identity":
-            return base
-        if self.gate_kind == "dense":
-            return base + 2 * tokens * self.rank * self.rank
-        a, b = balanced_factors(self.rank)
-        return base + 2 * tokens * self.rank * (a + b)
+        """Matmul FLOPs: the factors plus the crossing (dense: 2r² per token; Kronecker: 2r(a+b) per token)."""
+        extra = crossing_flops(self.crossing_kind, self.rank, tokens=tokens) if self.crosses else 0
+        return super().flops(tokens) + extra
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, gate={self.gate_kind!r}, crossing={self.crossing}"
+        return f"{super().extra_repr()}, crossing={self.crossing_kind!r}, crosses={self.crosses}"
 
 
 def attach_crossings(model: nn.Module) -> dict[str, int]:
@@ -304,30 +317,29 @@ def attach_crossings(model: nn.Module) -> dict[str, int]:
                 f"rank mismatch in LaX stream {stream!r}: block {block - 1} has r={layers[previous].rank}, "
                 f"block {block} has r={layer.rank}; allowed: equal ranks along a stream"
             )
-        layer.join(store, stream, crossing=previous is not None)
+        layer.join(store, stream, cross=previous is not None)
         if previous is not None:
             crossing[name] = block
     return crossing
 
 
-def plan_lax(name: str, module: nn.Module, config: LaXConfig) -> Any:
+def plan_lax(name: str, module: nn.Module, config: LaXConfig) -> LayerReport:
     """``convert_``'s report row; counts the crossing when the layer sits in a numbered block > 0 (an estimate that
     :func:`finalize_lax` corrects to the built model)."""
-    from tensorslim.convert import _plan_low_rank  # convert.py imports this module
-
-    row = _plan_low_rank(name, module, config)
+    row = plan_low_rank(name, module, config)
     loc = split_block_path(name)
     if loc is None or loc[0] == 0:
         return row
-    return dataclasses.replace(row, params_after=row.params_after + crossing_params(config.gate, row.rank))
+    return dataclasses.replace(row, params_after=row.params_after + crossing_params(config.crossing, row.rank))
 
 
-def finalize_lax(model: nn.Module, config: LaXConfig, report: Any) -> None:
+def finalize_lax(model: nn.Module, config: LaXConfig, report: ConversionReport) -> None:
     """``convert_``'s model-level step: CoLA's ``only_lr_act``, the crossings, exact parameter books."""
-    from tensorslim.convert import _drop_gate_activation  # convert.py imports this module
-
-    _drop_gate_activation(model, config, report)
+    drop_glu_activation(model, config, report)
     attach_crossings(model)
     report.layers[:] = [
         dataclasses.replace(row, params_after=model.get_submodule(row.name).num_params()) for row in report.layers
     ]
+
+
+register_transform(LaXConfig, Transform(is_dense_linear, plan_lax, LaXLinear.from_dense, finalize_lax))

@@ -2,7 +2,7 @@
 
 LaX, "Boosting Low-Rank Training of Foundation Models via Latent Crossing" (arXiv 2505.21732), §3 "The LaX Method"
 and "Variants of LaX" (the TT variant), as the official ViT code implements it (``K1seki221/Latent_Crossing``,
-``vits_pretraining/timm/models/lax_vit.py``, ``TensorizedLinear``; lowrank digest §4.2). The TT layer is
+``vits_pretraining/timm/models/lax_vit.py``, ``TensorizedLinear``). The TT layer is
 :class:`tensorslim.layers.tt.TTLinear` (CoMERA layout: input-mode cores first, ``W = L·R``).
 
 **The latent of a TT layer** is the rank bond between the input-mode half and the output-mode half of the chain,
@@ -11,7 +11,7 @@ equal core counts). It is the only bond where the intermediate is one r-vector p
 ``L = G_1 ⋯ G_d ∈ R^{d_in×r_mid}``. Inter-layer crossing (``InterRes``) acts there, exactly as in
 :mod:`tensorslim.layers.lax`::
 
-    z = LN_r(x·L + G(h_prev))      in block i > 0 (block 0: z = x·L, no gate, no LayerNorm)
+    z = LN_r(x·L + G(h_prev))      in block i > 0 (block 0: z = x·L, no crossing, no LayerNorm)
     h = σ(z)                        σ = identity in the paper's LaX-TT configs (``LatentAct: False``); h goes on
     y = h·R + b
 
@@ -34,23 +34,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from tensorslim.functional.lowrank import ACTIVATIONS, activation_fn
 from tensorslim.functional.tt import tt_linear_factors, tt_linear_flops
+from tensorslim.layers._source import is_dense_linear
 from tensorslim.layers.lax import (
-    GATES,
+    CROSSINGS,
     LatentStore,
-    balanced_factors,
+    crossing_flops,
     crossing_params,
     ensure_store,
-    make_gate,
+    make_crossing,
     split_block_path,
 )
 from tensorslim.layers.tt import TTConfig, TTLinear, plan_tt_linear
+from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,22 +59,23 @@ class LaXTTConfig(TTConfig):
     """TT layers (CoMERA layout) with LaX crossing at the middle bond (LaX §3, "Variants of LaX").
 
     Attributes:
-        gate: ``"kronecker"`` (the paper's configs), ``"dense"`` or ``"identity"``, on the r_mid-dim latent.
+        crossing: the kind of crossing G on the r_mid-dim latent: ``"kronecker"`` (the paper's configs),
+            ``"dense"`` or ``"identity"``.
         norm_eps: epsilon of the r_mid-dimensional LayerNorm (1e-6 in the official code).
         activation: latent activation after the crossing; ``"identity"`` as the official LaX-TT configs.
         intra_res: last name components of the layers that also get intra-layer residuals (the official LaX-TT
             configs: the attention projections); each must have mirrored halves (see the module docstring).
     """
 
-    gate: str = "kronecker"
+    crossing: str = "kronecker"
     norm_eps: float = 1e-6
     activation: str = "identity"
     intra_res: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.gate not in GATES:
-            raise ValueError(f"gate={self.gate!r} is unknown; allowed: {list(GATES)}")
+        if self.crossing not in CROSSINGS:
+            raise ValueError(f"crossing={self.crossing!r} is unknown; allowed: {list(CROSSINGS)}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} is invalid; allowed: a number > 0")
         if self.activation not in ACTIVATIONS:
@@ -155,13 +157,14 @@ def intra_flops(
 class LaXTTLinear(TTLinear):
     """A :class:`TTLinear` whose middle-bond latent crosses to the same layer type in the next block (LaX §3).
 
-    Same ``cores``/``gates``/``bias`` as :class:`TTLinear`; a crossing layer adds ``gate`` and ``norm`` (on
-    ``r_mid``). Crossings are switched on by :func:`attach_tt_crossings` (``convert_`` does it).
+    Same ``cores``/``gates`` (CoMERA's rank gates)/``bias`` as :class:`TTLinear`; a crossing layer adds
+    ``crossing`` (G) and ``norm`` (on ``r_mid``). Crossings are switched on by :func:`attach_tt_crossings`
+    (``convert_`` does it).
 
     Args:
         in_factors, out_factors, ranks, bias: as :class:`TTLinear`.
         activation: latent activation σ (official LaX-TT: identity).
-        gate: the gate kind used when a crossing is enabled.
+        crossing: the kind of crossing G used when the layer crosses.
         norm_eps: epsilon of LN_r.
         intra_res: add the intra-layer residuals (needs mirrored halves, see :func:`intra_pairs`).
     """
@@ -174,21 +177,21 @@ class LaXTTLinear(TTLinear):
         *,
         bias: bool = True,
         activation: str = "identity",
-        gate: str = "kronecker",
+        crossing: str = "kronecker",
         norm_eps: float = 1e-6,
         intra_res: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        if gate not in GATES:
-            raise ValueError(f"gate={gate!r} is unknown; allowed: {list(GATES)}")
+        if crossing not in CROSSINGS:
+            raise ValueError(f"crossing={crossing!r} is unknown; allowed: {list(CROSSINGS)}")
         activation_fn(activation)  # validates the name
         super().__init__(in_factors, out_factors, ranks, bias=bias, device=device, dtype=dtype)
-        self.activation, self.gate_kind, self.norm_eps = activation, gate, norm_eps
+        self.activation, self.crossing_kind, self.norm_eps = activation, crossing, norm_eps
         self.intra_res = False
         if intra_res:
             self.enable_intra_res()
-        self.gate: nn.Module | None = None
+        self.crossing: nn.Module | None = None
         self.norm: nn.LayerNorm | None = None
         self.stream: str | None = None
         self._store: LatentStore | None = None
@@ -199,7 +202,7 @@ class LaXTTLinear(TTLinear):
         return self.ranks[self.n_in]
 
     @property
-    def crossing(self) -> bool:
+    def crosses(self) -> bool:
         """Whether this layer adds the previous block's latent (False in block 0)."""
         return self.norm is not None
 
@@ -208,18 +211,18 @@ class LaXTTLinear(TTLinear):
         intra_pairs(self.in_factors, self.out_factors, self.ranks)
         self.intra_res = True
 
-    def join(self, store: LatentStore, stream: str, *, crossing: bool) -> None:
-        """Publish this layer's latent to ``store`` under ``stream``; with ``crossing`` also read the previous one."""
+    def join(self, store: LatentStore, stream: str, *, cross: bool) -> None:
+        """Publish this layer's latent to ``store`` under ``stream``; with ``cross`` also read the previous one."""
         self._store, self.stream = store, stream
-        if crossing and not self.crossing:
+        if cross and not self.crosses:
             factory = {"device": self.cores[0].device, "dtype": self.cores[0].dtype}
-            self.gate = make_gate(self.gate_kind, self.latent_rank, **factory)
+            self.crossing = make_crossing(self.crossing_kind, self.latent_rank, **factory)
             self.norm = nn.LayerNorm(self.latent_rank, eps=self.norm_eps, **factory)
 
     def _cross(self, latent: torch.Tensor) -> torch.Tensor:
         """``σ(LN(z + G(h_prev)))`` (or ``σ(z)`` in block 0), published for the next block. ``latent``: (B, r_mid)."""
         if self.norm is not None:
-            latent = self.norm(latent + self.gate(self._store.get(self.stream)))
+            latent = self.norm(latent + self.crossing(self._store.get(self.stream)))
         latent = activation_fn(self.activation)(latent)
         if self._store is not None:
             self._store.put(self.stream, latent)
@@ -251,7 +254,7 @@ class LaXTTLinear(TTLinear):
             base.ranks,
             bias=base.bias is not None,
             activation=getattr(config, "activation", "identity"),
-            gate=getattr(config, "gate", "kronecker"),
+            crossing=getattr(config, "crossing", "kronecker"),
             norm_eps=getattr(config, "norm_eps", 1e-6),
             device="meta",
         )
@@ -260,35 +263,30 @@ class LaXTTLinear(TTLinear):
         return layer
 
     def to_dense(self) -> nn.Linear:
-        if self.crossing or self.intra_res or self.activation != "identity":
+        if self.crosses or self.intra_res or self.activation != "identity":
             raise ValueError(
                 "to_dense() is undefined for a LaX-TT layer with crossing, intra_res or a latent activation"
             )
         return super().to_dense()
 
     def num_params(self) -> int:
-        """TT parameters plus the gate and LayerNorm of a crossing (intra residuals have none)."""
-        extra = crossing_params(self.gate_kind, self.latent_rank) if self.crossing else 0
+        """TT parameters plus the crossing and LayerNorm of a crossing layer (intra residuals have none)."""
+        extra = crossing_params(self.crossing_kind, self.latent_rank) if self.crosses else 0
         return super().num_params() + extra
 
     def flops(self, tokens: int) -> int:
-        """Matmul FLOPs: the TT path (half-products, or core by core with ``intra_res``) plus the gate."""
+        """Matmul FLOPs: the TT path (half-products, or core by core with ``intra_res``) plus the crossing."""
         if self.intra_res:
             base = intra_flops(self.in_factors, self.out_factors, self.ranks, tokens=tokens)
         else:
             base = tt_linear_flops(self.in_factors, self.out_factors, self.ranks, tokens=tokens)
-        r = self.latent_rank
-        if not self.crossing or self.gate_kind == "identity":
-            return base
-        if self.gate_kind == "dense":
-            return base + 2 * tokens * r * r
-        a, b = balanced_factors(r)
-        return base + 2 * tokens * r * (a + b)
+        extra = crossing_flops(self.crossing_kind, self.latent_rank, tokens=tokens) if self.crosses else 0
+        return base + extra
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, activation={self.activation!r}, gate={self.gate_kind!r}, "
-            f"crossing={self.crossing}, intra_res={self.intra_res}"
+            f"{super().extra_repr()}, activation={self.activation!r}, crossing={self.crossing_kind!r}, "
+            f"crosses={self.crosses}, intra_res={self.intra_res}"
         )
 
 
@@ -319,7 +317,7 @@ def attach_tt_crossings(model: nn.Module) -> dict[str, int]:
                 f"latent rank mismatch in LaX stream {stream!r}: block {block - 1} has r={layers[previous].latent_rank}"
                 f", block {block} has r={layer.latent_rank}; allowed: equal middle-bond ranks along a stream"
             )
-        layer.join(store, stream, crossing=previous is not None)
+        layer.join(store, stream, cross=previous is not None)
         if previous is not None:
             crossing[name] = block
     return crossing
@@ -329,7 +327,7 @@ def _wants_intra(name: str, config: LaXTTConfig) -> bool:
     return name.rsplit(".", 1)[-1] in config.intra_res
 
 
-def plan_lax_tt(name: str, module: nn.Module, config: LaXTTConfig) -> Any:
+def plan_lax_tt(name: str, module: nn.Module, config: LaXTTConfig) -> LayerReport:
     """``convert_``'s report row: the TT row, checked for ``intra_res``, plus the crossing in blocks > 0 (an
     estimate that :func:`finalize_lax_tt` replaces by the built layer's count)."""
     row = plan_tt_linear(name, module, config)
@@ -343,11 +341,11 @@ def plan_lax_tt(name: str, module: nn.Module, config: LaXTTConfig) -> Any:
     loc = split_block_path(name)
     if loc is None or loc[0] == 0:
         return row
-    added = crossing_params(config.gate, ranks[len(in_factors)])
+    added = crossing_params(config.crossing, ranks[len(in_factors)])
     return dataclasses.replace(row, params_after=row.params_after + added)
 
 
-def finalize_lax_tt(model: nn.Module, config: LaXTTConfig, report: Any) -> None:
+def finalize_lax_tt(model: nn.Module, config: LaXTTConfig, report: ConversionReport) -> None:
     """``convert_``'s model-level step: intra residuals on the named layers, crossings, exact books."""
     converted = {row.name for row in report.layers}
     for name in converted:
@@ -357,3 +355,6 @@ def finalize_lax_tt(model: nn.Module, config: LaXTTConfig, report: Any) -> None:
     report.layers[:] = [
         dataclasses.replace(row, params_after=model.get_submodule(row.name).num_params()) for row in report.layers
     ]
+
+
+register_transform(LaXTTConfig, Transform(is_dense_linear, plan_lax_tt, LaXTTLinear.from_dense, finalize_lax_tt))

@@ -15,7 +15,8 @@ from torch import nn
 
 from tensorslim.decomp.svd import truncated_svd
 from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
-from tensorslim.layers._source import linear_shape, linear_weight
+from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
+from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
 
 Init = Literal["svd", "random"]
 
@@ -193,3 +194,40 @@ class LowRankLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
             f"activation={self.activation!r}, bias={self.bias is not None}"
         )
+
+
+def plan_low_rank(name: str, module: nn.Module, config: LowRankConfig) -> LayerReport:
+    """The ``convert_`` report row for replacing a dense linear layer by a :class:`LowRankLinear` (nothing built)."""
+    d_in, d_out = linear_shape(module)
+    try:
+        rank = config.resolve_rank(d_in, d_out)
+    except ValueError as error:
+        raise ValueError(f"layer {name!r}: {error}") from None
+    has_bias = module.bias is not None
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(d_in, d_out),
+        new_shape=f"{d_in}->{rank}->{d_out}",
+        rank=rank,
+        params_before=d_in * d_out + (d_out if has_bias else 0),
+        params_after=LowRankLinear.count_params(d_in, d_out, rank, bias=has_bias),
+    )
+
+
+def drop_glu_activation(model: nn.Module, config: LowRankConfig, report: ConversionReport) -> None:
+    """CoLA's ``only_lr_act`` switch (the official CoLA configs, arXiv 2502.10940): gated MLPs (modules with
+    ``act_fn``) whose ``gate_proj`` and ``up_proj`` both became low rank lose their own activation, because the
+    latent activations supply the nonlinearity."""
+    if not config.only_lr_act:
+        return
+    converted = {layer.name for layer in report.layers}
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if hasattr(module, "act_fn") and f"{prefix}gate_proj" in converted and f"{prefix}up_proj" in converted:
+            module.act_fn = nn.Identity()
+
+
+register_transform(
+    LowRankConfig, Transform(is_dense_linear, plan_low_rank, LowRankLinear.from_dense, drop_glu_activation)
+)

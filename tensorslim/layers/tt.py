@@ -23,7 +23,8 @@ from tensorslim._checks import require_int
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
 from tensorslim.functional.tt import apply_gates, tt_linear, tt_linear_factors, tt_linear_flops
-from tensorslim.layers._source import linear_shape, linear_weight
+from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
+from tensorslim.registry import LayerReport, Transform, register_transform
 
 Init = Literal["tt_svd", "random"]
 GATE_THRESHOLD = 1e-2  # CoMERA prunes a rank when its gate falls to ≤ 1e-2 (MNLI_trainer.py, digest §2.1)
@@ -244,10 +245,8 @@ class TTLinear(nn.Module):
         )
 
 
-def plan_tt_linear(name: str, module: nn.Module, config: TTConfig):
+def plan_tt_linear(name: str, module: nn.Module, config: TTConfig) -> LayerReport:
     """The ``convert_`` report row for replacing ``module`` by a :class:`TTLinear` (nothing is built)."""
-    from tensorslim.convert import LayerReport  # deferred: convert.py imports this module for its registry
-
     d_in, d_out = linear_shape(module)
     try:
         in_factors, out_factors, ranks = config.resolve(d_in, d_out)
@@ -264,3 +263,6 @@ def plan_tt_linear(name: str, module: nn.Module, config: TTConfig):
         params_before=d_in * d_out + bias,
         params_after=TTLinear.count_params(in_factors + out_factors, ranks, bias=bias) + gates,
     )
+
+
+register_transform(TTConfig, Transform(is_dense_linear, plan_tt_linear, TTLinear.from_dense))

@@ -31,6 +31,7 @@ from tensorslim.functional.tt import (
     ttm_lookup_halves,
 )
 from tensorslim.layers.tt import GATE_THRESHOLD, resolve_ranks
+from tensorslim.registry import LayerReport, Transform, register_transform
 
 Init = Literal["ttm_svd", "random"]
 Lookup = Literal["halves", "chain"]
@@ -219,10 +220,8 @@ def is_embedding(module: nn.Module) -> bool:
     return isinstance(module, nn.Embedding)
 
 
-def plan_tt_embedding(name: str, module: nn.Module, config: TTEmbeddingConfig):
+def plan_tt_embedding(name: str, module: nn.Module, config: TTEmbeddingConfig) -> LayerReport:
     """The ``convert_`` report row for replacing an ``nn.Embedding`` by a :class:`TTEmbedding`."""
-    from tensorslim.convert import LayerReport  # deferred: convert.py imports this module for its registry
-
     try:
         rows, cols, ranks = config.resolve(module.num_embeddings, module.embedding_dim)
     except ValueError as error:
@@ -237,3 +236,6 @@ def plan_tt_embedding(name: str, module: nn.Module, config: TTEmbeddingConfig):
         params_before=module.num_embeddings * module.embedding_dim,
         params_after=cores + (sum(ranks[1:-1]) if config.rank_gates else 0),
     )
+
+
+register_transform(TTEmbeddingConfig, Transform(is_embedding, plan_tt_embedding, TTEmbedding.from_dense))

@@ -6,18 +6,23 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.bench.memory import count_saved_tensors
-from tensorslim.convert import METHODS, convert_
+from tensorslim.convert import convert_
 from tensorslim.layers.cola_m import CoLAMConfig, CoLAMLinear, checkpoint_, find_blocks, uncheckpoint_
-from tensorslim.layers.lowrank import CoLAConfig, LowRankLinear, SVDConfig
-from tensorslim.methods import CONVERSIONS, build_model
-from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM, get_preset
-from tensorslim.train.trainer import causal_lm_loss
+from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, SVDConfig
+from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
 
 TINY = LlamaConfig(d_model=64, n_layers=2, n_heads=4, d_ff=172, vocab_size=256, max_seq_len=64)
+FOUR_BLOCKS = LlamaConfig(d_model=256, n_layers=4, n_heads=4, d_ff=688, vocab_size=4096, max_seq_len=256)
 RANK = 16
+
+
+def causal_lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy (any loss through the whole model would do for these checks)."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
 
 
 def _cola(config: LlamaConfig = TINY, *, dtype: torch.dtype = torch.float64, seed: int = 0) -> LlamaForCausalLM:
@@ -129,13 +134,18 @@ def test_state_dicts_are_interchangeable_with_cola() -> None:
     cola.load_state_dict(cola_m.state_dict(), strict=True)
 
 
-def test_cola_m_method_and_registry() -> None:
-    assert METHODS["cola-m"] is CoLAMConfig
-    config = CONVERSIONS["cola-m"](get_preset("350m"), None)
-    assert isinstance(config, CoLAMConfig) and config.only_lr_act and config.rank == 256
-    model, report = build_model("tiny", "cola-m", device="meta")
-    assert len(report.layers) == 7 * 4
+def _meta_llama(config: LowRankConfig) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(FOUR_BLOCKS)
+    convert_(model, config)
+    return model
+
+
+def test_convert_with_cola_m_config_checkpoints_every_block() -> None:
+    model = _meta_llama(CoLAMConfig(rank=64, init="random", only_lr_act=True))
+    assert sum(isinstance(m, CoLAMLinear) for m in model.modules()) == 7 * 4
     assert all(type(b).__name__ == "CheckpointedBlock" for _, b in find_blocks(model))
+    assert all(isinstance(b.mlp.act_fn, nn.Identity) for _, b in find_blocks(model))  # CoLA's only_lr_act
 
 
 def test_eval_and_no_grad_bypass_the_checkpoint() -> None:
@@ -218,8 +228,8 @@ def test_flop_counter_with_backward_counts_the_recompute() -> None:
     break the recompute); CoLA-M's count is CoLA's plus the recomputed part, but not a full second forward."""
     from tensorslim.books import flops_per_token
 
-    cola, _ = build_model("tiny", "cola", device="meta")
-    cola_m, _ = build_model("tiny", "cola-m", device="meta")
+    cola = _meta_llama(CoLAConfig(rank=64, init="random"))
+    cola_m = _meta_llama(CoLAMConfig(rank=64, init="random"))
     train, train_m = (flops_per_token(m, seq_len=32, backward=True) for m in (cola, cola_m))
     forward = flops_per_token(cola, seq_len=32)
     assert flops_per_token(cola_m, seq_len=32) == forward

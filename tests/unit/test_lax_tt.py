@@ -15,7 +15,6 @@ from tensorslim.convert import convert_
 from tensorslim.layers.lax import LatentStore, crossing_params
 from tensorslim.layers.lax_tt import LaXTTConfig, LaXTTLinear, intra_pairs
 from tensorslim.layers.tt import TTConfig, TTLinear
-from tensorslim.methods import build_model
 from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
 
 TINY = LlamaConfig(d_model=64, n_layers=3, n_heads=4, d_ff=144, vocab_size=128, max_seq_len=32)
@@ -38,41 +37,43 @@ def _half(cores: list[torch.Tensor]) -> torch.Tensor:
     return acc.reshape(acc.shape[0], -1, acc.shape[-1])
 
 
-def _lax_llama(gate: str, *, intra: tuple[str, ...] = ()) -> LlamaForCausalLM:
+def _lax_llama(crossing: str, *, intra: tuple[str, ...] = ()) -> LlamaForCausalLM:
     torch.manual_seed(0)
     model = LlamaForCausalLM(TINY).double()
-    convert_(model, LaXTTConfig(rank=6, n_cores=4, init="random", gate=gate, intra_res=intra))
+    convert_(model, LaXTTConfig(rank=6, n_cores=4, init="random", crossing=crossing, intra_res=intra))
     return model
 
 
-def test_latent_is_the_middle_bond_and_gate_shapes_and_counts_are_exact() -> None:
-    layer = LaXTTLinear((4, 6), (6, 4), (1, 4, 10, 4, 1), gate="kronecker")
+def test_latent_is_the_middle_bond_and_crossing_shapes_and_counts_are_exact() -> None:
+    layer = LaXTTLinear((4, 6), (6, 4), (1, 4, 10, 4, 1), crossing="kronecker")
     assert layer.latent_rank == 10 == layer.ranks[layer.n_in]
     tt_params = 4 * 4 + 4 * 6 * 10 + 10 * 6 * 4 + 4 * 4 + 24  # cores + bias
     assert layer.num_params() == tt_params == sum(p.numel() for p in layer.parameters())
-    for gate, added, shapes in [
+    for kind, added, shapes in [
         ("identity", 20, []),
         ("dense", 100 + 10 + 20, [(10, 10), (10,)]),
         ("kronecker", 4 + 25 + 20, [(2, 2), (5, 5)]),  # 10 = 2·5
     ]:
-        layer = LaXTTLinear((4, 6), (6, 4), (1, 4, 10, 4, 1), gate=gate)
-        layer.join(LatentStore(), "s", crossing=True)
-        assert crossing_params(gate, 10) == added
+        layer = LaXTTLinear((4, 6), (6, 4), (1, 4, 10, 4, 1), crossing=kind)
+        layer.join(LatentStore(), "s", cross=True)
+        assert crossing_params(kind, 10) == added
         assert layer.num_params() == tt_params + added == sum(p.numel() for p in layer.parameters())
-        assert [tuple(p.shape) for p in layer.gate.parameters()] == shapes
+        assert [tuple(p.shape) for p in layer.crossing.parameters()] == shapes
         assert layer.norm.normalized_shape == (10,) and layer.norm.eps == 1e-6
     layer.enable_intra_res()  # intra residuals add no parameters
     assert layer.num_params() == tt_params + added
 
 
 def test_crossing_forward_formula() -> None:
-    layer = _layer((3, 4), (5, 2), (1, 3, 6, 2, 1), gate="dense", activation="silu")
+    layer = _layer((3, 4), (5, 2), (1, 3, 6, 2, 1), crossing="dense", activation="silu")
     store = LatentStore()
-    layer.join(store, "s", crossing=True)
+    layer.join(store, "s", cross=True)
     x, h_prev = torch.randn(2, 5, 12, dtype=torch.float64), torch.randn(10, 6, dtype=torch.float64)
     store.put("s", h_prev)
     left, right = _half(list(layer.cores[:2]))[0], _half(list(layer.cores[2:]))[..., 0]  # (12, 6), (6, 10)
-    z = F.layer_norm(x.reshape(10, 12) @ left + layer.gate(h_prev), (6,), layer.norm.weight, layer.norm.bias, eps=1e-6)
+    z = F.layer_norm(
+        x.reshape(10, 12) @ left + layer.crossing(h_prev), (6,), layer.norm.weight, layer.norm.bias, eps=1e-6
+    )
     expected = F.silu(z) @ right + layer.bias
     torch.testing.assert_close(layer(x), expected.reshape(2, 5, 10))
     torch.testing.assert_close(store.get("s"), F.silu(z))  # the post-norm, post-activation latent goes on
@@ -116,7 +117,11 @@ def test_intra_pairs_rejects_unmirrored_halves() -> None:
 
 
 def test_bad_config_is_a_one_line_error() -> None:
-    for kwargs, match in [({"gate": "diag"}, "gate"), ({"norm_eps": 0.0}, "norm_eps"), ({"activation": "tanh"}, "act")]:
+    for kwargs, match in [
+        ({"crossing": "diag"}, "crossing='diag' is unknown"),
+        ({"norm_eps": 0.0}, "norm_eps"),
+        ({"activation": "tanh"}, "act"),
+    ]:
         with pytest.raises(ValueError, match=match) as info:
             LaXTTConfig(**kwargs)
         assert "\n" not in str(info.value)
@@ -131,14 +136,14 @@ def test_block_0_has_no_crossing_and_books_are_exact() -> None:
     model = _lax_llama("kronecker", intra=("q_proj", "k_proj", "v_proj", "o_proj"))
     for i, block in enumerate(model.layers):
         layers = [m for m in block.modules() if isinstance(m, LaXTTLinear)]
-        assert len(layers) == 7 and all(m.crossing == (i > 0) for m in layers)
+        assert len(layers) == 7 and all(m.crosses == (i > 0) for m in layers)
         assert sum(m.intra_res for m in layers) == 4
         if i == 0:
-            assert all(m.gate is None and m.norm is None for m in layers)
+            assert all(m.crossing is None and m.norm is None for m in layers)
     plain = LlamaForCausalLM(TINY)
     torch.manual_seed(0)
     convert_(plain, TTConfig(rank=6, n_cores=4, init="random"))
-    added = sum(crossing_params("kronecker", m.latent_rank) for m in model.modules() if getattr(m, "crossing", 0))
+    added = sum(crossing_params("kronecker", m.latent_rank) for m in model.modules() if getattr(m, "crosses", 0))
     assert added == 2 * 7 * (4 + 9 + 12)  # r_mid = 6 = 2·3 everywhere
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters()) + added
 
@@ -163,35 +168,35 @@ def _plain_tt(layer: LaXTTLinear) -> TTLinear:
     return plain
 
 
-@pytest.mark.parametrize("gate", ["dense", "kronecker"])
-def test_zero_gate_equals_plain_tt_model_with_latent_layernorm(gate: str) -> None:
+@pytest.mark.parametrize("kind", ["dense", "kronecker"])
+def test_zero_crossing_equals_plain_tt_model_with_latent_layernorm(kind: str) -> None:
     """With G = 0: the plain TT model with LN_r on the middle-bond latents of blocks i > 0 (the same semantics as
     LaX for low-rank layers), and exactly the plain TTLinear in block 0."""
-    model = _lax_llama(gate)
+    model = _lax_llama(kind)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, LaXTTLinear) and module.crossing:
-                for p in module.gate.parameters():
+            if isinstance(module, LaXTTLinear) and module.crosses:
+                for p in module.crossing.parameters():
                     p.zero_()
     reference = copy.deepcopy(model)
     for name, module in list(reference.named_modules()):
         if isinstance(module, LaXTTLinear):
             parent, _, child = name.rpartition(".")
-            plain = _LayerNormedTT(module) if module.crossing else _plain_tt(module)
+            plain = _LayerNormedTT(module) if module.crosses else _plain_tt(module)
             setattr(reference.get_submodule(parent), child, plain)
     ids = torch.randint(0, TINY.vocab_size, (2, 10))
     torch.testing.assert_close(model(ids), reference(ids), rtol=1e-10, atol=1e-10)
-    with torch.no_grad():  # a non-zero gate changes the output: the crossing is live
-        for p in model.layers[2].mlp.down_proj.gate.parameters():
+    with torch.no_grad():  # a non-zero crossing changes the output: it is live
+        for p in model.layers[2].mlp.down_proj.crossing.parameters():
             p.copy_(torch.randn_like(p))
     assert not torch.allclose(model(ids), reference(ids))
 
 
-@pytest.mark.parametrize(("gate", "intra"), [("kronecker", True), ("dense", False)])
-def test_gradcheck_float64(gate: str, intra: bool) -> None:
-    layer = _layer((2, 3), (3, 2), (1, 2, 4, 2, 1), gate=gate, activation="silu", intra_res=intra)
+@pytest.mark.parametrize(("kind", "intra"), [("kronecker", True), ("dense", False)])
+def test_gradcheck_float64(kind: str, intra: bool) -> None:
+    layer = _layer((2, 3), (3, 2), (1, 2, 4, 2, 1), crossing=kind, activation="silu", intra_res=intra)
     store = LatentStore()
-    layer.join(store, "s", crossing=True)
+    layer.join(store, "s", cross=True)
     names = [n for n, _ in layer.named_parameters()]
 
     def run(x, h_prev, *params):
@@ -219,9 +224,9 @@ class _Shapes(TorchDispatchMode):
 
 @pytest.mark.parametrize("intra", [False, True])
 def test_full_weight_is_never_formed(intra: bool) -> None:
-    layer = _layer((3, 4), (4, 5), (1, 3, 6, 3, 1), gate="kronecker", intra_res=intra)  # W: 12 × 20 = 240
+    layer = _layer((3, 4), (4, 5), (1, 3, 6, 3, 1), crossing="kronecker", intra_res=intra)  # W: 12 × 20 = 240
     store = LatentStore()
-    layer.join(store, "s", crossing=True)
+    layer.join(store, "s", cross=True)
     x = torch.randn(7, 12, dtype=torch.float64, requires_grad=True)  # 7 tokens: no token tensor has 240 entries
     store.put("s", torch.randn(7, 6, dtype=torch.float64))
     with _Shapes() as seen:
@@ -234,22 +239,27 @@ def test_full_weight_is_never_formed(intra: bool) -> None:
 
 @pytest.mark.parametrize("intra", [False, True])
 def test_flops_match_flop_counter(intra: bool) -> None:
-    layer = _layer((3, 4), (4, 5), (1, 3, 6, 3, 1), gate="dense", intra_res=intra)
+    layer = _layer((3, 4), (4, 5), (1, 3, 6, 3, 1), crossing="dense", intra_res=intra)
     store = LatentStore()
-    layer.join(store, "s", crossing=True)
+    layer.join(store, "s", cross=True)
     store.put("s", torch.randn(7, 6, dtype=torch.float64))
     with FlopCounterMode(display=False) as counter:
         layer(torch.randn(7, 12, dtype=torch.float64))
     assert counter.get_total_flops() == layer.flops(7)
 
 
-def test_lax_tt_method_builds_the_tiny_preset() -> None:
-    model, report = build_model("tiny", "lax-tt", device="meta")
+def test_lax_tt_on_a_4_block_llama() -> None:
+    """The paper's LaX-TT setting (CoMERA's 6-core TT at max rank 30, intra residuals on attention) on a 4-block
+    LLaMA: 7 streams × 3 crossing blocks, and exact books against the plain TT model."""
+    shape = LlamaConfig(d_model=256, n_layers=4, n_heads=4, d_ff=688, vocab_size=4096, max_seq_len=256)
+    with torch.device("meta"):
+        model, comera = LlamaForCausalLM(shape), LlamaForCausalLM(shape)
+    report = convert_(model, LaXTTConfig(rank=30, init="random", intra_res=("q_proj", "k_proj", "v_proj", "o_proj")))
+    convert_(comera, TTConfig(rank=30, init="random"))
     layers = {n: m for n, m in model.named_modules() if isinstance(m, LaXTTLinear)}
-    assert len(layers) == 28 and sum(m.crossing for m in layers.values()) == 21
+    assert len(layers) == 28 and sum(m.crosses for m in layers.values()) == 21
     assert {n.rsplit(".", 1)[-1] for n, m in layers.items() if m.intra_res} == {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert {m.latent_rank for m in layers.values()} == {30}
-    comera, _ = build_model("tiny", "comera", device="meta")
     extra = 21 * crossing_params("kronecker", 30)  # 5·5 + 6·6 + 60 = 121 per crossing
     assert report.model_params_after == sum(p.numel() for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in comera.parameters()) + extra

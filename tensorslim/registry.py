@@ -1,0 +1,127 @@
+"""The layer registry: which transform plans and builds the replacement for each config type, and its reports.
+
+Modelled on torchao's ``quantize_``: a config is plain data, and a :class:`Transform` registered for its type plans
+and builds the replacement layer. Each layer family registers its own config type(s) beside its code
+(``register_transform(CoLAConfig, Transform(...))`` at the bottom of the family's module), so a new family is one
+file. This module imports no layer: ``import tensorslim.layers`` registers every family, and importing a family's
+module registers that family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from torch import nn
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """What happens (or would happen) to one layer."""
+
+    name: str
+    kind: str  # type of the original module
+    old_shape: tuple[int, int]  # (d_in, d_out)
+    new_shape: str  # e.g. "768->192->768"
+    rank: int
+    params_before: int
+    params_after: int
+
+
+@dataclass
+class ConversionReport:
+    """Per-layer books of a conversion plus the whole model's parameter count before and after."""
+
+    method: str
+    layers: list[LayerReport] = field(default_factory=list)
+    model_params_before: int = 0
+
+    @property
+    def params_before(self) -> int:
+        return sum(layer.params_before for layer in self.layers)
+
+    @property
+    def params_after(self) -> int:
+        return sum(layer.params_after for layer in self.layers)
+
+    @property
+    def model_params_after(self) -> int:
+        return self.model_params_before - self.params_before + self.params_after
+
+    def table(self) -> str:
+        """A plain-text table, one row per converted layer plus totals."""
+        rows = [f"{'layer':<48} {'kind':<10} {'shape':<22} {'rank':>5} {'params':>12} {'-> params':>12}"]
+        for layer in self.layers:
+            shape = f"{layer.old_shape[0]}->{layer.old_shape[1]}"
+            rows.append(
+                f"{layer.name:<48} {layer.kind:<10} {shape:<22} {layer.rank:>5} "
+                f"{layer.params_before:>12,} {layer.params_after:>12,}"
+            )
+        rows.append(
+            f"{len(self.layers)} layers converted with {self.method}: {self.params_before:,} -> "
+            f"{self.params_after:,} params; model {self.model_params_before:,} -> {self.model_params_after:,}"
+        )
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How one config family plans and builds replacements.
+
+    Attributes:
+        accepts: whether a module is a candidate for this transform.
+        plan_layer: ``(qualified name, module, config) -> LayerReport``, computed without building anything.
+        build: ``(module, config) -> replacement module``.
+        finalize: optional model-level step ``(model, config, report)`` after all layers are replaced; it may
+            correct the report's rows to the built model.
+    """
+
+    accepts: Callable[[nn.Module], bool]
+    plan_layer: Callable[[str, nn.Module, object], LayerReport]
+    build: Callable[[nn.Module, object], nn.Module]
+    finalize: Callable[[nn.Module, object, ConversionReport], None] | None = None
+
+
+TRANSFORMS: dict[type, Transform] = {}
+
+
+def register_transform(config_type: type, transform: Transform) -> None:
+    """Register ``transform`` for ``config_type`` (and, through :func:`registered_for`, its subclasses).
+
+    Raises:
+        ValueError: ``config_type`` already has a different transform.
+    """
+    known = TRANSFORMS.get(config_type)
+    if known is not None and known != transform:
+        raise ValueError(f"config type {config_type.__name__} already has a transform; allowed: one per config type")
+    TRANSFORMS[config_type] = transform
+
+
+def registered_for(registry: dict[type, T], config: object, *, what: str) -> T:
+    """The registry entry of ``config``'s class or its nearest registered base class.
+
+    Raises:
+        TypeError: neither the class nor any base class is registered.
+    """
+    for cls in type(config).__mro__:
+        if cls in registry:
+            return registry[cls]
+    known = sorted(cls.__name__ for cls in registry)
+    raise TypeError(f"config of type {type(config).__name__} has no registered {what}; known: {known}")
+
+
+def transform_for(config: object) -> Transform:
+    """The :class:`Transform` registered for ``config``'s type (or its nearest registered base class)."""
+    return registered_for(TRANSFORMS, config, what="transform")
+
+
+def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Replace the submodule at qualified ``name`` (``"layers.0.mlp.up_proj"``) of ``model`` by ``new``."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
