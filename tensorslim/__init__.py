@@ -13,13 +13,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "METHODS": "tensorslim.convert",
-    "TRANSFORMS": "tensorslim.convert",
-    "ConversionReport": "tensorslim.convert",
-    "LayerReport": "tensorslim.convert",
+    "ConversionReport": "tensorslim.registry",
+    "LayerReport": "tensorslim.registry",
     "convert_": "tensorslim.convert",
     "plan": "tensorslim.convert",
     "CoLAConfig": "tensorslim.layers.lowrank",
+    "KronConfig": "tensorslim.layers.kron",
+    "KronLinear": "tensorslim.layers.kron",
     "LowRankConfig": "tensorslim.layers.lowrank",
     "LowRankLinear": "tensorslim.layers.lowrank",
     "SVDConfig": "tensorslim.layers.lowrank",

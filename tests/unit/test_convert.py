@@ -1,16 +1,24 @@
-"""convert_ / plan on our LLaMA and on Hugging Face models built from tiny local configs."""
+"""The layer registry, and convert_ / plan on our LLaMA and on Hugging Face models built from tiny local configs."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 from torch import nn
 
-from tensorslim.convert import METHODS, convert_, plan
-from tensorslim.layers.lowrank import CoLAConfig, LowRankLinear, SVDConfig
+from tensorslim.convert import convert_, plan
+from tensorslim.layers.cola_m import CoLAMConfig
+from tensorslim.layers.kron import KronConfig
+from tensorslim.layers.lax import LaXCoLAConfig, LaXConfig
+from tensorslim.layers.lax_tt import LaXTTConfig
+from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, SVDConfig
+from tensorslim.layers.tt import TTConfig
+from tensorslim.layers.tt_embedding import TTEmbeddingConfig
 from tensorslim.models.llama import LlamaForCausalLM
+from tensorslim.registry import TRANSFORMS, LayerReport, Transform, register_transform, transform_for
 from tests.helpers import TINY_LLAMA
 
 transformers = pytest.importorskip("transformers")
@@ -76,8 +84,46 @@ def test_unregistered_config_is_a_type_error() -> None:
         convert_(LlamaForCausalLM(TINY_LLAMA), object())
 
 
-def test_method_registry_names() -> None:
-    assert METHODS["cola"] is CoLAConfig and METHODS["svd"] is SVDConfig
+def test_every_family_registers_itself_and_subclasses_resolve_by_mro() -> None:
+    families = {LowRankConfig, CoLAMConfig, LaXConfig, TTConfig, LaXTTConfig, TTEmbeddingConfig, KronConfig}
+    assert families <= set(TRANSFORMS)
+    assert transform_for(CoLAConfig()) is TRANSFORMS[LowRankConfig]  # no entry of its own: its base class's
+    assert transform_for(SVDConfig()) is TRANSFORMS[LowRankConfig]
+    assert transform_for(CoLAMConfig()) is TRANSFORMS[CoLAMConfig]  # the nearest registered class wins
+    assert transform_for(LaXCoLAConfig()) is TRANSFORMS[LaXConfig]
+
+
+def test_a_new_family_is_one_registration() -> None:
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class ScaleConfig:
+        factor: float = 2.0
+
+    class Scaled(nn.Module):
+        def __init__(self, module: nn.Module, config: ScaleConfig) -> None:
+            super().__init__()
+            self.inner, self.factor = module, config.factor
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.factor * self.inner(x)
+
+    def plan_row(name: str, module: nn.Module, config: ScaleConfig) -> LayerReport:
+        n = sum(p.numel() for p in module.parameters())
+        return LayerReport(name, "Linear", (module.in_features, module.out_features), "scaled", 0, n, n)
+
+    transform = Transform(lambda m: isinstance(m, nn.Linear), plan_row, Scaled)
+    register_transform(ScaleConfig, transform)
+    try:
+        register_transform(ScaleConfig, transform)  # the same transform again is harmless
+        with pytest.raises(ValueError, match="ScaleConfig already has a transform"):
+            register_transform(ScaleConfig, dataclasses.replace(transform, finalize=lambda *args: None))
+        model = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2, bias=False))
+        x = torch.randn(5, 3)
+        expected = 4 * model(x)  # ReLU is positively homogeneous
+        report = convert_(model, ScaleConfig())
+        assert [row.name for row in report.layers] == ["0", "2"] and isinstance(model[2], Scaled)
+        torch.testing.assert_close(model(x), expected)
+    finally:
+        del TRANSFORMS[ScaleConfig]
 
 
 def test_hf_llama_with_only_lr_act() -> None:

@@ -192,16 +192,6 @@ def test_tt_linear_init_std_matches_comera():
     assert layer.weight_matrix().std().item() == pytest.approx((1 / 1536) ** 0.5, rel=0.3)
 
 
-def test_tt_linear_state_dict_round_trip():
-    a = TTLinear((3, 2), (2, 3), (1, 3, 4, 3, 1))
-    a.enable_gates()
-    b = TTLinear((3, 2), (2, 3), (1, 3, 4, 3, 1))
-    b.enable_gates()
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(4, 6)
-    torch.testing.assert_close(a(x), b(x))
-
-
 @pytest.mark.parametrize(
     "kwargs,match",
     [
