@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tensorslim.convert import output_head_ids, registered_for
+from tensorslim.convert import output_head_ids
 from tensorslim.quant.calibration import (
     check_quantizable,
     collect_grams,
@@ -31,6 +31,7 @@ from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
 from tensorslim.quant.qlinear import QuantConv2d, QuantLinear, build_quant_layer
 from tensorslim.quant.quantizer import QuantConfig, QuantResult
 from tensorslim.quant.rtn import RTNConfig, rtn_quantize
+from tensorslim.registry import registered_for
 
 FilterFn = Callable[[nn.Module, str], bool]
 Solver = Callable[[torch.Tensor, torch.Tensor | None, QuantConfig], QuantResult]
@@ -159,8 +160,9 @@ def quantize_(
     Args:
         model: any ``nn.Module`` (our presets, Hugging Face models, a plain CNN).
         config: :class:`RTNConfig`, :class:`GPTQConfig` or :class:`COMQConfig`.
-        calibration: an iterable of model inputs (tensor, tuple of positionals, or dict of keywords), streamed
-            once; may be None for RTN only. It should be re-iterable only if you call ``quantize_`` again.
+        calibration: an iterable of model inputs (tensor, tuple of positionals, or a mapping of keywords such as
+            a dict or a tokenizer's ``BatchEncoding``), streamed once; may be None for RTN only. It should be
+            re-iterable only if you call ``quantize_`` again.
         filter_fn: ``(module, qualified_name) -> bool``; when given it alone decides which layers are quantized.
 
     Returns:

