@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+# Field that names a record's non-finite top-level values, which the JSON itself holds as null.
+NONFINITE_KEY = "nonfinite"
 
 
 class MetricsLog:
     """Appends one JSON object per record to ``metrics.jsonl``; mirrors scalars to TensorBoard when available.
 
-    On resume the log is first cut back to the checkpoint's step, so an interrupted and resumed run leaves the
-    same records as an uninterrupted one.
+    Every line is strict JSON (RFC 8259 has no NaN or Infinity): a non-finite float is written as ``null``, and a
+    top-level one is also named in the record's ``"nonfinite"`` object (``{"loss": "nan"}``), which
+    :meth:`records` uses to give back the logged floats. On resume the log is first cut back to the checkpoint's
+    step, so an interrupted and resumed run leaves the same records as an uninterrupted one.
     """
 
     def __init__(self, run_dir: Path, *, resume_step: int | None = None, tensorboard: bool = True) -> None:
@@ -21,17 +27,17 @@ class MetricsLog:
             self.path.write_text("")
         else:
             kept = [line for line in self.records() if line["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self.path.write_text("".join(json_line(r) for r in kept))
         self._writer = _tensorboard_writer(run_dir / "tensorboard") if tensorboard else None
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [_restore(json.loads(line)) for line in self.path.read_text().splitlines() if line.strip()]
 
     def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_line(record))
         if self._writer is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float):
@@ -40,6 +46,49 @@ class MetricsLog:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """``record`` as one line of strict JSON: non-finite floats become null, the top-level ones named.
+
+    Args:
+        record: A flat metrics record; nested lists and dicts are allowed (their non-finite floats become null).
+
+    Returns:
+        The JSON text and a newline.
+    """
+    nonfinite = {key: _name(value) for key, value in record.items() if _is_nonfinite(value)}
+    strict = {key: strict_json(value) for key, value in record.items()}
+    if nonfinite:
+        strict[NONFINITE_KEY] = nonfinite
+    return json.dumps(strict, allow_nan=False) + "\n"
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float, at any depth of lists/tuples/dicts, replaced by None."""
+    if _is_nonfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def _is_nonfinite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _name(value: float) -> str:
+    """``"nan"``, ``"inf"`` or ``"-inf"``: what ``float()`` parses back."""
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def _restore(record: dict[str, Any]) -> dict[str, Any]:
+    """A record read from the log with its named non-finite values put back as floats."""
+    for key, name in record.pop(NONFINITE_KEY, {}).items():
+        record[key] = float(name)
+    return record
 
 
 def _tensorboard_writer(path: Path) -> Any:
