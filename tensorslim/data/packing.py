@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from tensorslim.data.corpus import Corpus, load_corpus
 from tensorslim.data.tokenizer import TextTokenizer, load_tokenizer
 
 SPLITS = ("train", "validation")
+_PACK_CHUNK = 4096  # documents tokenized at a time: bounds the memory of Python token lists
 
 
 def pack(token_lists: list[list[int]], seq_len: int, *, eos_id: int) -> torch.Tensor:
@@ -59,33 +62,37 @@ def build_lm_data(
     seq_len: int,
     max_val_blocks: int | None = None,
     batch_size: int | None = None,
+    text_field: str = "text",
 ) -> LMData:
     """Loads a corpus, tokenizes both splits (cached) and packs them into blocks.
 
     Token ids of each split (documents joined by eos, independent of ``seq_len``) are cached as ``.npy`` under
     ``<cache>/tokens/`` keyed by the corpus fingerprint and the tokenizer identity, so only the first run pays for
-    tokenization.
+    tokenization. Documents are tokenized a chunk at a time, so a table corpus is streamed from disk.
 
     Args:
-        data: Corpus name or path, as for :func:`~tensorslim.data.corpus.load_corpus`.
+        data: Corpus name or path (text files, a ``datasets`` folder, parquet), as for
+            :func:`~tensorslim.data.corpus.load_corpus`.
         tokenizer: Tokenizer spec, as for :func:`~tensorslim.data.tokenizer.load_tokenizer`.
         vocab_size: BPE vocabulary size (ignored for a Hugging Face tokenizer).
         seq_len: Block length, > 0.
         max_val_blocks: Keep only the first this many validation blocks (> 0); ``None`` keeps all.
         batch_size: If given, also check that the train split fills at least one batch of this size.
+        text_field: The .jsonl field or table column holding the text.
 
     Returns:
         The packed data.
 
     Raises:
-        ValueError: Non-positive sizes, or a split too small for one validation block / one training batch.
+        ValueError: Non-positive sizes, data that cannot be read (see ``load_corpus``), or a split too small for
+            one validation block / one training batch.
     """
     _check_positive(seq_len=seq_len)
     if max_val_blocks is not None:
         _check_positive(max_val_blocks=max_val_blocks)
     if batch_size is not None:
         _check_positive(batch_size=batch_size)
-    corpus = load_corpus(data)
+    corpus = load_corpus(data, text_field=text_field)
     text_tokenizer = load_tokenizer(tokenizer, corpus, vocab_size=vocab_size)
     streams = _token_streams(corpus, text_tokenizer)
     _check_enough_tokens(data, streams, seq_len=seq_len, batch_size=batch_size or 1)
@@ -217,12 +224,20 @@ def _token_streams(corpus: Corpus, tokenizer: TextTokenizer) -> dict[str, np.nda
         path = folder / f"{key}-{split}.npy"
         stream = _load_npy(path)
         if stream is None:
-            documents = getattr(corpus, split)
-            stream = _concat_with_eos(tokenizer.encode_batch(documents), eos_id=tokenizer.eos_id, dtype=dtype)
+            stream = _encode_stream(tokenizer, getattr(corpus, split), dtype=dtype)
             with atomic_path(path) as tmp, open(tmp, "wb") as file:
                 np.save(file, stream)
         streams[split] = stream
     return streams
+
+
+def _encode_stream(tokenizer: TextTokenizer, documents: Iterable[str], *, dtype: type) -> np.ndarray:
+    """The eos-joined token stream of ``documents``, tokenized :data:`_PACK_CHUNK` documents at a time."""
+    remaining = iter(documents)
+    parts = [np.empty(0, dtype=dtype)]
+    while chunk := list(itertools.islice(remaining, _PACK_CHUNK)):
+        parts.append(_concat_with_eos(tokenizer.encode_batch(chunk), eos_id=tokenizer.eos_id, dtype=dtype))
+    return np.concatenate(parts)
 
 
 def _load_npy(path: Path) -> np.ndarray | None:

@@ -8,7 +8,9 @@ are the ones :func:`tensorslim.data.packing.pack` inserts.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +60,12 @@ class TextTokenizer:
     def __repr__(self) -> str:
         return f"TextTokenizer(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, without any special tokens added."""
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        """Token ids of each text, without any special tokens added; ``texts`` is read once, in order."""
         ids: list[list[int]] = []
-        for start in range(0, len(texts), _ENCODE_CHUNK):
-            ids += self._encode_chunk(texts[start : start + _ENCODE_CHUNK])
+        remaining = iter(texts)
+        while chunk := list(itertools.islice(remaining, _ENCODE_CHUNK)):
+            ids += self._encode_chunk(chunk)
         return ids
 
     def decode(self, ids: list[int]) -> str:
@@ -131,7 +134,7 @@ def _cached_bpe(corpus: Corpus, *, vocab_size: int) -> TextTokenizer:
     return TextTokenizer(backend, name=f"bpe{vocab_size}:{corpus.name}", eos_id=eos_id, identity=identity)
 
 
-def _train_bpe(texts: list[str], *, vocab_size: int) -> Any:
+def _train_bpe(texts: Sequence[str], *, vocab_size: int) -> Any:
     """Trains a GPT-2-style byte-level BPE (lossless: ``decode(encode(x)) == x`` for any text).
 
     No normalizer and no prefix space, so nothing is changed on the way in; the 256-byte initial alphabet means

@@ -26,6 +26,7 @@ from tensorslim.data import (
     pack,
 )
 from tensorslim.data import corpus as corpus_module
+from tensorslim.data import tables as tables_module
 from tensorslim.data import tokenizer as tokenizer_module
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -168,10 +169,10 @@ def test_bad_data_inputs_raise_one_line_value_errors(tmp_path: Path) -> None:
     cases = {
         str(tmp_path / "missing.txt"): r"missing\.txt' does not exist; expected 'stdlib', 'bbcnews'",
         str(tmp_path / "empty.txt"): r"empty\.txt' is empty",
-        str(tmp_path / "empty_dir"): r"empty_dir' holds no \.txt or \.jsonl files",
-        str(tmp_path / "only_csv"): r"only_csv' holds no \.txt or \.jsonl files",
+        str(tmp_path / "empty_dir"): r"empty_dir' holds no \.txt, \.jsonl or parquet files",
+        str(tmp_path / "only_csv"): r"only_csv' holds no \.txt, \.jsonl or parquet files",
         str(tmp_path / "data.csv"): r"data\.csv' has unsupported extension '\.csv'",
-        str(tmp_path / "no_text.jsonl"): r"no_text\.jsonl:2: no string field 'text'",
+        str(tmp_path / "no_text.jsonl"): r"no_text\.jsonl:2: no string field 'text'; each \.jsonl line must be",
         str(tmp_path / "bad.jsonl"): r"bad\.jsonl:1: invalid JSON",
     }
     for data, message in cases.items():
@@ -349,3 +350,193 @@ def test_batch_stream_bad_inputs() -> None:
         stream.load_state_dict({"epoch": 0, "position": 0, "seed": 1, "num_blocks": 3})
     with _one_line_error(r"position=3 is out of range"):
         stream.load_state_dict({"epoch": 0, "position": 3})
+
+
+# --- what counts as text -----------------------------------------------------------------------------------------
+
+
+def test_binary_files_are_rejected_naming_the_file(tmp_path: Path) -> None:
+    noise = torch.randint(0, 256, (64 * 1024,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    (tmp_path / "noise.txt").write_bytes(noise.numpy().tobytes())  # 64 KiB of random bytes, as a user sent
+    (tmp_path / "noise_no_nul.txt").write_bytes(noise.clamp(min=1).numpy().tobytes())
+    (tmp_path / "nul.txt").write_bytes(b"plain ASCII words\x00 and one NUL byte\n")
+    (tmp_path / "utf16.txt").write_text("text saved as UTF-16\n" * 20, encoding="utf-16")
+    (tmp_path / "controls.txt").write_bytes(bytes(range(1, 9)) * 10 + b" words" * 20)  # 80 controls in 200 bytes
+    (tmp_path / "noise.jsonl").write_bytes(noise.numpy().tobytes()[:4096])
+    (tmp_path / "replaced.txt").write_text("words lost to a lossy decode: " + "\ufffd" * 10 + "\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "good.txt").write_text("a real document\n")
+    (folder / "picture.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + noise.numpy().tobytes()[:512])
+    cases = {
+        "noise.txt": r"noise\.txt' is not text: it contains NUL bytes",
+        "noise_no_nul.txt": "it is neither UTF-8 nor Windows-1252 text",
+        "nul.txt": "NUL bytes",
+        "utf16.txt": "NUL bytes",
+        "controls.txt": "40% of its characters are control or replacement characters",
+        "replaced.txt": "24% of its characters are control or replacement characters",
+        "noise.jsonl": r"noise\.jsonl' is not text",
+        "folder": r"picture\.txt' is not text",
+    }
+    for name, reason in cases.items():
+        with _one_line_error(rf"{reason}.*; expected UTF-8 text"):
+            load_corpus(str(tmp_path / name))
+    with _one_line_error(r"noise\.txt' is not text"):
+        build_lm_data(str(tmp_path / "noise.txt"), tokenizer=None, vocab_size=300, seq_len=8)
+
+
+def test_text_with_a_few_control_characters_and_windows_1252_still_loads(tmp_path: Path) -> None:
+    # Form feeds (Python sources have them), an escape sequence, tabs and CRLF are text; so is Windows-1252.
+    text = "def f():\r\n\treturn 1\n\x0c\n\x1b[1mbold\x1b[0m\n" + "ordinary prose. " * 40
+    (tmp_path / "ok.txt").write_text(text, newline="")
+    (tmp_path / "cp1252.txt").write_bytes("caf\u00e9 costs \u00a35 \u2013 \u201cquoted\u201d\n".encode("cp1252"))
+    assert load_corpus(str(tmp_path / "ok.txt"), validation_fraction=0.5).train[0].startswith("def f():\r\n")
+    cp1252 = load_corpus(str(tmp_path / "cp1252.txt"), validation_fraction=0.5)
+    assert "".join(cp1252.train + cp1252.validation) == "caf\u00e9 costs \u00a35 \u2013 \u201cquoted\u201d\n"
+
+
+# --- tables: Hugging Face datasets folders and parquet -----------------------------------------------------------
+
+
+def _table_records(n: int) -> dict[str, list]:
+    """``n`` rows: a text column (unique texts, one blank and one null), a title column and an int column."""
+    content: list[str | None] = [f"row {i}: " + "some words of a document. " * (1 + i % 3) for i in range(n)]
+    content[3], content[7] = "   ", None
+    return {"content": content, "title": [f"title {i}" for i in range(n)], "n": list(range(n))}
+
+
+@pytest.fixture
+def saved_tables(tmp_path: Path) -> tuple[Path, list[str]]:
+    """One table written by `datasets` as a save_to_disk folder (3 shards), a parquet file and a parquet folder.
+
+    Returns:
+        The folder holding ``saved/``, ``one.parquet``, ``shards/`` and ``one.arrow`` (Feather v2, the Arrow IPC
+        file format), and the expected documents (the non-blank texts, in row order).
+    """
+    datasets = pytest.importorskip("datasets")
+    feather = pytest.importorskip("pyarrow.feather")
+    records = _table_records(60)
+    table = datasets.Dataset.from_dict(records)
+    table.save_to_disk(str(tmp_path / "saved"), num_shards=3)
+    table.to_parquet(str(tmp_path / "one.parquet"))
+    (tmp_path / "shards").mkdir()
+    for i in range(2):
+        table.shard(2, i, contiguous=True).to_parquet(str(tmp_path / "shards" / f"part-{i}.parquet"))
+    feather.write_feather(table.data.table, str(tmp_path / "one.arrow"))
+    expected = [text for text in records["content"] if text and text.strip()]
+    # Independent reader: datasets itself.
+    assert [t for t in datasets.load_from_disk(str(tmp_path / "saved"))["content"] if t and t.strip()] == expected
+    return tmp_path, expected
+
+
+def test_datasets_folder_and_parquet_stream_one_document_per_row(
+    saved_tables: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow
+    import pyarrow.parquet
+
+    folder, expected = saved_tables
+    monkeypatch.setattr(tables_module, "BATCH_ROWS", 7)  # many record batches, cut inside each file
+    largest = []
+    batches = tables_module.text_batches
+
+    def spy(*args: object, **kwargs: object) -> Iterator[tuple[str, list[str | None]]]:
+        for key, texts in batches(*args, **kwargs):
+            largest.append(len(texts))
+            yield key, texts
+
+    monkeypatch.setattr(tables_module, "text_batches", spy)
+
+    def whole_table(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a whole table was read into memory")
+
+    monkeypatch.setattr(pyarrow.parquet.ParquetFile, "read", whole_table)
+    monkeypatch.setattr(pyarrow.parquet, "read_table", whole_table)
+    monkeypatch.setattr(pyarrow.ipc.RecordBatchStreamReader, "read_all", whole_table)
+    monkeypatch.setattr(pyarrow.ipc.RecordBatchFileReader, "read_all", whole_table)
+    fingerprints = set()
+    for name in ("saved", "one.parquet", "shards", "one.arrow"):
+        corpus = load_corpus(str(folder / name), text_field="content", validation_fraction=0.1)
+        assert (len(corpus.train), len(corpus.validation)) == (52, round(0.1 * 58)), name
+        train, validation = list(corpus.train), list(corpus.validation)
+        # A partition of the non-blank rows, each split in row order.
+        assert sorted(train + validation, key=expected.index) == expected
+        for split in (train, validation):
+            assert [expected.index(t) for t in split] == sorted(expected.index(t) for t in split)
+        assert corpus.train[:3] == train[:3] and corpus.validation[-1] == validation[-1]
+        assert corpus.train[5] == train[5] and corpus.train[50:60] == train[50:]
+        again = load_corpus(str(folder / name), text_field="content", validation_fraction=0.1)
+        assert list(again.validation) == validation and again.fingerprint == corpus.fingerprint
+        fingerprints.add(corpus.fingerprint)
+    assert len(fingerprints) == 4  # the file names are part of the keys that decide the split
+    assert 0 < max(largest) <= 7
+    titles = load_corpus(str(folder / "saved"), text_field="title", validation_fraction=0.1)
+    assert len(titles.train) + len(titles.validation) == 60
+    assert titles.fingerprint != load_corpus(str(folder / "saved"), text_field="content").fingerprint
+
+
+def test_build_lm_data_packs_a_datasets_folder(
+    saved_tables: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, expected = saved_tables
+    data = build_lm_data(str(folder / "saved"), tokenizer=None, vocab_size=300, seq_len=16, text_field="content")
+    tokenizer, train = data.tokenizer, list(data.corpus.train)
+    assert len(train) + len(data.corpus.validation) == len(expected)
+    assert torch.equal(data.train, pack(tokenizer.encode_batch(train), 16, eos_id=tokenizer.eos_id))
+    reference = pack(tokenizer.encode_batch(list(data.corpus.validation)), 16, eos_id=tokenizer.eos_id)
+    assert torch.equal(data.validation, reference)
+    assert tokenizer.decode(data.train[0].tolist()).startswith(train[0][:16])
+
+    def no_encoding(*args: object, **kwargs: object) -> None:
+        raise AssertionError("token ids were not cached")
+
+    monkeypatch.setattr(tokenizer_module.TextTokenizer, "encode_batch", no_encoding)
+    monkeypatch.setattr(tokenizer_module, "_train_bpe", no_encoding)
+    again = build_lm_data(str(folder / "saved"), tokenizer=None, vocab_size=300, seq_len=16, text_field="content")
+    assert torch.equal(again.train, data.train)
+
+
+def test_table_errors_name_the_columns_splits_and_files(saved_tables: tuple[Path, list[str]]) -> None:
+    import datasets
+
+    folder, _ = saved_tables
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_dict({"text": ["a"]}), test=datasets.Dataset.from_dict({"text": ["b"]})
+    ).save_to_disk(str(folder / "dict"))
+    datasets.Dataset.from_dict({"text": ["  ", None]}).to_parquet(str(folder / "blank.parquet"))
+    (folder / "mixed").mkdir()
+    shutil.copyfile(folder / "one.parquet", folder / "mixed" / "table.parquet")
+    (folder / "mixed" / "notes.txt").write_text("a note")
+    (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    columns = r"its string columns are 'content', 'title' \(choose one as the text field\)"
+    cases = {
+        ("saved", "text"): rf"table 'data-00000-of-00003\.arrow' has no string column 'text'; {columns}",
+        ("one.parquet", "text"): rf"table 'one\.parquet' has no string column 'text'; {columns}",
+        ("shards", "n"): rf"table 'part-0\.parquet' has no string column 'n'; {columns}",
+        (
+            "dict",
+            "text",
+        ): r"is a DatasetDict with splits 'train', 'test'; pass one split's folder, e\.g\. '.*dict/train'",
+        ("blank.parquet", "text"): r"blank\.parquet' is empty \(no non-blank text in column 'text'\)",
+        ("mixed", "text"): r"mixes text files \('notes\.txt'\) and tables \('table\.parquet'\)",
+        ("broken.parquet", "text"): r"cannot read '.*broken\.parquet' as a table",
+    }
+    for (name, field), message in cases.items():
+        with _one_line_error(message):
+            load_corpus(str(folder / name), text_field=field)
+    with _one_line_error(r"text_field='' is invalid"):
+        load_corpus(str(folder / "saved"), text_field="")
+
+
+def test_a_single_row_table_is_cut_like_a_single_file(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    text = "".join(f"line {i} of the only row\n" for i in range(100))
+    datasets.Dataset.from_dict({"text": [text]}).to_parquet(str(tmp_path / "one.parquet"))
+    corpus = load_corpus(str(tmp_path / "one.parquet"), validation_fraction=0.1)
+    assert corpus.train[0] + corpus.validation[0] == text and corpus.validation[0].startswith("line 90 ")
+
+
+def test_jsonl_text_field(tmp_path: Path) -> None:
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": f"document {i}"}) + "\n" for i in range(10)))
+    corpus = load_corpus(str(tmp_path / "docs.jsonl"), text_field="body")
+    assert sorted(corpus.train + corpus.validation) == sorted(f"document {i}" for i in range(10))
