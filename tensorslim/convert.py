@@ -16,25 +16,36 @@ from tensorslim.registry import ConversionReport, Transform, set_submodule, tran
 FilterFn = Callable[[nn.Module, str], bool]
 
 
-def output_head_ids(model: nn.Module, *, names: tuple[str, ...] = ("lm_head",)) -> set[int]:
-    """Ids of the output head(s): modules called one of ``names`` and ``get_output_embeddings()``.
+# Output heads of common Hugging Face and tensorslim models: a module under one of these names stays dense by default.
+HEAD_NAMES = ("lm_head", "classifier", "score", "qa_outputs", "cls", "seq_relationship", "head")
+# A rank derived from ``rank_ratio`` below this (e.g. 1 for a 384 -> 2 classifier) is no bottleneck but a loss.
+MIN_RATIO_RANK = 8
+
+
+def output_head_ids(model: nn.Module, *, names: tuple[str, ...] = HEAD_NAMES) -> set[int]:
+    """Ids of the output heads: modules with a name component in ``names``, and ``get_output_embeddings()``.
 
     They stay dense by default, as in CoLA (only the projections inside blocks are replaced).
     """
-    heads = {id(module) for name, module in model.named_modules() if name.split(".")[-1] in names}
+    heads = {id(module) for name, module in model.named_modules() if set(name.split(".")) & set(names)}
     get_head = getattr(model, "get_output_embeddings", None)
     if callable(get_head) and isinstance(get_head(), nn.Module):
         heads.add(id(get_head()))
     return heads
 
 
-def _candidates(model: nn.Module, transform: Transform, filter_fn: FilterFn | None) -> list[tuple[str, nn.Module]]:
+def _candidates(
+    model: nn.Module, transform: Transform, filter_fn: FilterFn | None, skipped: list[tuple[str, str]] | None = None
+) -> list[tuple[str, nn.Module]]:
     heads = output_head_ids(model) if filter_fn is None else set()
     chosen = []
     for name, module in model.named_modules(remove_duplicate=True):
-        if not transform.accepts(module) or id(module) in heads:
+        if not transform.accepts(module):
             continue
-        if filter_fn is None or filter_fn(module, name):
+        if id(module) in heads:
+            if skipped is not None:
+                skipped.append((name, "output head"))
+        elif filter_fn is None or filter_fn(module, name):
             chosen.append((name, module))
     return chosen
 
@@ -50,8 +61,9 @@ def plan(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None)
         model: any ``nn.Module``.
         config: a registered config, e.g. ``CoLAConfig()``.
         filter_fn: ``(module, qualified_name) -> bool``; when given, it alone decides which candidate layers are
-            converted. When None, every candidate except the output head (``lm_head`` /
-            ``get_output_embeddings()``) is converted.
+            converted. When None, every candidate is converted except the output heads (a name component in
+            :data:`HEAD_NAMES`, or ``get_output_embeddings()``) and layers whose rank, derived from
+            ``rank_ratio``, would fall below :data:`MIN_RATIO_RANK`; ``report.skipped`` lists them and why.
 
     Raises:
         TypeError: no transform is registered for ``config``'s type.
@@ -59,8 +71,13 @@ def plan(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None)
     """
     transform = transform_for(config)
     report = ConversionReport(method=type(config).__name__, model_params_before=_count_params(model))
-    for name, module in _candidates(model, transform, filter_fn):
-        report.layers.append(transform.plan_layer(name, module, config))
+    ratio_rank = getattr(config, "rank", 0) is None and hasattr(config, "rank_ratio")
+    for name, module in _candidates(model, transform, filter_fn, report.skipped):
+        layer = transform.plan_layer(name, module, config)
+        if filter_fn is None and ratio_rank and layer.rank < MIN_RATIO_RANK:
+            report.skipped.append((name, f"rank {layer.rank} from rank_ratio is below {MIN_RATIO_RANK}"))
+            continue
+        report.layers.append(layer)
     return report
 
 
@@ -77,4 +94,5 @@ def convert_(model: nn.Module, config: object, *, filter_fn: FilterFn | None = N
         set_submodule(model, layer.name, transform.build(targets[layer.name], config))
     if transform.finalize is not None:
         transform.finalize(model, config, report)
+    report.applied = True
     return report

@@ -38,6 +38,8 @@ class ConversionReport:
     method: str
     layers: list[LayerReport] = field(default_factory=list)
     model_params_before: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (layer, why it stays as it is)
+    applied: bool = False  # False: a plan (dry run); True: the layers were replaced
 
     @property
     def params_before(self) -> int:
@@ -60,8 +62,10 @@ class ConversionReport:
                 f"{layer.name:<48} {layer.kind:<10} {shape:<22} {layer.rank:>5} "
                 f"{layer.params_before:>12,} {layer.params_after:>12,}"
             )
+        rows += [f"kept as is: {name} ({why})" for name, why in self.skipped]
+        verb = "converted" if self.applied else "to convert (plan)"
         rows.append(
-            f"{len(self.layers)} layers converted with {self.method}: {self.params_before:,} -> "
+            f"{len(self.layers)} layers {verb} with {self.method}: {self.params_before:,} -> "
             f"{self.params_after:,} params; model {self.model_params_before:,} -> {self.model_params_after:,}"
         )
         return "\n".join(rows)

@@ -42,6 +42,7 @@ class CausalLM(Task):
             vocab_size=config.vocab_size or preset.config.vocab_size,
             seq_len=config.seq_len,
             max_val_blocks=config.eval_blocks,
+            text_field=config.text_field,
         )
         return TaskData(
             train=BatchStream(data.train, batch_size=config.batch_size, seed=config.seed),

@@ -83,6 +83,7 @@ class MaskedLM(Task):
             vocab_size=config.vocab_size or 4096,
             seq_len=config.seq_len,
             max_val_blocks=config.eval_blocks,
+            text_field=config.text_field,
         )
         own_mask = special_id(data.tokenizer, "[MASK]")
         mask_id = data.tokenizer.vocab_size if own_mask is None else own_mask

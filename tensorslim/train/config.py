@@ -56,7 +56,13 @@ class TrainConfig:
     min_lr_ratio: float = field(default=0.1, metadata=_help("cosine floor as a fraction of the peak lr"))
     dtype: str = field(default="fp32", metadata=_help("fp32, or bf16 autocast (slow on CPUs without AVX-512 BF16)"))
     seed: int = field(default=0, metadata=_help("seed of model init and data order"))
-    data: str = field(default="stdlib", metadata=_help("stdlib, bbcnews, or a .txt/.jsonl file or folder"))
+    data: str = field(
+        default="stdlib",
+        metadata=_help("stdlib, bbcnews, a .txt/.jsonl file or folder, a datasets save_to_disk folder, or parquet"),
+    )
+    text_field: str = field(
+        default="text", metadata=_help("text column of a datasets/parquet table, or field of a .jsonl")
+    )
     tokenizer: str | None = field(default=None, metadata=_help("local Hugging Face tokenizer path (default: BPE)"))
     vocab_size: int | None = field(default=None, metadata=_help("BPE vocabulary size (default: the model's)"))
     eval_every: int = field(default=100, metadata=_help("steps between validation passes"))
