@@ -214,3 +214,14 @@ def build_student(
     if qat is not None:
         prepare_qat_(student, qat)
     return student, report
+
+
+def mean_pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sentence embeddings ``(B, D)``: the mean of ``(B, T, D)`` hidden states over the unmasked tokens."""
+    weights = mask[..., None].to(hidden.dtype)  # (B, T, 1)
+    return (hidden * weights).sum(1) / weights.sum(1)
+
+
+def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The sentence-embedding task loss: ``1 −`` mean cosine of the mean-pooled outputs ``(B, T, D)``."""
+    return 1 - F.cosine_similarity(mean_pooled(student, mask), mean_pooled(teacher, mask), dim=-1).mean()

@@ -86,12 +86,14 @@ class LearnedScaleQuantizer(nn.Module):
 
     @torch.no_grad()
     def init_from(self, x: torch.Tensor) -> None:
+        if x.is_meta:  # a meta model (the books) has no values: the scale stays to be set by real data
+            return
         amax = x.detach().abs().max()
         self.scale.fill_(float(amax) / qrange(self.bits)[1] if amax > 0 else 1.0)
         self.initialized.fill_(True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not bool(self.initialized):
+        if not x.is_meta and not bool(self.initialized):
             self.init_from(x)
         return lsq_quantize(x, self.scale.to(x.dtype), bits=self.bits, grad_scale=self.grad_scale)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -50,14 +51,74 @@ def test_quantize_cli_bad_input_is_one_line_exit_2(flags: list[str], message: st
     assert message in err and "\n" not in err
 
 
+def _distill_config(out: Path, **overrides: object):  # noqa: ANN202 - a TrainConfig
+    from tensorslim.train.config import TrainConfig
+
+    base = TrainConfig(
+        preset="minilm",
+        task="distill",
+        method="tt-qat",
+        steps=4,
+        batch_size=4,
+        seq_len=32,
+        lr=1e-3,
+        warmup_fraction=0.0,
+        data="bbcnews",
+        eval_blocks=4,
+        eval_every=2,
+        checkpoint_every=2,
+        out_dir=str(out),
+        progress=False,
+        tensorboard=False,
+    )
+    return replace(base, **overrides)
+
+
+def test_train_command_distills_minilm_into_a_tt_qat_student(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "run"
+    argv = ["train", "--preset", "minilm", "--task", "distill", "--method", "tt-qat", "--steps", "6", "--lr", "1e-3"]
+    argv += ["--steps-per-layer", "100", "--rank", "8", "--batch-size", "4", "--seq-len", "32", "--data", "bbcnews"]
+    argv += ["--warmup-fraction", "0", "--eval-blocks", "4", "--eval-every", "6", "--checkpoint-every", "3"]
+    assert main([*argv, "--out-dir", str(out), "--no-progress", "--no-tensorboard"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    losses = summary["losses"]
+    assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2]), losses  # one layer on: comparable steps
+    assert summary["params_total"] < summary["dense_params_total"] / 1.5
+    assert 0.0 < summary["val_metrics"]["val_cos_mean"] <= 1.0 and summary["val_loss"] > 0
+    assert (out / "loss.png").stat().st_size > 0 and (out / "metrics.jsonl").is_file()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1].endswith("6")
+
+
+def test_distill_run_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
+    from tensorslim.train.trainer import train
+
+    config = _distill_config(tmp_path / "full", task_options={"steps_per_layer": 2})  # steps 2, 3 match 2 layers
+    full = train(config)
+    interrupted = replace(config, out_dir=str(tmp_path / "cut"))
+
+    def stop_after_step_3(record: dict) -> None:
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, on_step=stop_after_step_3)
+    resumed = train(replace(interrupted, resume=True))
+    assert resumed.losses == full.losses
+    assert resumed.val_metrics == full.val_metrics
+
+
 def test_distill_cli_runs_a_few_steps_and_reports_compression(tmp_path: Path) -> None:
     import json
 
     out = tmp_path / "distill.json"
     argv = ["distill", "--steps-per-layer", "1", "--task-steps", "1", "--batch-size", "2", "--seq-len", "8"]
-    assert main([*argv, "--eval-docs", "4", "--no-eval-bbc", "--rank", "4", "--out", str(out)]) == 0
+    argv += ["--eval-docs", "4", "--no-eval-bbc", "--rank", "4", "--out-dir", str(tmp_path / "run")]
+    assert main([*argv, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["steps"] == 6 + 1
+    assert (tmp_path / "run" / "summary.json").is_file()
     before, after = report["encoder_linear_params"]
     assert after < before / 20
     assert report["model_bits"][1] < report["model_bits"][0]
@@ -66,7 +127,12 @@ def test_distill_cli_runs_a_few_steps_and_reports_compression(tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--qat", "int4"], "qat='int4' is not supported"), (["--bits", "9"], "bits=9"), (["--init", "x"], "init='x'")],
+    [
+        (["--qat", "int4"], "qat='int4' is not supported"),
+        (["--bits", "9"], "bits=9"),
+        (["--init", "x"], "init='x'"),
+        (["--final-lr", "1"], "final_lr=1.0 is invalid"),
+    ],
 )
 def test_distill_cli_bad_input(flags: list[str], message: str, capsys) -> None:  # noqa: ANN001
     assert main(["distill", *flags]) == 2
