@@ -62,4 +62,6 @@ def build_for_method(
 def apply_method(model: nn.Module, method: str, context: MethodContext) -> list:
     """Restructure ``model`` in place as ``method`` does (nothing for full-rank methods); the conversion reports."""
     spec = get_method(method)
+    if spec.families is not None and context.family not in spec.families:
+        raise ValueError(f"method={method!r} does not apply to {context.family} models; allowed: {list(spec.families)}")
     return spec.convert(model, context) if spec.convert is not None else []

@@ -124,5 +124,6 @@ register_method(
         help="LaX on CoMERA's TT layers: crossing at the middle bond (arXiv 2505.21732)",
         convert=_converter(_lax_tt),
         options=RankOptions,
+        families=("llama",),  # its intra-layer residuals name LLaMA's attention projections
     )
 )

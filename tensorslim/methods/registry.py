@@ -65,6 +65,7 @@ class Method:
         options: the frozen dataclass of the method's own options.
         tensor_parallel: the ``--tp-style`` values that can shard this method's model.
         lr: peak learning rate when the user gives none; None takes the model's recipe.
+        families: the model families it applies to (``llama``, ``bert``, ``gpt2``, ``hf-bert``); None: any.
     """
 
     name: str
@@ -75,6 +76,7 @@ class Method:
     options: type = NoOptions
     tensor_parallel: tuple[str, ...] = ()
     lr: float | None = None
+    families: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:

@@ -21,8 +21,13 @@ def _count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# lax-tt's intra-layer residuals name LLaMA's attention projections, so it applies to LLaMA only.
-CASES = [(m, *model) for m in sorted(METHODS) for model in MODELS if m != "lax-tt" or model[0] == "tiny"]
+FAMILIES = {"tiny": "llama", "gpt2-tiny": "gpt2", "bert-tiny": "bert"}
+CASES = [
+    (name, *model)
+    for name, method in sorted(METHODS.items())
+    for model in MODELS
+    if method.families is None or FAMILIES[model[0]] in method.families
+]
 
 
 @pytest.mark.parametrize(("method", "model_name", "task"), CASES)
