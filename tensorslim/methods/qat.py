@@ -83,5 +83,6 @@ register_method(
         convert=convert_tt_qat,
         options=TTQATOptions,
         lr=1e-3,
+        families=("hf-bert",),  # its filter names Hugging Face BERT's encoder layers
     )
 )
