@@ -133,11 +133,12 @@ class Distillation(Task):
         student = _forward(with_attentions(model), ids, mask)
         with torch.no_grad():
             teacher = _forward(self._teacher_on(ids.device), ids, mask)
-        loss = distill_loss(
-            student.hidden_states, teacher.hidden_states, student.attentions, teacher.attentions, layer_use=layer_use
-        )
+        # The loss in float32 even under bf16 autocast: 1 − cos and the KL of near-equal models are small differences.
+        s_h, t_h = [h.float() for h in student.hidden_states], [h.float() for h in teacher.hidden_states]
+        s_att, t_att = [a.float() for a in student.attentions], [a.float() for a in teacher.attentions]
+        loss = distill_loss(s_h, t_h, s_att, t_att, layer_use=layer_use)
         if layer_use > self.n_layers:
-            loss = loss + embedding_loss(student.last_hidden_state, teacher.last_hidden_state, mask)
+            loss = loss + embedding_loss(s_h[-1], t_h[-1], mask)
         return loss, student, teacher
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
