@@ -29,9 +29,10 @@ import torch
 import torch.distributed as dist
 
 from tensorslim.distributed import build_mesh, parallelize
-from tensorslim.distributed.step import train_step
-from tensorslim.methods import build_model
-from tensorslim.models.llama import get_preset
+from tensorslim.distributed.layout import clip_grad_norm_tp
+from tensorslim.methods import build_for_method
+from tensorslim.methods.recipes import recipe_for
+from tensorslim.models.registry import model_config
 
 # row label -> (method, parallelize style, recompute)
 STYLES = {
@@ -56,10 +57,20 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> float:
+    """One step of the tensor-parallel model as the Trainer runs it with one data-parallel rank (clip at 0.5)."""
+    loss = model.loss(batch)
+    loss.backward()
+    clip_grad_norm_tp(model, 0.5)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def bench_style(style: str, args: argparse.Namespace, mesh, data: list[torch.Tensor]) -> dict:
     method, tp_style, recompute = STYLES[style]
     torch.manual_seed(0)
-    full, _ = build_model(args.preset, method, max_seq_len=args.seq)
+    full, _, _ = build_for_method(args.preset, method, max_seq_len=args.seq)
     model = parallelize(full, mesh, tp_style, recompute=recompute)
     del full
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -68,15 +79,15 @@ def bench_style(style: str, args: argparse.Namespace, mesh, data: list[torch.Ten
         model.tp.log.reset()
         dist.barrier()
         start = time.perf_counter()
-        loss, _ = train_step(model, optimizer, [batch], grad_clip=0.5)
+        loss = train_step(model, optimizer, batch)
         elapsed = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if i > 0:  # the first step pays for lazy initialization
             times.append(elapsed.item())
         losses.append(loss)
     log = model.tp.log
-    config = get_preset(args.preset).model
-    rank = get_preset(args.preset).cola_rank
+    config = model_config(args.preset)
+    rank = recipe_for(args.preset).cola_rank
     tokens = args.batch * args.seq
     fwd, bwd = layer_formula(tp_style, d=config.d_model, f=config.d_ff, r=rank)
     if recompute == "layer":
@@ -112,7 +123,7 @@ def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
 
 
 def memory(args: argparse.Namespace) -> None:
-    vocab = get_preset(args.preset).model.vocab_size
+    vocab = model_config(args.preset).vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
     lines = [f"# BTP latent checkpointing: saved activations ({datetime.datetime.now().isoformat(timespec='seconds')})"]
     lines += ["", f"Command: `python benchmarks/boost_tp.py --memory --preset {args.preset} --batch {args.batch} "]
@@ -121,7 +132,7 @@ def memory(args: argparse.Namespace) -> None:
     lines += ["| recompute | saved bytes (whole model incl. head and CE) |", "|---|---|"]
     for recompute in ("none", "latent", "layer"):
         torch.manual_seed(0)
-        full, _ = build_model(args.preset, "cola", max_seq_len=args.seq)
+        full, _, _ = build_for_method(args.preset, "cola", max_seq_len=args.seq)
         lines.append(f"| {recompute} | {saved_bytes(parallelize(full, None, 'btp', recompute=recompute), ids)} |")
     text = "\n".join(lines) + "\n"
     print(text)
@@ -143,7 +154,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     mesh = build_mesh(dist.get_world_size(), world_size=dist.get_world_size())
-    vocab = get_preset(args.preset).model.vocab_size
+    vocab = model_config(args.preset).vocab_size
     generator = torch.Generator().manual_seed(0)
     data = [torch.randint(0, vocab, (args.batch, args.seq), generator=generator) for _ in range(args.steps + 1)]
     load_before = load()

@@ -1,4 +1,5 @@
-"""``tensorslim train``: one run of any registered model, task and method through the one Trainer."""
+"""``tensorslim train``: one run of any registered model, task and method through the one Trainer (one process, or
+one per rank under ``torchrun`` for tensor/data parallelism)."""
 
 from __future__ import annotations
 
@@ -38,18 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from tensorslim.train.config import TrainConfig, check_preset
 
     check_preset(args.preset)
-    task = resolve_task(args.preset, args.task)
+    task = args.task or resolve_task(args.preset)
     config = config_from_args(
         TrainConfig,
         args,
         options=options_from_args(args.method, method_owners(), args, what="method"),
         task_options=options_from_args(task, task_owners(), args, what="task"),
     )
-    if config.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: tensor/data parallel loop
-        from tensorslim.distributed.train import train_distributed
-
-        train_distributed(config)
-        return 0
     from tensorslim.report import print_train_summary
     from tensorslim.train.trainer import Interrupted, train
 
@@ -58,5 +54,6 @@ def run(args: argparse.Namespace) -> int:
     except Interrupted as stop:
         print(f"tensorslim train: {stop}", flush=True)
         return 128 + stop.signal_number
-    print_train_summary(config, result)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank trains; rank 0 reports
+        print_train_summary(config, result)
     return 0

@@ -5,6 +5,11 @@ the GaLore/CoLA recipe (GaLore, arXiv 2403.03507 §5; CoLA, arXiv 2502.10940 §4
 to 10 % of the peak learning rate, gradient clipping. A method's hook (:mod:`tensorslim.train.hooks`) may add to the
 loss, build its own optimizer and act after each step (CoMERA's stages).
 
+Where the processes are is the run's parallel layout (:mod:`tensorslim.distributed.layout`): one process by
+default, or tensor × data parallelism under ``torchrun`` (BOOST, arXiv 2512.12131, §3) through this very loop; the
+layout is asked at a few fixed points (shard the model, cut the batch, reduce, gather checkpoints) and only rank 0
+logs and reports.
+
 Runs end well: a non-finite loss or gradient stops the run at once, naming the step, before the optimizer touches
 the weights (or, with ``on_nonfinite="skip"``, skips that step and counts it), so no checkpoint ever holds
 non-finite weights; SIGTERM and Ctrl-C finish the current step, write a checkpoint and raise :class:`Interrupted`.
@@ -30,14 +35,15 @@ from torch import nn
 
 from tensorslim.bench.memory import MemoryBreakdown, count_saved_tensors, training_memory
 from tensorslim.books import count_params, flops_per_token
+from tensorslim.distributed.layout import Layout, parallel_layout
 from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
-from tensorslim.tasks.base import to_device
+from tensorslim.tasks.base import TaskData, to_device
 from tensorslim.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.hooks import TrainHook
-from tensorslim.train.metrics import MetricsLog, plot_loss_curve
+from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.schedule import warmup_cosine
 
@@ -91,10 +97,11 @@ def _model_books(model: nn.Module, *, seq_len: int, prefix: str = "") -> dict[st
     }
 
 
-def _trained_books(model: nn.Module, books: dict[str, float], *, seq_len: int) -> dict[str, float]:
+def _trained_books(model: nn.Module, books: dict[str, float], *, seq_len: int, start_params: int) -> dict[str, float]:
     """``books`` with the method's entries recounted when training changed the model's shapes (CoMERA truncates
-    dead ranks), on a meta copy so the count costs no compute and follows the same code path as at the start."""
-    if count_params(model).total == books["params_total"]:
+    dead ranks; ``start_params`` counts the trained model before training), on a meta copy so the count costs no
+    compute and follows the same code path as at the start."""
+    if count_params(model).total == start_params:
         return books
     shapes_only = copy.deepcopy(model).to("meta")
     return {**books, **_model_books(shapes_only, seq_len=seq_len)}
@@ -128,36 +135,52 @@ class _StopRequests:
 class Trainer:
     """Runs a :class:`TrainConfig` to the end, resuming from the run folder's checkpoint when asked.
 
+    Under ``torchrun`` (or with ``config.tp > 1``) every process builds a Trainer: the layout checks the mesh, the
+    method's ``tensor_parallel`` styles and the batch split before any work, then joins the process group, which
+    :meth:`run` leaves at the end.
+
     Args:
         config: the run.
         on_nonfinite: ``"stop"`` raises :class:`NonFiniteError` at the first non-finite loss or gradient;
             ``"skip"`` drops that step's update, counts it (``skipped_steps``) and goes on.
+        layout: where the processes are (default: :func:`tensorslim.distributed.layout.parallel_layout`).
     """
 
-    def __init__(self, config: TrainConfig, *, on_nonfinite: str = "stop") -> None:
+    def __init__(self, config: TrainConfig, *, on_nonfinite: str = "stop", layout: Layout | None = None) -> None:
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite={on_nonfinite!r} is invalid; allowed: 'stop' or 'skip'")
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
         self.config = config
         self.on_nonfinite = on_nonfinite
         self.run_dir = Path(config.run_dir)
-        self.device = torch.device(config.device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
+        self.layout = layout or parallel_layout(config)
+        self.device = self.layout.device
+        try:
+            with self.layout.guarded():
+                self._build()
+        except BaseException:
+            self.layout.close(ok=False)
+            raise
+
+    def _build(self) -> None:
+        config = self.config
         self.task = get_task(config.task)(config.task_options)
         self.method = get_method(config.method)
-        self.data = self.task.build_data(config, model_name=config.preset)
+        self.data: TaskData = self.layout.rank0_first(lambda: self.task.build_data(config, model_name=config.preset))
         self.books = self._books()
-        torch.manual_seed(config.seed)
-        self.model, self.reports, context = build_for_method(
+        torch.manual_seed(config.seed)  # every rank builds the same full weights; a parallel layout keeps its slices
+        model, self.reports, context = build_for_method(
             config.preset,
             config.method,
-            task=config.task,
+            task=config.model_task,
             options=config.options,
             steps=config.steps,
             run_dir=self.run_dir,
             **self.data.model_overrides,
         )
-        self.model.to(self.device)
+        self.model = self.layout.shard(model.to(self.device))
+        self.start_params = count_params(self.model).total
         self.hook: TrainHook = self.method.hook(context) if self.method.hook is not None else TrainHook()
         self.optimizer = (
             self.hook.build_optimizer(self.model, lr=config.peak_lr(), weight_decay=config.weight_decay)
@@ -175,7 +198,12 @@ class Trainer:
         config, books = self.config, {}
         for prefix, method, options in (("", config.method, config.options), ("dense_", "dense", None)):
             model, _, _ = build_for_method(
-                config.preset, method, task=config.task, options=options, device="meta", **self.data.model_overrides
+                config.preset,
+                method,
+                task=config.model_task,
+                options=options,
+                device="meta",
+                **self.data.model_overrides,
             )
             books.update(_model_books(model, seq_len=config.seq_len, prefix=prefix))
         return books
@@ -199,7 +227,8 @@ class Trainer:
         path = latest_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise ValueError(f"resume=True but {self.run_dir / 'checkpoints'} holds no checkpoint")
-        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, prepare=self._prepare_resume)
+        model, optimizer = self.layout.resume_views(self.model, self.optimizer)
+        state = load_checkpoint(path, model=model, optimizer=optimizer, prepare=self._prepare_resume)
         changed = self.config.differences(state.get("config", {}))
         if changed:
             raise ValueError(f"checkpoint {path} was written with a different config: {', '.join(changed)}")
@@ -230,17 +259,18 @@ class Trainer:
         self._set_lr()
         loss_sum, saved = 0.0, 0
         self.task.begin_step(self.step)
-        for _ in range(config.grad_accum):
-            batch = to_device(self.stream.next_batch(), self.device)
-            with count_saved_tensors(self.model) as tally, self._autocast():
-                loss = self.task.loss(self.model, batch)
-            saved = max(saved, tally.bytes)
-            objective = self.hook.loss(loss, model=self.model, step=self.step)
-            (objective / config.grad_accum).backward()
+        for batch, sync in self.layout.micro_batches(self.stream, config.grad_accum):
+            with sync:
+                batch = to_device(batch, self.device)
+                with count_saved_tensors(self.model) as tally, self._autocast():
+                    loss = self.layout.loss(self.task, self.model, batch)
+                saved = max(saved, tally.bytes)
+                objective = self.hook.loss(loss, model=self.model, step=self.step)
+                (objective / config.grad_accum).backward()
             loss_sum += loss.item()
         max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
-        loss_mean = loss_sum / config.grad_accum
+        grad_norm = self.layout.clip_grad_norm(self.model, max_norm)
+        loss_mean = self.layout.mean(loss_sum / config.grad_accum)
         if math.isfinite(loss_mean) and math.isfinite(grad_norm):
             self.optimizer.step()
         elif self.on_nonfinite == "stop":
@@ -262,17 +292,17 @@ class Trainer:
                 f"step {self.step}: {len(bad)} weights are not finite (first: {bad[0]}); no checkpoint written, the "
                 "last one is the last good one"
             )
-        return save_checkpoint(
-            self.run_dir / "checkpoints",
-            step=self.step,
-            model=self.model,
-            optimizer=self.optimizer,
-            state={
-                "config": self.config.to_dict(),
-                "data": self.stream.state_dict(),
-                "method": self.hook.state_dict(),
-                "skipped_steps": self.skipped_steps,
-            },
+        model, optimizer = self.layout.full_state(self.model, self.optimizer)
+        state = {
+            "config": self.config.to_dict(),
+            "data": self.stream.state_dict(),
+            "method": self.hook.state_dict(),
+            "skipped_steps": self.skipped_steps,
+        }
+        return self.layout.on_main(
+            lambda: save_checkpoint(
+                self.run_dir / "checkpoints", step=self.step, model=model, optimizer=optimizer, state=state
+            )
         )
 
     def validate(self) -> dict[str, float]:
@@ -280,17 +310,37 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self.task.evaluate(self.model, self.data, batch_size=self.config.batch_size, autocast=self._autocast)
+            return self.task.evaluate(
+                self.layout.evaluation_model(self.model),
+                self.data,
+                batch_size=self.config.batch_size,
+                autocast=self._autocast,
+            )
         finally:
             self.model.train(was_training)
 
     def run(self, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-        """Train until ``config.steps``; ``on_step`` receives each step's metrics record."""
-        config = self.config
-        log = MetricsLog(self.run_dir, resume_step=self.step if config.resume else None, tensorboard=config.tensorboard)
+        """Train until ``config.steps``; ``on_step`` receives each step's metrics record. Every rank returns the
+        same result (rank 0's records); the parallel layout is left at the end."""
+        finished = False
+        try:
+            with self.layout.guarded():
+                result = self._run(on_step)
+            finished = True
+            return result
+        except Interrupted:
+            finished = True  # every rank stopped after the same step
+            raise
+        finally:
+            self.layout.close(ok=finished)
+
+    def _run(self, on_step: Callable[[dict[str, Any]], None] | None) -> TrainResult:
+        config, main = self.config, self.layout.is_main
+        resume_step = self.step if config.resume else None
+        log = MetricsLog(self.run_dir, resume_step=resume_step, tensorboard=config.tensorboard) if main else _NoLog()
         speeds: list[float] = []
         saved_peak = 0
-        bar = _progress(config, initial=self.step)
+        bar = _progress(config, initial=self.step) if main else None
         stop = _StopRequests()
         try:
             with stop.installed():
@@ -307,6 +357,7 @@ class Trainer:
                         "grad_norm": grad_norm,
                         "tokens": self.step * self.data.tokens_per_batch * config.grad_accum,
                         "tokens_per_s": speeds[-1],
+                        **self.layout.step_metrics(),
                         **extra,
                     }
                     if self.step % config.eval_every == 0 or self.step == config.steps:
@@ -315,8 +366,9 @@ class Trainer:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{speeds[-1]:,.0f}")
-                    if stop.signal_number is not None:
-                        raise Interrupted(self.step, self._checkpoint(), stop.signal_number)
+                    signal_number = self.layout.any_rank(stop.signal_number or 0)
+                    if signal_number:
+                        raise Interrupted(self.step, self._checkpoint(), signal_number)
                     if self.step % config.checkpoint_every == 0 or self.step == config.steps:
                         self._checkpoint()
                     if on_step is not None:
@@ -327,27 +379,48 @@ class Trainer:
             log.close()
         return self._finish(log, speeds, saved_peak)
 
-    def _finish(self, log: MetricsLog, speeds: list[float], saved_peak: int) -> TrainResult:
+    def _finish(self, log: MetricsLog | _NoLog, speeds: list[float], saved_peak: int) -> TrainResult:
+        # Rank 0 holds the records (of the interrupted run too, on resume); the others receive what they need.
         records = log.records()
-        validated = [r for r in records if "val_loss" in r]
+        losses, validated = self.layout.on_main(
+            lambda: ([r["loss"] for r in records if "loss" in r], [r for r in records if "val_loss" in r])
+        )
         val_metrics = {k: v for k, v in validated[-1].items() if k.startswith("val_")} if validated else self.validate()
         memory: MemoryBreakdown = training_memory(self.model, self.optimizer, saved_peak)
         result = TrainResult(
             run_dir=str(self.run_dir),
             steps=self.step,
-            **_trained_books(self.model, self.books, seq_len=self.config.seq_len),
+            **_trained_books(self.model, self.books, seq_len=self.config.seq_len, start_params=self.start_params),
             # The first step pays for lazy initialization; the median of the rest is the steady state.
             tokens_per_s=statistics.median(speeds[1:] or speeds) if speeds else 0.0,
             memory={**asdict(memory), "total": memory.total},
             val_loss=val_metrics["val_loss"],
-            losses=[r["loss"] for r in records if "loss" in r],
+            losses=losses,
             val_metrics=val_metrics,
             skipped_steps=self.skipped_steps,
         )
-        (self.run_dir / "summary.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+        self.layout.on_main(lambda: self._report(result, records))
+        return result
+
+    def _report(self, result: TrainResult, records: list[dict[str, Any]]) -> None:
+        (self.run_dir / "summary.json").write_text(
+            json.dumps(strict_json(asdict(result)), indent=2, allow_nan=False) + "\n"
+        )
         title = f"{self.config.preset} {self.config.task} {self.config.method}"
         plot_loss_curve(records, self.run_dir / "loss.png", title=title)
-        return result
+
+
+class _NoLog:
+    """The metrics log of a rank other than 0: it writes nothing."""
+
+    def log(self, record: dict[str, Any]) -> None:
+        pass
+
+    def records(self) -> list[dict[str, Any]]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
 def _progress(config: TrainConfig, *, initial: int) -> Any:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tensorslim.distributed.layout import check_parallel_config, parallel_layout
 from tensorslim.distributed.parallelize import check_divisibility, check_world, parallelize
-from tensorslim.distributed.train import check_parallel_config
 from tensorslim.models.llama import LlamaConfig
 from tensorslim.train.config import TrainConfig
 from tests.distributed import workers
@@ -73,6 +73,22 @@ def test_train_config_checks_style_method_and_batch_split() -> None:
         check_parallel_config(TrainConfig(tp=2, tp_style="megatron"), world_size=2)
     with pytest.raises(ValueError, match="batch_size=3 must be divisible by the data-parallel size 2"):
         check_parallel_config(TrainConfig(tp=2, batch_size=3), world_size=4)
+    with pytest.raises(ValueError, match=r"method='galore' does not fit tp_style='btp'; allowed: \['cola', 'svd'\]"):
+        check_parallel_config(TrainConfig(tp=2, method="galore"), world_size=2)
+    with pytest.raises(ValueError, match="task='mlm' cannot run tensor-parallel"):
+        check_parallel_config(TrainConfig(preset="bert-tiny", tp=2), world_size=2)
+    with pytest.raises(ValueError, match="family 'gpt2'"):
+        check_parallel_config(TrainConfig(preset="gpt2-tiny", tp=2), world_size=2)
+
+
+def test_one_process_gets_the_single_process_layout_and_tp_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorslim.distributed.layout import SingleProcess
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert isinstance(parallel_layout(TrainConfig()), SingleProcess)
+    with pytest.raises(ValueError, match="tp=2 needs one process per rank: torchrun --nproc-per-node 2"):
+        parallel_layout(TrainConfig(tp=2))
 
 
 def test_cli_reports_a_bad_mesh_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
@@ -87,13 +103,14 @@ def test_cli_reports_a_bad_mesh_in_one_line(monkeypatch: pytest.MonkeyPatch, cap
     )
 
 
-def test_a_dead_peer_makes_the_survivor_exit_nonzero_quickly() -> None:
+def test_a_dead_peer_makes_the_survivor_exit_nonzero_quickly(small_corpus: Path, tmp_path: Path) -> None:
     port = workers.free_port()
-    code = "import sys; from tests.distributed.workers import fault_main as f; f(int(sys.argv[1]), 2, int(sys.argv[2]))"
+    code = "import sys; from tests.distributed.workers import fault_main; fault_main(*sys.argv[1:])"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
+    args = [str(port), str(small_corpus), str(tmp_path / "run")]
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(rank), str(port)], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+        subprocess.Popen([sys.executable, "-c", code, str(rank), *args], cwd=ROOT, env=env, stderr=subprocess.PIPE)
         for rank in (0, 1)
     ]
     errors = [proc.communicate(timeout=90)[1].decode() for proc in procs]
@@ -105,7 +122,7 @@ def test_a_dead_peer_makes_the_survivor_exit_nonzero_quickly() -> None:
 
 
 def test_guard_reports_lost_peers_only(capsys: pytest.CaptureFixture) -> None:
-    from tensorslim.distributed.train import peer_failure_guard
+    from tensorslim.distributed.layout import peer_failure_guard
 
     with pytest.raises(RuntimeError, match="shape mismatch"), peer_failure_guard(0):
         raise RuntimeError("shape mismatch")  # a bug, not a lost peer: passes through

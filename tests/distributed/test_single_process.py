@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tensorslim.distributed import parallelize
-from tensorslim.train.trainer import causal_lm_loss
+from tensorslim.tasks.lm import causal_lm_loss
 from tests.distributed import workers
 
 

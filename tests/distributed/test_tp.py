@@ -1,4 +1,4 @@
-"""Tensor parallelism on CPU/gloo against the single-process model (BOOST §3; lowrank digest §5, §9 items 8–10).
+"""Tensor parallelism on CPU/gloo against the single-process model (BOOST, arXiv 2512.12131, §3).
 
 Each multi-process fixture starts its processes once and runs every check inside them (process start-up
 dominates: about 3–5 s per process on two shared cores).
@@ -122,5 +122,9 @@ def test_tp4_matches_one_process(tp4: dict) -> None:
 def test_tp2_by_dp2_mesh_matches_one_process_on_the_global_batch(tp4: dict) -> None:
     curve = tp4["curve_btp_dp2tp2"]
     assert max(abs(a - b) for a, b in zip(curve["tp"], curve["ref"], strict=True)) < 1e-5
-    # DDP all-reduces every local gradient once per step over the dp axis (20 steps)
+    accumulated = tp4["curve_btp_dp2tp2_accum"]["tp"]  # the same batches as two micro-batches per step
+    assert max(abs(a - b) for a, b in zip(accumulated, curve["ref"], strict=True)) < 1e-5
+    # DDP all-reduces every local gradient once per step over the dp axis (20 steps), also when a step accumulates
+    # two micro-batches (no all-reduce after the first)
     assert tp4["dp_grads"]["elements"] == 20 * tp4["dp_grads"]["local_params"]
+    assert tp4["dp_grads"]["accumulated"] == 20 * tp4["dp_grads"]["local_params"]

@@ -9,7 +9,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 TINY = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 172, "vocab_size": 256}
 RANK = 16
@@ -51,7 +50,7 @@ def batches(steps: int, *, batch: int = 4, seq: int = 16) -> list[torch.Tensor]:
 
 
 def reference_curve(style: str, data: list[torch.Tensor], *, clip: float = 0.5) -> list[float]:
-    from tensorslim.train.trainer import causal_lm_loss
+    from tensorslim.tasks.lm import causal_lm_loss
 
     model = tiny_model(style)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
@@ -66,17 +65,42 @@ def reference_curve(style: str, data: list[torch.Tensor], *, clip: float = 0.5) 
     return losses
 
 
-def tp_curve(tp_model, data: list[torch.Tensor], *, dp_rank: int = 0, dp_size: int = 1, dp_group=None) -> list[float]:
-    from tensorslim.distributed.step import data_parallel, train_step
+class ListStream:
+    """The global batches of ``data`` in order, as a task's training stream."""
 
-    optimizer = torch.optim.AdamW(tp_model.parameters(), lr=LR, weight_decay=0.01)
-    model = data_parallel(tp_model, dp_group, size=dp_size)
-    losses = []
-    for batch in data:
-        local = batch.chunk(dp_size, dim=0)[dp_rank]
-        loss, _ = train_step(model, optimizer, [local], grad_clip=0.5, dp_group=dp_group, dp_size=dp_size)
-        losses.append(loss)
-    return losses
+    def __init__(self, data: list[torch.Tensor]) -> None:
+        self.data, self.position = data, 0
+
+    def next_batch(self) -> torch.Tensor:
+        self.position += 1
+        return self.data[self.position - 1]
+
+
+def tp_curve(style: str, mesh, data: list[torch.Tensor], *, grad_accum: int = 1):
+    """Losses of ``len(data) // grad_accum`` AdamW steps through the tensor-parallel layout, making the calls the
+    Trainer makes in each step (micro-batches cut to this rank, loss, backward, global clipping, dp mean), and the
+    elements DDP all-reduced over the dp axis in all steps together."""
+    from tensorslim.distributed.layout import TensorParallel
+    from tensorslim.tasks.lm import CausalLM
+
+    layout = TensorParallel(mesh, style=style, device=torch.device("cpu"))
+    model = layout.shard(tiny_model(style))
+    task, stream = CausalLM(), ListStream(data)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    losses, dp_elements = [], 0
+    for _ in range(len(data) // grad_accum):
+        total = 0.0
+        for batch, sync in layout.micro_batches(stream, grad_accum):
+            with sync:
+                loss = layout.loss(task, model, batch)
+                (loss / grad_accum).backward()
+            total += loss.item()
+        layout.clip_grad_norm(model, 0.5)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(layout.mean(total / grad_accum))
+        dp_elements += model.tp.log.total(prefix="dp.").elements  # the layout restarts the tally at each step
+    return losses, dp_elements
 
 
 def per_token(log, prefix: str, phase: str, tokens: int) -> dict[str, float]:
@@ -88,7 +112,7 @@ def parity(style: str, *, mesh, norm: str = "online", recompute: str = "none") -
     """Forward, gradients and communication of one step, against the single-process model."""
     from tensorslim.distributed import parallelize
     from tensorslim.distributed.sharding import full_tensors
-    from tensorslim.train.trainer import causal_lm_loss
+    from tensorslim.tasks.lm import causal_lm_loss
 
     reference = tiny_model(style)
     tp_model = parallelize(reference, mesh, style, norm=norm, recompute=recompute)
@@ -129,8 +153,10 @@ def _write(path: str, payload: dict) -> None:
 
 def tp2_worker(rank: int, world: int, port: int, path: str) -> None:
     """Everything the 2-process tests check, in one process start-up."""
+    from tensorslim.distributed import build_mesh
+
     init(rank, world, port)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    mesh = build_mesh(world, world_size=world)
     out: dict = {}
     for style in ("btp", "vanilla", "megatron"):
         out[style] = parity(style, mesh=mesh)
@@ -138,10 +164,8 @@ def tp2_worker(rank: int, world: int, port: int, path: str) -> None:
     out["btp_ckpt"] = parity("btp", mesh=mesh, recompute="latent")
     out["btp_layer_ckpt"] = parity("btp", mesh=mesh, recompute="layer")
     data = batches(20)
-    from tensorslim.distributed import parallelize
-
     for style in ("btp", "vanilla", "megatron"):
-        curve = tp_curve(parallelize(tiny_model(style), mesh, style), data)
+        curve = tp_curve(style, mesh, data)[0]
         out[f"curve_{style}"] = {"tp": curve, "ref": reference_curve(style, data)}
     out["rmsnorm"] = rmsnorm_check(mesh)
     _write(path, out)
@@ -190,34 +214,51 @@ def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
     mesh = build_mesh(4, world_size=world)
     out["btp_tp4"] = parity("btp", mesh=mesh)
     data = batches(20)
-    out["curve_btp_tp4"] = {"tp": tp_curve(parallelize(tiny_model("btp"), mesh, "btp"), data)}
+    out["curve_btp_tp4"] = {"tp": tp_curve("btp", mesh, data)[0]}
     mesh = build_mesh(2, world_size=world)
-    dp = mesh["dp"]
-    tp_model = parallelize(tiny_model("btp"), mesh, "btp")
-    curve = tp_curve(tp_model, data, dp_rank=dp.get_local_rank(), dp_size=dp.size(), dp_group=dp.get_group())
+    curve, dp_elements = tp_curve("btp", mesh, data)
     out["curve_btp_dp2tp2"] = {"tp": curve, "ref": reference_curve("btp", data)}
-    dp_grads = tp_model.tp.log.total(prefix="dp.")
-    out["dp_grads"] = {"elements": dp_grads.elements, "local_params": sum(p.numel() for p in tp_model.parameters())}
+    # Two micro-batches of half the batch per step: DDP skips its all-reduce on the first (no_sync), same math.
+    halves = [part for batch in data for part in batch.chunk(2)]
+    accumulated, accumulated_elements = tp_curve("btp", mesh, halves, grad_accum=2)
+    out["curve_btp_dp2tp2_accum"] = {"tp": accumulated}
+    local_params = sum(p.numel() for p in parallelize(tiny_model("btp"), mesh, "btp").parameters())
+    out["dp_grads"] = {"elements": dp_elements, "accumulated": accumulated_elements, "local_params": local_params}
     out["curve_btp_tp4"]["ref"] = out["curve_btp_dp2tp2"]["ref"]
     _write(path, out)
     dist.destroy_process_group()
 
 
-def fault_main(rank: int, world: int, port: int) -> None:
-    """Train with TP=2; rank 1 dies abruptly at step 3. Rank 0 must leave with a clear error, not hang."""
-    from tensorslim.distributed import parallelize
-    from tensorslim.distributed.step import train_step
-    from tensorslim.distributed.train import run_guarded
+def fault_main(rank: str, port: str, corpus: str, out_dir: str) -> None:
+    """The Trainer with TP=2 on rank ``rank``, as torchrun starts it (arguments as on its command line); rank 1 dies
+    abruptly after step 3. Rank 0 must leave with a clear error, not hang."""
+    world = 2
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import train
 
-    init(rank, world, port, timeout_s=10)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-    model = parallelize(tiny_model("btp"), mesh, "btp")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    os.environ["TENSORSLIM_DIST_TIMEOUT"] = "30"  # a dead peer is seen at once; a slow one has time
+    torch.set_num_threads(1)
+    config = TrainConfig(
+        preset="tiny",
+        steps=50,
+        batch_size=4,
+        seq_len=32,
+        vocab_size=512,
+        data=corpus,
+        eval_every=50,
+        eval_blocks=4,
+        checkpoint_every=50,
+        out_dir=out_dir,
+        progress=False,
+        tensorboard=False,
+        tp=world,
+    )
 
-    def loop() -> None:
-        for step, batch in enumerate(batches(50)):
-            if rank == 1 and step == 3:
-                os._exit(3)
-            train_step(model, optimizer, [batch], grad_clip=0.5)
+    def die(record: dict) -> None:
+        if rank == "1" and record["step"] == 3:
+            os._exit(3)
 
-    run_guarded(loop, rank=rank)
+    train(config, on_step=die)

@@ -1,0 +1,435 @@
+"""Where a training run's processes are: the seam between the one Trainer and tensor/data parallelism.
+
+The Trainer (:mod:`tensorslim.train.trainer`) asks its layout, at a few fixed points, to shard the built model, to
+cut each global batch to this rank's part, to compute and reduce the loss, to clip the global gradient norm, to
+gather full checkpoints and to keep logging on rank 0. :class:`SingleProcess` does nothing at each point (the
+default); :class:`TensorParallel` runs the same loop on the processes ``torchrun`` started, over a ``(dp, tp)`` mesh
+(BOOST, Wang et al., 2025, arXiv 2512.12131, §3 for the TP styles and §4 for the deterministic sharded init).
+
+Every rank draws the same global batch and keeps its data-parallel slice, so the math does not depend on the mesh.
+Checkpoints hold the full, unsharded model and optimizer in the single-process layout (the sharded init run in
+reverse), so a run may resume with another TP degree or on one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
+
+from tensorslim.distributed.comm import CommLog, all_reduce_stat
+from tensorslim.distributed.parallelize import STYLES, TPCausalLM, build_mesh, check_world, parallelize
+from tensorslim.distributed.sharding import full_tensors, local_shard
+
+if TYPE_CHECKING:
+    from tensorslim.tasks.base import Stream, Task
+    from tensorslim.train.config import TrainConfig
+
+# Seconds a collective may wait for a peer before the survivors give up (short, so a dead peer cannot hang a run).
+TIMEOUT_ENV = "TENSORSLIM_DIST_TIMEOUT"
+# gloo reports a dead peer as a plain RuntimeError ("... pair.cc: Read error ...: Connection reset by peer").
+_PEER_FAILURE = re.compile(r"gloo|nccl|connection|timed out|timeout|peer", re.IGNORECASE)
+_TP_TASKS = ("lm",)
+_TP_FAMILIES = ("llama",)
+
+
+def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
+    """Raise a one-line ValueError for a bad parallel setup, before any process group, data or model exists.
+
+    The method must list ``config.tp_style`` among the styles that can shard it (the method registry's
+    ``tensor_parallel``); only LLaMA causal-LM models are sharded.
+    """
+    from tensorslim.methods import METHODS, get_method
+    from tensorslim.models.registry import get_model
+
+    if config.tp_style not in STYLES:
+        raise ValueError(f"tp_style={config.tp_style!r} is unknown; allowed: {list(STYLES)}")
+    check_world(config.tp, world_size=world_size)
+    dp = world_size // config.tp
+    if config.batch_size % dp:
+        raise ValueError(f"batch_size={config.batch_size} must be divisible by the data-parallel size {dp}")
+    if config.tp_style not in get_method(config.method).tensor_parallel:
+        allowed = [name for name, method in METHODS.items() if config.tp_style in method.tensor_parallel]
+        raise ValueError(f"method={config.method!r} does not fit tp_style={config.tp_style!r}; allowed: {allowed}")
+    if config.task not in _TP_TASKS:
+        raise ValueError(f"task={config.task!r} cannot run tensor-parallel; allowed: {list(_TP_TASKS)}")
+    family = get_model(config.preset).family.name
+    if family not in _TP_FAMILIES:
+        raise ValueError(
+            f"preset={config.preset!r} (family {family!r}) cannot run tensor-parallel; allowed families: "
+            f"{list(_TP_FAMILIES)}"
+        )
+
+
+@contextlib.contextmanager
+def peer_failure_guard(rank: int) -> Iterator[None]:
+    """Turn a collective that fails because a peer died or timed out into one clear line and exit code 1.
+
+    Other errors pass through unchanged, so a bug is not reported as a lost peer.
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if not (isinstance(error, dist.DistError) or _PEER_FAILURE.search(str(error))):
+            raise
+        first = str(error).strip().splitlines()[0][:200]
+        print(
+            f"tensorslim train: error: rank {rank} lost contact with a peer process ({first}); "
+            "the last checkpoint is intact",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def exit_on_peer_failure(rank: int) -> Iterator[None]:
+    """:func:`peer_failure_guard`, ending this process at once (``os._exit(1)``) when a peer is lost.
+
+    ``os._exit`` because tearing down a process group whose peer vanished can abort the interpreter (SIGABRT)
+    instead of returning the exit code.
+    """
+    try:
+        with peer_failure_guard(rank):
+            yield
+    except SystemExit as done:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 1)
+
+
+def _logged_allreduce(state: tuple[dist.ProcessGroup, CommLog], bucket):
+    """DDP's own all-reduce hook, plus an entry in the TP model's communication log.
+
+    ``bucket`` (a ``dist.GradBucket``) and the returned future stay unannotated: DDP inspects the annotations and
+    rejects the string form that ``from __future__ import annotations`` gives them.
+    """
+    group, log = state
+    log.add("dp.grads", "all_reduce", "bwd", bucket.buffer())
+    return default_hooks.allreduce_hook(group, bucket)
+
+
+def data_parallel(model: TPCausalLM, group: dist.ProcessGroup | None, *, size: int) -> nn.Module:
+    """Wrap ``model`` in DDP over the data-parallel axis of the mesh (the TP model itself when ``size`` is 1).
+
+    DDP's bucketed gradient all-reduces run on the dp group during backward, next to the TP collectives.
+    """
+    if size == 1:
+        return model
+    ddp = DistributedDataParallel(model, process_group=group)  # the model has no buffers
+    ddp.register_comm_hook((group, model.tp.log), _logged_allreduce)
+    return ddp
+
+
+@torch.no_grad()
+def clip_grad_norm_tp(model: TPCausalLM, max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` over the *unsharded* model: sharded parameters add their squares over
+    the TP group, replicated ones (identical on every rank) count once."""
+    device = next(model.parameters()).device
+    sharded = torch.zeros(1, dtype=torch.float32, device=device)
+    replicated = torch.zeros((), dtype=torch.float32, device=device)
+    for name, param in model.named_parameters():
+        square = param.grad.float().pow(2).sum()
+        if model.specs[name].sharded:
+            sharded += square
+        else:
+            replicated += square
+    total = (all_reduce_stat(sharded, model.tp, tag="optim.grad_norm")[0] + replicated).sqrt()
+    if math.isfinite(max_norm):
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for param in model.parameters():
+            param.grad.mul_(scale)
+    return total.item()
+
+
+def _dp_slice(batch: Any, rank: int, size: int) -> Any:
+    """This data-parallel rank's equal share of a batch (a tensor, or a tuple/list/dict of them), along dim 0."""
+    if isinstance(batch, torch.Tensor):
+        return batch.chunk(size, dim=0)[rank]
+    if isinstance(batch, tuple | list):
+        return type(batch)(_dp_slice(item, rank, size) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _dp_slice(value, rank, size) for key, value in batch.items()}
+    return batch
+
+
+class SingleProcess:
+    """The default layout: one process, the model as built; every call is the plain single-process operation."""
+
+    is_main = True
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        """Around the run: a lost peer ends the process (nothing to lose here)."""
+        yield
+
+    def rank0_first(self, fn: Callable[[], Any]) -> Any:
+        """``fn()``, run by rank 0 before the others (they then read the caches it filled)."""
+        return fn()
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        """The model the optimizer trains (built with the same seed on every rank)."""
+        return model
+
+    def micro_batches(self, stream: Stream, count: int) -> Iterator[tuple[Any, contextlib.AbstractContextManager]]:
+        """``count`` micro-batches of this rank, each with the context its forward and backward run in."""
+        for _ in range(count):
+            yield stream.next_batch(), contextlib.nullcontext()
+
+    def loss(self, task: Task, model: nn.Module, batch: Any) -> torch.Tensor:
+        """This rank's mean training loss of ``batch``."""
+        return task.loss(model, batch)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        """Clip the global gradient norm to ``max_norm`` (``inf``: measure only); returns the norm before."""
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+
+    def mean(self, value: float) -> float:
+        """``value`` averaged over the data-parallel ranks."""
+        return value
+
+    def any_rank(self, value: int) -> int:
+        """The largest ``value`` of any rank (so every rank takes the same decision, e.g. to stop)."""
+        return value
+
+    def step_metrics(self) -> dict[str, float]:
+        """Extra metrics of the step just run (the TP layout: bytes its collectives carried on this rank)."""
+        return {}
+
+    def evaluation_model(self, model: nn.Module) -> nn.Module:
+        """What the task's evaluation calls: full logits for every rank."""
+        return model
+
+    def full_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """Objects whose ``state_dict()`` is the single-process state (a collective; rank 0 saves them)."""
+        return model, optimizer
+
+    def resume_views(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """What ``load_checkpoint`` loads a single-process checkpoint into."""
+        return model, optimizer
+
+    def on_main(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run on rank 0 alone; every rank gets its result once it is done."""
+        return fn()
+
+    def close(self, *, ok: bool) -> None:
+        """End of the run (``ok``: it finished, so every rank reaches this point)."""
+
+
+class _GatheredLogits(nn.Module):
+    """The TP model as the task's evaluation sees it: token ids → all ``V`` logits."""
+
+    def __init__(self, model: TPCausalLM) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.inner.full_logits(input_ids)
+
+
+class _Frozen:
+    """``state_dict()`` of something already gathered (``save_checkpoint`` reads it on rank 0 only)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+
+class _FullModelView:
+    """The TP model seen as the single-process model by ``load_checkpoint``."""
+
+    def __init__(self, model: TPCausalLM, shapes: dict[str, torch.Size]) -> None:
+        self.model, self.shapes = model, shapes
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        # load_checkpoint compares names and shapes only; the local slices would have the wrong shapes.
+        return {name: torch.empty(shape, device="meta") for name, shape in self.shapes.items()}
+
+    def load_state_dict(self, full: dict[str, torch.Tensor]) -> None:
+        self.model.load_full_state_dict(full)
+
+
+class _FullOptimizerView:
+    """The TP AdamW seen as the single-process AdamW (same parameter order, unsharded moments)."""
+
+    def __init__(self, model: TPCausalLM, optimizer: torch.optim.Optimizer, full_names: list[str]) -> None:
+        self.model, self.optimizer, self.full_names = model, optimizer, full_names
+
+    def gather(self) -> dict[str, Any]:
+        """A collective: the single-process ``state_dict()``."""
+        local = dict(self.model.named_parameters())
+        per_key = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            moments = {n: self.optimizer.state[p][key] for n, p in local.items() if p in self.optimizer.state}
+            per_key[key] = full_tensors(moments, self.model.specs, self.model.tp)
+        state = {}
+        if per_key["exp_avg"]:
+            step = next(iter(self.optimizer.state.values()))["step"]
+            for i, name in enumerate(self.full_names):
+                state[i] = {
+                    "step": step.clone(),
+                    "exp_avg": per_key["exp_avg"][name],
+                    "exp_avg_sq": per_key["exp_avg_sq"][name],
+                }
+        group = {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
+        return {"state": state, "param_groups": [{**group, "params": list(range(len(self.full_names)))}]}
+
+    def load_state_dict(self, full: dict[str, Any]) -> None:
+        by_name = {name: full["state"][i] for i, name in enumerate(self.full_names) if i in full["state"]}
+        state = {}
+        for i, (name, _) in enumerate(self.model.named_parameters()):
+            spec = self.model.specs[name]
+            if spec.sources[0] not in by_name:
+                continue
+            entry = {"step": by_name[spec.sources[0]]["step"]}
+            for key in ("exp_avg", "exp_avg_sq"):
+                tensors = {src: by_name[src][key] for src in spec.sources}
+                entry[key] = local_shard(tensors, spec, rank=self.model.tp.rank, size=self.model.tp.size)
+            state[i] = entry
+        group = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
+        params = list(range(len(list(self.model.parameters()))))
+        self.optimizer.load_state_dict({"state": state, "param_groups": [{**group, "params": params}]})
+
+
+class TensorParallel:
+    """``tp``-way tensor parallelism × data parallelism over the rest of the world, on an initialized process group.
+
+    Args:
+        mesh: a ``(dp, tp)`` mesh (:func:`tensorslim.distributed.parallelize.build_mesh`).
+        style: ``btp``, ``vanilla`` or ``megatron`` (see :func:`tensorslim.distributed.parallelize.parallelize`).
+        device: where this rank's shards live.
+    """
+
+    def __init__(self, mesh: DeviceMesh, *, style: str, device: torch.device) -> None:
+        self.mesh, self.style, self.device = mesh, style, device
+        self.rank = dist.get_rank()
+        self.is_main = self.rank == 0
+        dp = mesh["dp"]
+        self.dp_group, self.dp_rank, self.dp_size = dp.get_group(), dp.get_local_rank(), dp.size()
+        self.model: TPCausalLM | None = None
+        self.runner: nn.Module | None = None  # the TP model, or its DDP wrapper when dp > 1
+        self.full_names: list[str] = []
+        self.full_shapes: dict[str, torch.Size] = {}
+
+    @classmethod
+    def launch(cls, config: TrainConfig, *, world_size: int) -> TensorParallel:
+        """Join the process group ``torchrun`` describes in the environment and build the mesh."""
+        cuda = config.device == "cuda"
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+        with exit_on_peer_failure(dist.get_rank()):
+            mesh = build_mesh(config.tp, world_size=world_size, device_type=device.type)
+        return cls(mesh, style=config.tp_style, device=device)
+
+    def guarded(self) -> contextlib.AbstractContextManager:
+        return exit_on_peer_failure(self.rank)
+
+    def rank0_first(self, fn: Callable[[], Any]) -> Any:
+        """Rank 0 fills the tokenizer/token caches alone; the others then read them (no concurrent writers)."""
+        if self.is_main:
+            out = fn()
+            dist.barrier()
+            return out
+        dist.barrier()
+        return fn()
+
+    def shard(self, model: nn.Module) -> TPCausalLM:
+        """This rank's slices of ``model`` (every rank built the same TP=1 weights from the same seed)."""
+        self.full_names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.full_shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+        self.model = parallelize(model, self.mesh, self.style)
+        self.runner = data_parallel(self.model, self.dp_group, size=self.dp_size)
+        return self.model
+
+    def micro_batches(self, stream: Stream, count: int) -> Iterator[tuple[Any, contextlib.AbstractContextManager]]:
+        self.model.tp.log.reset()  # a step starts: tally its collectives alone (not the evaluation's)
+        for i in range(count):
+            batch = _dp_slice(stream.next_batch(), self.dp_rank, self.dp_size)
+            # DDP reduces gradients once, on the last micro-batch
+            last = i == count - 1
+            yield batch, contextlib.nullcontext() if last or self.runner is self.model else self.runner.no_sync()
+
+    def loss(self, task: Task, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        # The vocabulary-parallel cross-entropy of the causal-LM task (the only one allowed): full logits never exist.
+        return self.model.loss_from_logits(self.runner(batch), batch)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        return clip_grad_norm_tp(self.model, max_norm)
+
+    def mean(self, value: float) -> float:
+        if self.dp_size == 1:
+            return value
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(total, group=self.dp_group)
+        return total.item() / self.dp_size
+
+    def any_rank(self, value: int) -> int:
+        flag = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    def step_metrics(self) -> dict[str, float]:
+        return {"comm_bytes": self.model.tp.log.total().bytes}
+
+    def evaluation_model(self, model: nn.Module) -> nn.Module:
+        return _GatheredLogits(self.model)
+
+    def full_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        weights = self.model.full_state_dict()  # collectives: every rank takes part
+        moments = _FullOptimizerView(self.model, optimizer, self.full_names).gather()
+        return _Frozen(weights), _Frozen(moments)
+
+    def resume_views(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        return _FullModelView(self.model, self.full_shapes), _FullOptimizerView(self.model, optimizer, self.full_names)
+
+    def on_main(self, fn: Callable[[], Any]) -> Any:
+        result = [fn() if self.is_main else None]
+        dist.broadcast_object_list(result, src=0)
+        return result[0]
+
+    def close(self, *, ok: bool) -> None:
+        """Leave the process group: after a barrier when the run finished, so no rank tears down while a peer
+        still talks to it (a peer gone mid-collective aborts the interpreter at exit)."""
+        if not dist.is_initialized():
+            return
+        if ok:
+            with exit_on_peer_failure(self.rank):
+                dist.barrier()
+        dist.destroy_process_group()
+
+
+Layout = SingleProcess | TensorParallel
+
+
+def parallel_layout(config: TrainConfig) -> Layout:
+    """The layout of this process: :class:`TensorParallel` under ``torchrun`` (``WORLD_SIZE > 1``) or with
+    ``config.tp > 1``, else :class:`SingleProcess`. The setup is checked before any process group work."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if config.tp == 1 and world_size == 1:
+        return SingleProcess(torch.device(config.device))
+    if "RANK" not in os.environ:
+        raise ValueError(
+            f"tp={config.tp} needs one process per rank: torchrun --nproc-per-node {config.tp} -m tensorslim train ..."
+        )
+    check_parallel_config(config, world_size=world_size)
+    return TensorParallel.launch(config, world_size=world_size)
