@@ -3,7 +3,6 @@ cores with learnable scales, and layer-by-layer distillation. Importing it does 
 
 from tensorslim.quant.api import QuantReport, load_quantized, quantize_, save_quantized, select_layers
 from tensorslim.quant.comq import COMQConfig, comq_quantize
-from tensorslim.quant.distill import DistillConfig, build_student, distill
 from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
 from tensorslim.quant.qat import LearnedScaleQuantizer, QATConfig, lsq_quantize, prepare_qat_, qat_bits
 from tensorslim.quant.qlinear import QuantConv2d, QuantLinear
@@ -12,11 +11,8 @@ from tensorslim.quant.rtn import RTNConfig, rtn_quantize
 
 __all__ = [
     "COMQConfig",
-    "DistillConfig",
     "LearnedScaleQuantizer",
     "QATConfig",
-    "build_student",
-    "distill",
     "lsq_quantize",
     "prepare_qat_",
     "qat_bits",

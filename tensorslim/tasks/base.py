@@ -65,6 +65,7 @@ class Task(ABC):
     name: ClassVar[str]
     help: ClassVar[str]
     options: ClassVar[type] = NoTaskOptions
+    model_task: ClassVar[str | None] = None  # the model head it trains (``distill`` trains ``embed``); None: its name
 
     def __init__(self, options: Any = None) -> None:
         self.settings = resolve_options(self.options, options, owner=f"task {self.name!r}")

@@ -81,9 +81,9 @@ class TrainConfig:
         check_preset(self.preset)
         get_method(self.method)
         object.__setattr__(self, "options", method_options(self.method, self.options))
-        if self.task is not None:
-            get_task(self.task)
-        object.__setattr__(self, "task", resolve_task(self.preset, self.task))
+        if self.task is None:
+            object.__setattr__(self, "task", resolve_task(self.preset))
+        resolve_task(self.preset, self.model_task)
         task_kind = get_task(self.task).options
         object.__setattr__(
             self, "task_options", resolve_options(task_kind, self.task_options, owner=f"task {self.task!r}")
@@ -104,6 +104,11 @@ class TrainConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: {list(_DTYPES)}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
+
+    @property
+    def model_task(self) -> str:
+        """The head the model is built with: the task's own, or the one it names (``distill`` builds ``embed``)."""
+        return get_task(self.task).model_task or self.task
 
     @property
     def run_dir(self) -> str:
