@@ -5,13 +5,13 @@ LoRA: Hu et al., 2021 (arXiv 2106.09685), §4.1: ``y = W₀x + (α/r)·B·A·x``
 
 LaX-LoRA (LaX, arXiv 2505.21732, abstract and "Variants of LaX"): the paper applies latent crossing to LoRA on
 LLaMA-7/13B, but **its LoRA code is unreleased** ("Coming Soon" in ``K1seki221/Latent_Crossing``). What follows is
-our reconstruction (lowrank digest §4.4): for the adapter of layer type ℓ in block i > 0, with ``h = A·x``::
+our reconstruction of LaX's adapter variant (arXiv 2505.21732): for the adapter of layer type ℓ in block i > 0, with ``h = A·x``::
 
     h' = h + G(h'_prev)              h'_prev: the adapter latent of layer ℓ in block i−1 (after its own crossing)
     y  = W₀x + (α/r)·B·h'
 
 with the gates of :mod:`tensorslim.layers.lax` (identity, dense r×r, Kronecker) and **no LayerNorm** on the adapter
-latent (the digest's formula has none, and a LayerNorm would rescale the small early latents of a fresh adapter).
+latent (the paper's formula has none, and a LayerNorm would rescale the small early latents of a fresh adapter).
 Block 0 has no crossing. Because ``B = 0`` at init, LaX-LoRA also starts exactly at the pretrained model.
 """
 

@@ -1,7 +1,7 @@
 """Factorizing a dimension into tensor modes, with row padding for vocabularies.
 
 A TT/TTM layer reshapes a ``d_in × d_out`` matrix into a tensor with modes ``n_1 … n_d`` (∏ n_k = d). CoMERA
-(Yang et al., NeurIPS 2024, arXiv 2405.14377, Table "tensorization settings", reproduced in our digest §1.1/§1.4)
+(Yang et al., NeurIPS 2024, arXiv 2405.14377, Table "tensorization settings")
 uses balanced modes, e.g. 768 → 12·8·8 and 3072 → 16·16·12, and pads the 30,522-row vocabulary to
 16·20·10·10 = 32,000 rows (rows ≥ vocab are padding and never indexed).
 """

@@ -1,7 +1,7 @@
 """Stateless tensor-train contractions for CoMERA's TT linear layers and TTM embeddings.
 
 CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "contraction path optimization" (paper Fig. 11) and the
-"optimized tensorized embedding"; our digest §1.2, §1.5, §1.6:
+"optimized tensorized embedding" and the official ``layers.py``:
 
 * **TT linear** (3-way cores, input modes first). The middle bond separates input and output modes, so
   ``W = L · R`` with ``L = (G_1 … G_d) ∈ R^{d_in×r_d}`` and ``R = (G_{d+1} … G_{2d}) ∈ R^{r_d×d_out}``. ``L`` and
@@ -16,7 +16,7 @@ CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "contraction path optimiza
 Backward: the token-dependent GEMMs of the TT linear layer have a hand-written backward (:class:`_FactoredMatmul`,
 saving only ``x`` and ``x L`` as the official ``TT_forward.backward`` does); the tiny token-independent chains that
 build ``L`` and ``R`` use autograd, so any number of cores works (the official generic loop has an indexing bug for
-d ≥ 4, digest §1.3). The embedding lookup has a hand-written backward for its gathers (:class:`_HalfTableLookup`).
+d ≥ 4). The embedding lookup has a hand-written backward for its gathers (:class:`_HalfTableLookup`).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def contract_ttm(cores: Sequence[torch.Tensor]) -> torch.Tensor:
 def apply_gates(
     cores: Sequence[torch.Tensor], gates: Sequence[torch.Tensor], *, threshold: float
 ) -> list[torch.Tensor]:
-    """CoMERA's diagonal rank controls (digest §2.1): ``G̃_k = G_k · diag(thr(d_k))`` on the last mode of every core
+    """CoMERA's diagonal rank controls (§2.1): ``G̃_k = G_k · diag(thr(d_k))`` on the last mode of every core
     but the last, ``thr(d) = d if d > threshold else 0``. Gates get gradients through the multiply."""
     if not gates:
         return list(cores)
@@ -126,7 +126,7 @@ def tt_linear_factors(cores: Sequence[torch.Tensor], *, n_in: int) -> tuple[torc
 
 
 class _FactoredMatmul(torch.autograd.Function):
-    """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (digest §1.3: four width-r GEMMs).
+    """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (four width-r GEMMs).
 
     Autograd's ``mm`` backward would form ``∂L = xᵀ ∂T`` from a transposed ``x``, a slow skinny GEMM on CPU; here it is
     ``(∂Tᵀ x)ᵀ``. The token-dependent tensors saved are ``x`` and ``T = x L`` (``B×r``), as in CoMERA, plus the small
@@ -156,7 +156,7 @@ class _FactoredMatmul(torch.autograd.Function):
 def tt_linear(
     x: torch.Tensor, cores: Sequence[torch.Tensor], bias: torch.Tensor | None = None, *, n_in: int
 ) -> torch.Tensor:
-    """``y = x W + b`` for a CoMERA TT weight, without forming ``W`` (digest §1.2).
+    """``y = x W + b`` for a CoMERA TT weight, without forming ``W``.
 
     Args:
         x: ``(..., d_in)``.
@@ -216,7 +216,7 @@ def _grouped_mm(a: torch.Tensor, right: torch.Tensor, counts: list[int], *, tran
 
 
 class _HalfTableLookup(torch.autograd.Function):
-    """Rows ``left[t0] @ right[t1]`` (CoMERA's embedding half-tables, digest §1.5), hand-written grouped backward.
+    """Rows ``left[t0] @ right[t1]`` (CoMERA's embedding half-tables), hand-written grouped backward.
 
     Ids are sorted by their right-table row ``t1`` (``M_2`` groups, 100 for CoMERA's shapes), so each group is one
     ``(count·N_1, r) @ (r, N_2)`` GEMM against a row of the right table: the right slices are never gathered per id,

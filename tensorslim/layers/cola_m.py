@@ -1,6 +1,6 @@
 """CoLA-M: memory-efficient CoLA training by checkpointing at the rank-r latents.
 
-CoLA (Liu et al., 2025, arXiv 2502.10940), §4 "CoLA-M" (lowrank digest §3): because every projection of a CoLA
+CoLA (Liu et al., 2025, arXiv 2502.10940), §4 "CoLA-M": because every projection of a CoLA
 block passes through an r-dimensional latent, the activations kept for backward can be cut down to those latents plus
 the residual stream, and everything else (norms, up-projections, attention, the GLU product) recomputed once in
 backward.

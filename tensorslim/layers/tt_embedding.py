@@ -1,6 +1,6 @@
 """CoMERA's TT-matrix (TTM) embedding with the optimized lookup.
 
-CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "optimized tensorized embedding" (paper Fig. p.5); our digest
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "optimized tensorized embedding" (paper Fig. p.5); the official code
 §1.4-§1.5. The table ``E ∈ R^{V'×D}`` (``V' = ∏ m_k ≥ V`` rows, the extra rows are padding that is never indexed)
 is a TTM with 4-way cores ``F_k ∈ R^{r_{k-1}×m_k×n_k×r_k}``:
 ``E[(i_1..i_d),(j_1..j_d)] = F_1[:,i_1,j_1,:] … F_d[:,i_d,j_d,:]``, row id ↦ ``(i_1..i_d)`` row-major mixed radix.
@@ -95,7 +95,7 @@ class TTEmbedding(nn.Module):
         unique: deduplicate ids before computing rows (CoMERA ``use_unique=True``).
 
     Attribute ``check_ids`` (default True) rejects ids outside ``[0, V)``; the check reads the ids' range on the
-    host, so a captured CUDA graph runs with it off (:func:`tensorslim.comera.loop.static_lookups`).
+    host, so a captured CUDA graph runs with it off (:func:`tensorslim.methods.comera.static.static_lookups`).
     """
 
     def __init__(
@@ -135,14 +135,14 @@ class TTEmbedding(nn.Module):
         return (1, *(core.shape[-1] for core in self.cores))
 
     def reset_parameters(self, *, target_sdv: float = 1.0) -> None:
-        """CoMERA init (``layers.py`` L129, digest §1.4): ``F_k ~ N(0,1)/√r_k · target_sdv^{1/order}``."""
+        """CoMERA init (``layers.py`` L129): ``F_k ~ N(0,1)/√r_k · target_sdv^{1/order}``."""
         scale = target_sdv ** (1.0 / len(self.cores))
         with torch.no_grad():
             for core in self.cores:
                 core.normal_().mul_(scale / math.sqrt(core.shape[-1]))
 
     def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
-        """Attach one all-ones gate vector per internal bond (digest §2.1); idempotent."""
+        """Attach one all-ones gate vector per internal bond (§2.1); idempotent."""
         self.gate_threshold = threshold
         if len(self.gates) == 0:
             for core in self.cores[:-1]:

@@ -2,7 +2,7 @@
 
 CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) reports its per-epoch speed-up with the whole training step
 captured in a CUDA graph, "eliminating significant runtime overhead from numerous small GPU kernels" (the tiny TT
-contractions). The official ``MNLI_trainer.py`` (L434-668; our digest §3.1) follows PyTorch's whole-network capture
+contractions). The official ``MNLI_trainer.py`` (L434-668) follows PyTorch's whole-network capture
 recipe: capturable AdamW, static input buffers of fixed shape, a few warm-up iterations of the full step (forward,
 loss, backward, ``optimizer.step``) on a side stream, one capture with ``torch.cuda.graph``, then per batch
 ``copy_`` into the buffers and ``replay()``; model and optimizer state are saved before the warm-up and restored after

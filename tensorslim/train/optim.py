@@ -8,7 +8,7 @@ from torch import nn
 
 def galore_targets(model: nn.Module) -> list[nn.Parameter]:
     """GaLore projects the 2-D weights of attention and MLP modules; embeddings, norms and the head stay on AdamW
-    (the official ``torchrun_main.py``, lowrank digest §1.4)."""
+    (the official ``torchrun_main.py``)."""
     return [
         p
         for name, p in model.named_parameters()

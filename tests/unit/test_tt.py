@@ -1,4 +1,4 @@
-"""TT/TTM decomposition, contraction and layers against independent references (digest §8 item 13)."""
+"""TT/TTM decomposition, contraction and layers against independent references."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def test_tt_linear_from_dense_full_rank_and_comera_counts():
     x = torch.randn(5, 24, dtype=torch.float64)
     torch.testing.assert_close(layer(x), dense(x))
     torch.testing.assert_close(layer.to_dense().weight, dense.weight)
-    # CoMERA's shapes and core counts (digest §1.1): 20,448 / 28,960 core parameters at r=30.
+    # CoMERA's shapes and core counts (paper p.16): 20,448 / 28,960 core parameters at r=30.
     attn = TTLinear.from_dense(nn.Linear(768, 768, device="meta"), TTConfig(init="random"))
     assert attn.ranks == (1, 12, 30, 30, 30, 12, 1) and attn.in_factors == (12, 8, 8) and attn.out_factors == (8, 8, 12)
     assert attn.num_params() == 20448 + 768 == sum(p.numel() for p in attn.parameters())
