@@ -5,7 +5,7 @@ LoRA: Hu et al., 2021 (arXiv 2106.09685), §4.1: ``y = W₀x + (α/r)·B·A·x``
 
 LaX-LoRA (LaX, arXiv 2505.21732, abstract and "Variants of LaX"): the paper applies latent crossing to LoRA on
 LLaMA-7/13B, but **its LoRA code is unreleased** ("Coming Soon" in ``K1seki221/Latent_Crossing``). What follows is
-our reconstruction of LaX's adapter variant (arXiv 2505.21732): for the adapter of layer type ℓ in block i > 0, with ``h = A·x``::
+our reconstruction: for the adapter of layer type ℓ in block i > 0, with ``h = A·x``::
 
     h' = h + G(h'_prev)              h'_prev: the adapter latent of layer ℓ in block i−1 (after its own crossing)
     y  = W₀x + (α/r)·B·h'

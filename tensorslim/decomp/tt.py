@@ -1,6 +1,6 @@
 """TT-SVD (Oseledets 2011) into CoMERA's layouts: TT cores for linear layers and TTM cores for embeddings.
 
-CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377, tensorization settings of paper p.16, and the official ``layers.py``):
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377, tensorization settings of paper p.16; official ``layers.py``):
 
 * linear layers use a plain TT of the weight ``W ∈ R^{d_in×d_out}`` reshaped (row-major) to
   ``[n_1..n_d (input modes), n_{d+1}..n_{2d} (output modes)]``, with 3-way cores ``G_k ∈ R^{r_{k-1}×n_k×r_k}``;

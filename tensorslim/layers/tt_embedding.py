@@ -1,8 +1,8 @@
 """CoMERA's TT-matrix (TTM) embedding with the optimized lookup.
 
-CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "optimized tensorized embedding" (paper Fig. p.5); the official code
-§1.4-§1.5. The table ``E ∈ R^{V'×D}`` (``V' = ∏ m_k ≥ V`` rows, the extra rows are padding that is never indexed)
-is a TTM with 4-way cores ``F_k ∈ R^{r_{k-1}×m_k×n_k×r_k}``:
+CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "optimized tensorized embedding" (paper Fig. p.5) and the
+official ``layers.py``. The table ``E ∈ R^{V'×D}`` (``V' = ∏ m_k ≥ V`` rows, the extra rows are padding that is
+never indexed) is a TTM with 4-way cores ``F_k ∈ R^{r_{k-1}×m_k×n_k×r_k}``:
 ``E[(i_1..i_d),(j_1..j_d)] = F_1[:,i_1,j_1,:] … F_d[:,i_d,j_d,:]``, row id ↦ ``(i_1..i_d)`` row-major mixed radix.
 
 Deviations from the official ``TensorizedEmbedding_order4``: any order ≥ 2 (the official optimized layer is order 4

@@ -1,4 +1,5 @@
-"""Learning-rate schedule of GaLore and CoLA (GaLore arXiv 2403.03507 §5; CoLA arXiv 2502.10940 §4): linear warm-up, then cosine decay to a floor."""
+"""Learning-rate schedule of GaLore (arXiv 2403.03507 §5) and CoLA (arXiv 2502.10940 §4): linear warm-up, then
+cosine decay to a floor."""
 
 from __future__ import annotations
 
