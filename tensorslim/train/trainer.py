@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import signal
 import statistics
 import threading
@@ -42,6 +43,7 @@ from tensorslim.tasks import get_task
 from tensorslim.tasks.base import TaskData, to_device
 from tensorslim.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tensorslim.train.config import TrainConfig
+from tensorslim.train.cuda_graph import GraphedStep
 from tensorslim.train.hooks import TrainHook
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
@@ -144,26 +146,43 @@ class Trainer:
         on_nonfinite: ``"stop"`` raises :class:`NonFiniteError` at the first non-finite loss or gradient;
             ``"skip"`` drops that step's update, counts it (``skipped_steps``) and goes on.
         layout: where the processes are (default: :func:`tensorslim.distributed.layout.parallel_layout`).
+        cuda_graphs: capture the whole step (forward, loss, backward, clipping, AdamW) in a CUDA graph and replay it
+            (:class:`tensorslim.train.cuda_graph.GraphedStep`; CoMERA, arXiv 2405.14377, §4): one process,
+            ``device='cuda'``, ``grad_accum=1``, a method without a training hook, AdamW.
+        static_step: run that same static-shape step eagerly, without capture (what ``cuda_graphs`` runs, on any
+            device). A non-finite step is found after its update in both modes, so ``on_nonfinite`` must be
+            ``"stop"`` (the weights are checked before every checkpoint).
     """
 
-    def __init__(self, config: TrainConfig, *, on_nonfinite: str = "stop", layout: Layout | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        on_nonfinite: str = "stop",
+        layout: Layout | None = None,
+        cuda_graphs: bool = False,
+        static_step: bool = False,
+    ) -> None:
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite={on_nonfinite!r} is invalid; allowed: 'stop' or 'skip'")
         if config.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
+        if cuda_graphs or static_step:
+            _check_static_step(config, cuda_graphs=cuda_graphs, on_nonfinite=on_nonfinite)
         self.config = config
         self.on_nonfinite = on_nonfinite
+        self.cuda_graphs = cuda_graphs
         self.run_dir = Path(config.run_dir)
         self.layout = layout or parallel_layout(config)
         self.device = self.layout.device
         try:
             with self.layout.guarded():
-                self._build()
+                self._build(static_step)
         except BaseException:
             self.layout.close(ok=False)
             raise
 
-    def _build(self) -> None:
+    def _build(self, static_step: bool) -> None:
         config = self.config
         self.task = get_task(config.task)(config.task_options)
         self.method = get_method(config.method)
@@ -187,6 +206,7 @@ class Trainer:
             or self._default_optimizer()
         )
         self.stream = self.data.train
+        self.static_step = self._static_step() if self.cuda_graphs or static_step else None
         self.warmup_steps = round(config.steps * config.warmup())
         self.step = 0
         self.skipped_steps = 0
@@ -210,6 +230,10 @@ class Trainer:
 
     def _default_optimizer(self) -> torch.optim.Optimizer:
         config = self.config
+        if self.cuda_graphs:  # a graph replays the learning rate it captured unless it reads it from a tensor
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            lr = torch.tensor(config.peak_lr(), device=self.device)
+            return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay, capturable=True)
         galore_rank = None
         options = config.options
         if self.method.optimizer == "galore":
@@ -251,7 +275,11 @@ class Trainer:
             self.step, total_steps=config.steps, warmup_steps=self.warmup_steps, min_ratio=config.min_lr_ratio
         )
         for group in self.optimizer.param_groups:
-            group["lr"] = group.get("lr_scale", 1.0) * config.peak_lr() * schedule
+            lr = group.get("lr_scale", 1.0) * config.peak_lr() * schedule
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)  # in place: a captured step reads this tensor
+            else:
+                group["lr"] = lr
 
     def _train_step(self) -> tuple[float, float, int]:
         """One optimizer step; returns (mean loss, grad norm, saved-activation bytes of the first micro-batch)."""
@@ -259,6 +287,8 @@ class Trainer:
         self._set_lr()
         loss_sum, saved = 0.0, 0
         self.task.begin_step(self.step)
+        if self.static_step is not None:
+            return self._static_train_step()
         for batch, sync in self.layout.micro_batches(self.stream, config.grad_accum):
             with sync:
                 batch = to_device(batch, self.device)
@@ -284,6 +314,41 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return loss_mean, grad_norm, saved
+
+    def _static_step(self) -> GraphedStep:
+        """The step as one static-shape call: forward, loss, backward, clipping and AdamW, no host sync inside."""
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+        self._grad_norm = torch.zeros((), device=self.device)
+
+        def loss_fn(model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            with self._autocast():
+                loss = self.task.loss(model, batch)
+            return loss, {"loss": loss.detach()}
+
+        def update() -> None:
+            self._grad_norm.copy_(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            self.optimizer.step()
+
+        return GraphedStep(
+            self.model,
+            self.optimizer,
+            loss_fn,
+            capture=self.cuda_graphs,
+            update=update,
+            extra_state=(self._grad_norm,),
+        )
+
+    def _static_train_step(self) -> tuple[float, float, int]:
+        """One step through :attr:`static_step` (saved activations are not counted: 0)."""
+        info = self.static_step(to_device(self.stream.next_batch(), self.device))
+        loss, grad_norm = info["loss"].item(), self._grad_norm.item()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise NonFiniteError(
+                f"step {self.step + 1}: loss={loss} grad_norm={grad_norm} is not finite; the static step had already "
+                "updated the weights (lower --lr or keep --grad-clip > 0; the last checkpoint is the last good one)"
+            )
+        self.step += 1
+        return loss, grad_norm, 0
 
     def _checkpoint(self) -> Path:
         bad = [name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()]
@@ -353,7 +418,7 @@ class Trainer:
                     record = {
                         "step": self.step,
                         "loss": loss,
-                        "lr": self.optimizer.param_groups[0]["lr"],
+                        "lr": float(self.optimizer.param_groups[0]["lr"]),
                         "grad_norm": grad_norm,
                         "tokens": self.step * self.data.tokens_per_batch * config.grad_accum,
                         "tokens_per_s": speeds[-1],
@@ -421,6 +486,28 @@ class _NoLog:
 
     def close(self) -> None:
         pass
+
+
+def _check_static_step(config: TrainConfig, *, cuda_graphs: bool, on_nonfinite: str) -> None:
+    """One-line errors for a static-shape (or CUDA-graph) step the run cannot take, before any work."""
+    what = "cuda_graphs=True" if cuda_graphs else "static_step=True"
+    if cuda_graphs and (config.device != "cuda" or not torch.cuda.is_available()):
+        raise ValueError(
+            f"cuda_graphs=True needs device='cuda' and a CUDA device (device={config.device!r}, "
+            f"cuda available: {torch.cuda.is_available()}); static_step=True runs the same step eagerly"
+        )
+    if config.tp != 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"{what} runs on one process; got tp={config.tp} under torchrun")
+    if config.grad_accum != 1:
+        raise ValueError(f"{what} needs grad_accum=1, got {config.grad_accum}")
+    if on_nonfinite != "stop":
+        raise ValueError(f"{what} needs on_nonfinite='stop' (a non-finite step is found after its update)")
+    method = get_method(config.method)
+    if method.hook is not None or method.optimizer != "adamw":
+        raise ValueError(
+            f"{what} needs a method without a training hook that trains with AdamW; method {config.method!r} "
+            f"(optimizer {method.optimizer!r}) does not fit"
+        )
 
 
 def _progress(config: TrainConfig, *, initial: int) -> Any:
