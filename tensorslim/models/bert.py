@@ -8,12 +8,8 @@ the first ([CLS]) token through ``fc1`` (tanh) and ``fc2``. The MLM head (dense 
 BERT; CoMERA's released code has no MLM head (its code-model pre-training is not released). Registered as the
 ``bert`` family (tasks ``mlm``, ``classify``) with the models ``bert-tiny``, ``bert-small`` and ``bert6``.
 
-:func:`comera_` tensorizes the model as CoMERA does (the paper's table of tensorization settings): every
-attention and FFN projection and the classifier's ``fc1`` become 6-core TT layers (max rank 30), the word embedding a
-4-core TTM (rank 32, vocabulary 30,522 padded to 16·20·10·10); position/type embeddings, norms, the classifier's
-``fc2`` stays dense. CoMERA releases no MLM head; we tensorize its ``transform`` and ``lm_head`` decoder with the same
-TT settings, which needs a vocabulary that factors (pad it, e.g. 30,522 → 30,720 = 30·32·32 output rows; ids never
-reach the padding rows, Megatron-style).
+Shapes only: CoMERA's tensorization of these models is the ``comera`` method's
+(:func:`tensorslim.methods.comera.tensorize.comera_`).
 """
 
 from __future__ import annotations
@@ -210,47 +206,3 @@ _HELP = {
 for _name in ("bert-tiny", "bert-small", "bert6"):
     register_model(ModelPreset(name=_name, family=BERT, config=BERT_PRESETS[_name], help=_HELP[_name]))
 
-
-def comera_filter(module: nn.Module, name: str) -> bool:
-    """The layers CoMERA tensorizes: encoder projections and the classifier's ``fc1`` (not the 768×3 ``fc2``), plus
-    (our addition, CoMERA releases no MLM head) the MLM head's ``transform`` and ``lm_head`` decoder."""
-    return name.startswith("encoder.layers.") or name in ("classifier.fc1", "transform", "lm_head")
-
-
-def comera_embedding_config(
-    vocab_size: int, dim: int, *, rank: int = 32, init: str = "random", rank_gates: bool = False
-):
-    """CoMERA's TTM embedding config: [16,20,10,10]×[4,4,8,6] for 30,522×768; automatic 4-mode factors otherwise."""
-    from tensorslim.layers.tt_embedding import TTEmbeddingConfig
-
-    rows = (16, 20, 10, 10) if 30522 <= vocab_size <= 32000 else None  # the paper's vocabulary, maybe padded
-    cols = (4, 4, 8, 6) if dim == 768 else None
-    return TTEmbeddingConfig(rank=rank, row_factors=rows, col_factors=cols, init=init, rank_gates=rank_gates, n_cores=4)
-
-
-def comera_(
-    model: nn.Module, *, rank: int = 30, emb_rank: int = 32, init: str = "random", rank_gates: bool = True
-) -> tuple[object, object]:
-    """Tensorize a ``bert6``-layout model in place as CoMERA does; returns the two ``convert_`` reports.
-
-    Args:
-        model: a :class:`BertForMaskedLM` or :class:`BertForSequenceClassification` (CoMERA's shapes at d = 768).
-        rank: TT max rank of the linear layers (CoMERA ``--max-rank``, 30).
-        emb_rank: TTM rank of the word embedding (hard-coded 32 upstream).
-        init: ``"random"`` (CoMERA, training from scratch) or ``"tt_svd"`` (decompose existing weights).
-        rank_gates: attach rank gates (§2.1) to every tensorized layer.
-    """
-    from tensorslim.convert import convert_
-    from tensorslim.layers.tt import TTConfig
-
-    linear = convert_(model, TTConfig(rank=rank, init=init, rank_gates=rank_gates), filter_fn=comera_filter)
-    embedding = model.encoder.embeddings
-    emb_config = comera_embedding_config(
-        embedding.word.num_embeddings,
-        embedding.word.embedding_dim,
-        rank=emb_rank,
-        init="ttm_svd" if init == "tt_svd" else "random",
-        rank_gates=rank_gates,
-    )
-    word = convert_(embedding, emb_config, filter_fn=lambda module, name: name == "word")
-    return linear, word

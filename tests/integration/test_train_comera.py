@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tensorslim.cli.main import main
-from tensorslim.comera.gates import tt_layers
+from tensorslim.methods.comera.gates import tt_layers
 from tensorslim.layers.tt import TTLinear
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig

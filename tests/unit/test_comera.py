@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
-from tensorslim.comera import (
+from tensorslim.methods.comera import (
     CoMERAConfig,
     CoMERAObjective,
     build_optimizer,
@@ -18,7 +20,7 @@ from tensorslim.comera import (
     rank_report,
     truncate_,
 )
-from tensorslim.comera.gates import format_rank_report, layer_size
+from tensorslim.methods.comera.gates import format_rank_report, layer_size
 from tensorslim.convert import convert_, plan
 from tensorslim.decomp.tt import ttm_to_full
 from tensorslim.layers.tt import TTConfig, TTLinear
@@ -155,14 +157,16 @@ def test_gate_penalty_is_mean_of_active_gates():
 
 def test_early_and_late_objective():
     model = _tiny_comera()
-    objective = CoMERAObjective(CoMERAConfig(gamma=0.5, target_ratio=0.5, target_loss=1.0))
+    objective = CoMERAObjective(CoMERAConfig(gamma=0.5, target_ratio=0.5))
     task = torch.tensor(2.0, requires_grad=True)
     loss, info = objective.early(task, model)
     torch.testing.assert_close(loss, task + 0.5 * info["penalty"])
     with pytest.raises(ValueError, match="start_late"):
         objective.late(task, model)
     size = float(model_size(model))
-    assert objective.start_late(model) == pytest.approx(0.5 * size)
+    with pytest.raises(ValueError, match="target_loss=None is invalid"):
+        objective.start_late(model, target_loss=None)  # L* has no default: the hook chooses it
+    assert objective.start_late(model, target_loss=1.0) == pytest.approx(0.5 * size)
     # Loss gap (2-1)/2 = 0.5 ≥ size gap (S - S/2)/S = 0.5 → λ = 0: descend the task loss.
     loss, info = objective.late(task, model)
     assert info["lambda"] == 0
@@ -176,6 +180,7 @@ def test_early_and_late_objective():
 
 @pytest.mark.parametrize("ratio", [0, -0.1, 1.5, float("nan"), "0.5"])
 def test_target_ratio_out_of_range_is_a_one_line_error(ratio):
+    assert "target_loss" not in {f.name for f in dataclasses.fields(CoMERAConfig)}  # L* is not a config default
     with pytest.raises(ValueError, match="target_ratio=.*allowed: a number in \\(0, 1\\]") as info:
         CoMERAConfig(target_ratio=ratio)
     assert "\n" not in str(info.value)

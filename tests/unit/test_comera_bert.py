@@ -1,32 +1,39 @@
-"""bert6 preset books, heads, CoMERA tensorization of the encoder, and the experiment's helpers."""
+"""bert6 books under the ``comera`` method, BERT heads, CoMERA tensorization and truncation of a BERT, MLM masking."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tensorslim.comera import CoMERAObjective, build_optimizer, model_size, truncate_
-from tensorslim.comera.gates import tt_layers
-from tensorslim.comera_experiment import mask_tokens, mlm_loss, padded_vocab
 from tensorslim.layers.tt import TTLinear
 from tensorslim.layers.tt_embedding import TTEmbedding
+from tensorslim.methods import build_for_method
+from tensorslim.methods.comera import CoMERAObjective, build_optimizer, comera_, enable_gates, model_size, truncate_
+from tensorslim.methods.comera.gates import tt_layers
 from tensorslim.models.bert import (
     BERT_PRESETS,
     BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
-    comera_,
     get_bert_preset,
 )
+from tensorslim.tasks.mlm import mask_tokens, mlm_loss, padded_vocab
+
+
+def _mlm(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    inputs, labels = batch
+    return mlm_loss(model(inputs), labels)
 
 
 def test_bert6_books_match_comera_counts():
-    # Digest §1.4 (counted on the official code): 66,957,315 dense → 1,485,795 tensorized (45.1×), +4,362 gates.
-    with torch.device("meta"):
-        model = BertForSequenceClassification(BERT_PRESETS["bert6"])
-    assert sum(p.numel() for p in model.parameters()) == 66_957_315
-    comera_(model, rank_gates=False)
+    # Counted on the official CoMERA code (arXiv 2405.14377, §5's six-encoder model): 66,957,315 dense → 1,485,795
+    # tensorized (45.1×), +4,362 rank gates.
+    dense, _, _ = build_for_method("bert6", "dense", task="classify", device="meta")
+    assert sum(p.numel() for p in dense.parameters()) == 66_957_315
+    model, _, _ = build_for_method("bert6", "comera", task="classify", device="meta")
     assert sum(p.numel() for p in model.parameters()) == 1_485_795
+    assert enable_gates(model) == 4_362  # what the trainer's CoMERA hook attaches
+    assert sum(p.numel() for p in model.parameters()) == 1_485_795 + 4_362
     with torch.device("meta"):
         gated = BertForSequenceClassification(BERT_PRESETS["bert6"])
     comera_(gated)
@@ -51,7 +58,7 @@ def test_attention_mask_hides_padding():
 def test_comera_bert_tiny_trains_and_truncates():
     torch.manual_seed(0)
     config = get_bert_preset("bert-tiny")
-    model = BertForMaskedLM(BertConfig(**{**config.__dict__, "vocab_size": padded_vocab(999)}))
+    model = BertForMaskedLM(BertConfig(**{**config.__dict__, "vocab_size": padded_vocab(1000)}))
     comera_(model)
     assert all(len(layer.gates) for _, layer in tt_layers(model))
     names = {name for name, _ in tt_layers(model)}
@@ -61,7 +68,7 @@ def test_comera_bert_tiny_trains_and_truncates():
     gen = torch.Generator().manual_seed(0)
     batch = mask_tokens(torch.randint(999, (2, 16), generator=gen), mask_id=999, vocab=999, generator=gen)
     for _ in range(2):
-        loss, _ = objective.early(mlm_loss(model, batch), model)
+        loss, _ = objective.early(_mlm(model, batch), model)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -110,68 +117,3 @@ def test_bert_config_bad_input(kwargs):
     with pytest.raises(ValueError) as info:
         BertConfig(**kwargs)
     assert "\n" not in str(info.value)
-
-
-def test_experiment_dense_loop_equals_a_plain_loop():
-    """The experiment's dense runs go through the static-shape step; it must train exactly like a plain loop."""
-    from tensorslim.comera_experiment import _train_plain, build, optimizer_for
-
-    gen = torch.Generator().manual_seed(0)
-    data = [
-        mask_tokens(torch.randint(90, (2, 16), generator=gen), mask_id=90, vocab=90, generator=gen) for _ in range(3)
-    ]
-    models = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        models.append(build("bert-tiny", "dense", vocab_size=96))
-    static_model, plain_model = models
-    torch.manual_seed(1)
-    opt = optimizer_for(static_model, "dense", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2)
-    static_losses = _train_plain(static_model, opt, iter(data), mlm_loss, steps=3)
-    torch.manual_seed(1)  # the same dropout masks
-    opt = optimizer_for(plain_model, "dense", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2)
-    plain_losses = []
-    for batch in data:
-        loss = mlm_loss(plain_model, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        plain_losses.append(loss.item())
-    assert static_losses == plain_losses
-    for a, b in zip(static_model.parameters(), plain_model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
-def test_experiment_capturable_optimizers():
-    from tensorslim.comera_experiment import build, optimizer_for
-
-    model = build("bert-tiny", "comera", vocab_size=96)
-    groups = optimizer_for(model, "comera", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2, capturable=True).param_groups
-    assert [g["capturable"] for g in groups] == [True] * 3
-    with pytest.raises(ValueError, match="galore"):
-        optimizer_for(model, "galore", lr=1e-3, lr_cores=1e-3, lr_gates=1e-2, capturable=True)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        pytest.param(
-            ["--cuda-graphs", "--parts", "mlm", "--mlm-methods", "dense,comera"],
-            "needs a CUDA device",
-            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of CPU-only machines"),
-        ),
-        (["--cuda-graphs", "--parts", "mlm"], "cannot capture GaLore"),
-        (["--pooling", "max"], "invalid choice"),
-        (["--parts", "mlm", "--mlm-methods", "comera"], "needs L*"),
-        (["--parts", "classify", "--classify-methods", "comera,dense", "--classify-ratios", "0.5"], "needs L*"),
-        (["--parts", "classify", "--classify-methods", "dense,lora"], "--classify-methods 'dense,lora' is invalid"),
-        (["--parts", "mlm,train"], "unknown parts ['train']"),
-    ],
-)
-def test_experiment_cli_refuses_bad_flags(argv, message, capsys):
-    from tensorslim.comera_experiment import main
-
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    assert message in capsys.readouterr().err

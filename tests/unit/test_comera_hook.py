@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tensorslim.comera import CoMERAConfig, truncate_
-from tensorslim.comera.gates import resize_ranks_
-from tensorslim.comera.train_hook import CoMERAHook, stage_steps
+from tensorslim.methods.comera import CoMERAConfig, truncate_
+from tensorslim.methods.comera.gates import resize_ranks_
+from tensorslim.methods.comera.train_hook import CoMERAHook, stage_steps
 from tensorslim.layers.tt import TTLinear
 
 

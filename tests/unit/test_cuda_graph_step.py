@@ -1,5 +1,6 @@
-"""The static-shape training step (CoMERA's CUDA-graph path, digest §3.1) run eagerly on CPU: it equals plain steps,
-its warm-up is undone in place, the two-stage loop gives the same results through it, and it has no host sync."""
+"""The static-shape training step (CoMERA's CUDA-graph path, arXiv 2405.14377 §4) run eagerly on CPU: it equals plain
+steps, its warm-up is undone in place, CoMERA's late stage with the sync-free gate freeze runs through it, and it has
+no host sync."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tensorslim.comera import CoMERAConfig, CoMERAObjective, build_optimizer, model_size, param_groups, truncate_
-from tensorslim.comera.gates import tt_layers
-from tensorslim.comera.loop import GateFreeze, stage_loss, static_lookups, train_two_stage
-from tensorslim.comera_experiment import mask_tokens, mlm_loss, padded_vocab
 from tensorslim.convert import convert_
 from tensorslim.layers.tt import TTConfig
 from tensorslim.layers.tt_embedding import TTEmbeddingConfig
-from tensorslim.models.bert import BertConfig, BertForMaskedLM, comera_, get_bert_preset
+from tensorslim.methods.comera import CoMERAConfig, CoMERAObjective, build_optimizer, comera_, model_size, param_groups
+from tensorslim.methods.comera.static import GateFreeze, stage_loss, static_lookups
+from tensorslim.models.bert import BertConfig, BertForMaskedLM, get_bert_preset
+from tensorslim.tasks.mlm import mask_tokens, mlm_loss, padded_vocab
 from tensorslim.train.cuda_graph import GraphedStep
 
 EXACT = {"rtol": 0.0, "atol": 0.0}
@@ -298,7 +298,7 @@ def _tt_model(*, embedding: bool) -> nn.Module:
 
 
 def _late_step(model: nn.Module, batch) -> GraphedStep:
-    """The late-stage CoMERA step of ``train_two_stage(cuda_graphs=True, stop_at_target=True)``."""
+    """A late-stage CoMERA step with the sync-free gate freeze, as a CUDA graph would capture it."""
     optimizer = torch.optim.AdamW(param_groups(model), weight_decay=0.0, fused=True)
     objective = CoMERAObjective(CoMERAConfig(target_ratio=0.5))
 
@@ -307,7 +307,7 @@ def _late_step(model: nn.Module, batch) -> GraphedStep:
         return (model(x) - y).square().mean()
 
     freeze = GateFreeze(model, optimizer, objective)
-    objective.start_late(model)
+    objective.start_late(model, target_loss=1.0)
     loss = stage_loss(objective, task, late=True)
     step = GraphedStep(model, optimizer, loss, warmup=2, update=freeze.step, extra_state=(freeze.frozen,))
     step(batch)
@@ -347,17 +347,14 @@ def test_static_lookups_keep_the_rows_and_restore_the_layer():
     assert (emb.unique, emb.lookup, emb.check_ids) == (True, "halves", True)
 
 
-# ---------------------------------------------------------------------------------- (c) the two-stage CoMERA loop
+# ------------------------------------------------------------------------------- (c) CoMERA's late stage, frozen
 
 
 def _tiny_bert() -> nn.Module:
     torch.manual_seed(0)
     preset = get_bert_preset("bert-tiny")
-    model = BertForMaskedLM(BertConfig(**{**preset.__dict__, "vocab_size": padded_vocab(999)}))
+    model = BertForMaskedLM(BertConfig(**{**preset.__dict__, "vocab_size": padded_vocab(1000)}))
     comera_(model, rank=4, emb_rank=4)
-    with torch.no_grad():  # dead ranks, so the first truncation replaces parameters (and forces a recapture)
-        model.encoder.layers[0].attn.q.gates[1][:2] = 0.0
-        model.lm_head.gates[0][:1] = 0.0
     return model
 
 
@@ -368,103 +365,37 @@ def _mlm_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def _reference_two_stage(model, batches, optimizer, *, early: int, late: int, config, truncate_every: int):
-    """An independent eager CoMERA loop (stop at target by turning the gates' requires_grad off)."""
-    objective = CoMERAObjective(config)
-    losses, target = [], None
-    for step, batch in enumerate(batches[: early + late]):
-        if step == early:
-            truncate_(model, optimizer=optimizer)
-            target = objective.start_late(model)
-        task = mlm_loss(model, batch)
-        loss, info = objective.late(task, model) if step >= early else objective.early(task, model)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(info["task"].item())
-        if target is not None and model_size(model).item() <= target:
-            for _, layer in tt_layers(model):
-                for gate in layer.gates:
-                    gate.requires_grad_(False)
-                    gate.grad = None
-        if (step + 1) % truncate_every == 0:
-            truncate_(model, optimizer=optimizer)
-    truncate_(model, optimizer=optimizer)
-    return losses
-
-
-@pytest.mark.parametrize("static", [False, True], ids=["eager-loop", "static-step"])
-def test_two_stage_loop_matches_an_eager_reference(static):
-    config = CoMERAConfig(target_ratio=1.0, target_loss=0.5)  # S ≤ S* after the first late step: gates freeze
-    batches = _mlm_batches(8)
-    reference = _tiny_bert()
-    ref_opt = build_optimizer(reference, lr_cores=1e-2, lr_gates=1e-2)
-    torch.manual_seed(5)
-    ref_losses = _reference_two_stage(reference, batches, ref_opt, early=4, late=4, config=config, truncate_every=3)
-
-    model = _tiny_bert()
-    optimizer = build_optimizer(model, lr_cores=1e-2, lr_gates=1e-2)
-    seen = []
-    torch.manual_seed(5)
-    log = train_two_stage(
-        model,
-        iter(batches),
-        mlm_loss,
-        optimizer=optimizer,
-        early_steps=4,
-        late_steps=4,
-        config=config,
-        truncate_every=3,
-        stop_at_target=True,
-        on_step=lambda step, values: seen.append((step, values["task"])),
-        static_step=static,
-        warmup=2,
-        log_every=3,
-    )
-    assert log.losses == ref_losses
-    assert seen == list(enumerate(ref_losses))
-    assert log.lambdas[:4] == [0.0] * 4 and len(log.lambdas) == 8
-    assert log.size_after_late == float(model_size(reference)) <= log.target_size
-    torch.testing.assert_close(model.state_dict(), reference.state_dict(), **EXACT)
-    gates = [gate for _, layer in tt_layers(model) for gate in layer.gates]
-    assert gates and all(not gate.requires_grad for gate in gates)
-    assert model.encoder.layers[0].attn.q.ranks[2] == 2  # the killed ranks were sliced out
+def _mlm(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    inputs, labels = batch
+    return mlm_loss(model(inputs), labels)
 
 
 def test_gates_stop_moving_once_the_target_is_reached():
-    """The sync-free freeze: after the first late step (S ≤ S* = S at the switch) the gates never change."""
+    """The sync-free freeze: after the first late step (S ≤ S* = S at the switch) the gates never change, while
+    the cores keep training."""
     model = _tiny_bert()
     optimizer = build_optimizer(model, lr_cores=1e-2, lr_gates=1e-2)
-    snapshots = []
-    train_two_stage(
+    objective = CoMERAObjective(CoMERAConfig(target_ratio=1.0))
+    objective.start_late(model, target_loss=1.0)
+    freeze = GateFreeze(model, optimizer, objective)
+    step = GraphedStep(
         model,
-        iter(_mlm_batches(6)),
-        mlm_loss,
-        optimizer=optimizer,
-        early_steps=2,
-        late_steps=4,
-        config=CoMERAConfig(target_ratio=1.0),
-        stop_at_target=True,
-        on_step=lambda step, values: snapshots.append(torch.cat([g.detach().clone() for g in model.lm_head.gates])),
-        static_step=True,
+        optimizer,
+        stage_loss(objective, _mlm, late=True),
         warmup=1,
+        update=freeze.step,
+        extra_state=(freeze.frozen,),
     )
-    assert not torch.equal(snapshots[1], snapshots[2])  # the first late step still moved them
-    assert all(torch.equal(snapshots[2], later) for later in snapshots[3:])
+    gates, cores = [], []
+    for batch in _mlm_batches(4):
+        step(batch)
+        gates.append(torch.cat([g.detach().clone() for g in model.lm_head.gates]))
+        cores.append(model.lm_head.cores[0].detach().clone())
+    assert bool(freeze.frozen) and float(model_size(model)) <= float(objective.target_size)
+    assert not torch.equal(gates[0], _first_gates())  # the first late step still moved them
+    assert all(torch.equal(gates[0], later) for later in gates[1:])
+    assert not torch.equal(cores[1], cores[3])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
-def test_two_stage_loop_refuses_cuda_graphs_on_cpu_before_training():
-    model = _tiny_bert()
-    before = copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        train_two_stage(
-            model,
-            iter(_mlm_batches(2)),
-            mlm_loss,
-            optimizer=build_optimizer(model),
-            early_steps=1,
-            late_steps=1,
-            cuda_graphs=True,
-        )
-    torch.testing.assert_close(model.state_dict(), before, **EXACT)
+def _first_gates() -> torch.Tensor:
+    return torch.cat([g.detach().clone() for g in _tiny_bert().lm_head.gates])

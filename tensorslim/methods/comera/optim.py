@@ -1,4 +1,4 @@
-"""CoMERA's optimizer grouping (official ``utils.py`` L50-66, ``MNLI_trainer.py`` L736-741; digest §2.3).
+"""CoMERA's optimizer grouping (arXiv 2405.14377, §5; official ``utils.py`` L50-66, ``MNLI_trainer.py`` L736-741).
 
 Three AdamW groups with weight decay 0 and a constant learning rate: TT/TTM cores (1e-4), rank gates (1e-3),
 everything else (5e-5). The official split matches parameter *names* (``encoder`` & ``tensor.factors``), which puts
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tensorslim.comera.gates import tt_layers
+from tensorslim.methods.comera.gates import tt_layers
 
 
 def param_groups(

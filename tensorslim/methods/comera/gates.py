@@ -1,8 +1,8 @@
 """CoMERA rank gates: size accounting, the L1 penalty, physical truncation of dead ranks and the rank report.
 
 CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), rank-adaptive training, replaces the TT/TTM cores
-``[[G_1, …, G_d]]`` by ``[[G_1 D_1 G_2 … D_{d-1} G_d]]`` with diagonal ``D_k = diag(d_k)`` (our digest §2.1). A rank
-is pruned when its gate falls to ≤ 1e-2. The official code only masks dead ranks; here
+``[[G_1, …, G_d]]`` by ``[[G_1 D_1 G_2 … D_{d-1} G_d]]`` with diagonal ``D_k = diag(d_k)`` (§3). A rank is
+pruned when its gate falls to ≤ 1e-2. The official code only masks dead ranks; here
 :func:`truncate_` slices them out of the cores so the compute and memory savings are real (the official
 ``update_factors`` exists but is never called).
 """
@@ -34,7 +34,7 @@ def enable_gates(model: nn.Module, *, threshold: float = 1e-2) -> int:
 
 def mode_sizes(layer: TTLayer) -> tuple[int, ...]:
     """Per-core mode size: ``n_k`` for TT, ``m_k·n_k`` for TTM (the official ``compute_size`` used ``m_k`` only for
-    TTM cores, undercounting the embedding; digest §2.2)."""
+    TTM cores, undercounting the embedding)."""
     if isinstance(layer, TTEmbedding):
         return tuple(m * n for m, n in zip(layer.row_factors, layer.col_factors, strict=True))
     return layer.in_factors + layer.out_factors
@@ -76,14 +76,14 @@ def model_size(model: nn.Module) -> torch.Tensor:
 
 def gate_penalty(model: nn.Module) -> torch.Tensor:
     """CoMERA's rank penalty ``R(D) = Σ thr(d_kj) / #{d_kj > threshold}`` over all gates of the model
-    (``MNLI_trainer.py`` L256-270, digest §2.2): the mean value of the active gates, differentiable in the gates."""
+    (§3; official ``MNLI_trainer.py`` L256-270): the mean value of the active gates, differentiable in the gates."""
     total, count = [], []
     for _, layer in tt_layers(model):
         for gate in layer.gates:
             total.append(torch.nn.functional.threshold(gate, layer.gate_threshold, 0.0).sum())
             count.append((gate > layer.gate_threshold).sum())
     if not total:
-        raise ValueError("the model has no rank gates; call tensorslim.comera.enable_gates(model) first")
+        raise ValueError("the model has no rank gates; call tensorslim.methods.comera.enable_gates(model) first")
     return torch.stack(total).sum() / torch.stack(count).sum().clamp(min=1)
 
 
