@@ -36,18 +36,18 @@ def worker(args: argparse.Namespace) -> dict:
 
     from tensorslim.bench.memory import count_saved_tensors, training_memory
     from tensorslim.layers.cola_m import checkpoint_
-    from tensorslim.methods import build_model
-    from tensorslim.models.llama import get_preset
+    from tensorslim.methods import build_for_method
+    from tensorslim.models.registry import get_model
+    from tensorslim.tasks.lm import causal_lm_loss
     from tensorslim.train.optim import build_optimizer
-    from tensorslim.train.trainer import causal_lm_loss
 
     torch.manual_seed(0)
     method = {"dense+gc": "dense", "cola+gc": "cola"}.get(args.arm, args.arm)
-    model, _ = build_model(args.preset, method, max_seq_len=args.seq_len)
+    model, _, _ = build_for_method(args.preset, method, max_seq_len=args.seq_len)
     if args.arm.endswith("+gc"):
         checkpoint_(model, policy="layer")
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
-    vocab = get_preset(args.preset).model.vocab_size
+    vocab = get_model(args.preset).config.vocab_size
     batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
     rss_before = _rss_bytes()
     times, saved = [], 0
@@ -76,10 +76,11 @@ def worker(args: argparse.Namespace) -> dict:
 
 def formula(preset_name: str, tokens: int) -> dict[str, int]:
     """Values per token and layer that checkpointed blocks save: CoLA-M ``d + 7r`` (ours), paper ``2d + 7r``."""
-    from tensorslim.models.llama import get_preset
+    from tensorslim.methods.recipes import recipe_for
+    from tensorslim.models.registry import get_model
 
-    preset = get_preset(preset_name)
-    d, r, layers = preset.model.d_model, preset.cola_rank, preset.model.n_layers
+    config = get_model(preset_name).config
+    d, r, layers = config.d_model, recipe_for(preset_name).cola_rank, config.n_layers
     return {
         "d": d,
         "r": r,

@@ -89,7 +89,8 @@ def collect(runs_dir: Path, *, preset: str, steps: int, log_path: Path) -> list[
                 "steps": steps,
                 "command": " ".join(command),
                 "load_average_at_start": None,
-                **{k: summary[k] for k in ("val_loss", "val_perplexity", "params_total", "tokens_per_s")},
+                **{k: summary[k] for k in ("val_loss", "params_total", "tokens_per_s")},
+                "val_perplexity": summary["val_metrics"]["val_perplexity"],
                 "params_non_embedding": summary["params_non_embedding"],
             }
         )
@@ -129,7 +130,8 @@ def main() -> None:
                     "started": started,
                     "load_average_at_start": load,
                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                    **{k: summary[k] for k in ("val_loss", "val_perplexity", "params_total", "tokens_per_s")},
+                    **{k: summary[k] for k in ("val_loss", "params_total", "tokens_per_s")},
+                    "val_perplexity": summary["val_metrics"]["val_perplexity"],
                     "params_non_embedding": summary["params_non_embedding"],
                 }
                 with log_path.open("a") as f:

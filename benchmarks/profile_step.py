@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tensorslim.methods import build_model
-from tensorslim.models.llama import get_preset
+from tensorslim.methods import build_for_method
+from tensorslim.models.registry import get_model
+from tensorslim.tasks.lm import causal_lm_loss
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.trainer import causal_lm_loss
 
 FAMILIES = {
     "matmul": ("mm", "addmm", "bmm", "matmul", "linear"),
@@ -38,7 +38,7 @@ def family(name: str) -> str:
 
 def profile_method(preset: str, method: str, batch: torch.Tensor) -> dict[str, float]:
     torch.manual_seed(0)
-    model, _ = build_model(preset, method, max_seq_len=batch.shape[1])
+    model, _, _ = build_for_method(preset, method, max_seq_len=batch.shape[1])
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)  # the trainer's (fused) AdamW
 
     def step() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    vocab = get_preset(args.preset).model.vocab_size
+    vocab = get_model(args.preset).config.vocab_size
     batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
     result = {method: profile_method(args.preset, method, batch) for method in ("dense", "cola")}
     labels = sorted({k for r in result.values() for k in r}, key=lambda k: -result["dense"].get(k, 0))

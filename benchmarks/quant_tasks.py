@@ -18,6 +18,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -242,15 +243,17 @@ def llama_task(
     from safetensors.torch import load_file
 
     from tensorslim.data import build_lm_data
-    from tensorslim.methods import build_model
-    from tensorslim.models.llama import get_preset
-    from tensorslim.train.trainer import evaluate
+    from tensorslim.models.registry import build_model, get_model
+    from tensorslim.tasks.base import TaskData
+    from tensorslim.tasks.lm import CausalLM
 
-    preset = get_preset("tiny")
-    lm = build_lm_data(
-        data, tokenizer=None, vocab_size=preset.model.vocab_size, seq_len=seq_len, max_val_blocks=eval_blocks
-    )
-    model, _ = build_model("tiny", "dense", vocab_size=lm.tokenizer.vocab_size, max_seq_len=seq_len, rank=None)
+    def evaluate(model: torch.nn.Module, blocks: torch.Tensor, *, batch_size: int) -> float:
+        data = TaskData(train=None, validation=blocks)
+        return CausalLM().evaluate(model, data, batch_size=batch_size, autocast=contextlib.nullcontext)["val_loss"]
+
+    vocab = get_model("tiny").config.vocab_size
+    lm = build_lm_data(data, tokenizer=None, vocab_size=vocab, seq_len=seq_len, max_val_blocks=eval_blocks)
+    model = build_model("tiny", vocab_size=lm.tokenizer.vocab_size, max_seq_len=seq_len)
     model.load_state_dict(load_file(checkpoint))
     model.eval()
     val = lm.validation[:eval_blocks]

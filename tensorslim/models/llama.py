@@ -58,35 +58,6 @@ CONFIGS: dict[str, LlamaConfig] = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Preset:
-    """A model size with the CoLA recipe that goes with it (CoLA, arXiv 2502.10940, its released configs)."""
-
-    model: LlamaConfig
-    cola_rank: int
-    only_lr_act: bool  # CoLA's configs: False at 60M/130M (keep SiLU-GLU), True from 350M
-    lr: float  # CoLA's learning rate for this size
-    warmup_fraction: float = 0.1
-
-
-PRESETS: dict[str, Preset] = {
-    # CPU-sized: same ratios as 60M (r = d/4).
-    "tiny": Preset(model=CONFIGS["tiny"], cola_rank=64, only_lr_act=False, lr=6e-3, warmup_fraction=0.1),
-    "60m": Preset(model=CONFIGS["60m"], cola_rank=128, only_lr_act=False, lr=6e-3, warmup_fraction=0.2),
-    "130m": Preset(model=CONFIGS["130m"], cola_rank=256, only_lr_act=False, lr=3e-3),
-    "350m": Preset(model=CONFIGS["350m"], cola_rank=256, only_lr_act=True, lr=3e-3),
-    "1b": Preset(model=CONFIGS["1b"], cola_rank=512, only_lr_act=True, lr=2e-3),
-    "7b": Preset(model=CONFIGS["7b"], cola_rank=1024, only_lr_act=True, lr=1e-3),
-}
-
-
-def get_preset(name: str) -> Preset:
-    """The preset called ``name`` (``tiny``, ``60m``, ``130m``, ``350m``, ``1b``, ``7b``)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset={name!r} is unknown; allowed: {list(PRESETS)}")
-    return PRESETS[name]
-
-
 class RMSNorm(nn.Module):
     """``x / rms(x) · g`` computed in float32, as in Hugging Face's ``LlamaRMSNorm``."""
 

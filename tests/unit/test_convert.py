@@ -21,8 +21,6 @@ from tensorslim.models.llama import LlamaForCausalLM
 from tensorslim.registry import TRANSFORMS, LayerReport, Transform, register_transform, transform_for
 from tests.helpers import TINY_LLAMA
 
-transformers = pytest.importorskip("transformers")
-
 
 def _n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
@@ -127,6 +125,7 @@ def test_a_new_family_is_one_registration() -> None:
 
 
 def test_hf_llama_with_only_lr_act() -> None:
+    transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=128
     )
@@ -140,6 +139,7 @@ def test_hf_llama_with_only_lr_act() -> None:
 
 
 def test_hf_gpt2_conv1d() -> None:
+    transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=32)
     model = transformers.GPT2LMHeadModel(config).eval()
     ids = torch.randint(0, 128, (1, 10))
@@ -153,6 +153,7 @@ def test_hf_gpt2_conv1d() -> None:
 
 
 def test_hf_bert_model() -> None:
+    transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=100
     )

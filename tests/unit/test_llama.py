@@ -8,13 +8,12 @@ import torch
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_for_method
 from tensorslim.models import get_model, model_names
-from tensorslim.models.llama import PRESETS, KVCache, LlamaConfig, LlamaForCausalLM, get_preset
+from tensorslim.models.llama import CONFIGS, KVCache, LlamaConfig, LlamaForCausalLM
 from tests.helpers import TINY_LLAMA
-
-transformers = pytest.importorskip("transformers")
 
 
 def _hf_twin(config: LlamaConfig) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
     hf_config = transformers.LlamaConfig(
         hidden_size=config.d_model,
         intermediate_size=config.d_ff,
@@ -65,7 +64,7 @@ def test_preset_books_reproduce_the_cola_tables(name: str) -> None:
     assert flops_per_token(dense, seq_len=256) / 1e6 == pytest.approx(flops_dense, rel=1e-3)
     assert flops_per_token(cola, seq_len=256) / 1e6 == pytest.approx(flops_cola, rel=1e-3)
     assert report.model_params_after == count_params(cola).total
-    assert len(report.layers) == 7 * get_preset(name).model.n_layers
+    assert len(report.layers) == 7 * CONFIGS[name].n_layers
 
 
 def test_only_lr_act_follows_the_cola_configs() -> None:
@@ -84,12 +83,11 @@ def test_all_models_have_the_paper_dims() -> None:
     assert dims["350m"] == (1024, 2736, 16, 24)
     assert dims["1b"] == (2048, 5461, 32, 24)
     assert dims["7b"] == (4096, 11008, 32, 32)
-    assert [PRESETS[n].cola_rank for n in ("60m", "130m", "350m", "1b", "7b")] == [128, 256, 256, 512, 1024]
 
 
 def test_unknown_preset_and_bad_shapes() -> None:
-    with pytest.raises(ValueError, match="preset='3b' is unknown"):
-        get_preset("3b")
+    with pytest.raises(ValueError, match="model='3b' is unknown"):
+        get_model("3b")
     with pytest.raises(ValueError, match="n_heads=5"):
         LlamaConfig(d_model=64, n_layers=1, n_heads=5, d_ff=8)
     with pytest.raises(ValueError, match="exceeds max_seq_len=64"):
