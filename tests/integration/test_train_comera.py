@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tensorslim.cli.main import main
-from tensorslim.methods.comera.gates import tt_layers
 from tensorslim.layers.tt import TTLinear
+from tensorslim.methods.comera.gates import tt_layers
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train

@@ -8,6 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from tensorslim.convert import convert_, plan
+from tensorslim.decomp.tt import ttm_to_full
+from tensorslim.layers.tt import TTConfig, TTLinear
+from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
 from tensorslim.methods.comera import (
     CoMERAConfig,
     CoMERAObjective,
@@ -21,10 +25,6 @@ from tensorslim.methods.comera import (
     truncate_,
 )
 from tensorslim.methods.comera.gates import format_rank_report, layer_size
-from tensorslim.convert import convert_, plan
-from tensorslim.decomp.tt import ttm_to_full
-from tensorslim.layers.tt import TTConfig, TTLinear
-from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
 
 
 class Tiny(nn.Module):

@@ -1,14 +1,19 @@
-"""The CoMERA trainer hook: stage lengths, stage losses against hand-computed values, resize on resume."""
+"""The CoMERA trainer hook: stage lengths, stage losses against hand-computed values, resize on resume, the gate
+freeze at the target; the package never imports the experiments."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
 
+import tensorslim
+from tensorslim.layers.tt import TTLinear
 from tensorslim.methods.comera import CoMERAConfig, truncate_
 from tensorslim.methods.comera.gates import resize_ranks_
 from tensorslim.methods.comera.train_hook import CoMERAHook, stage_steps
-from tensorslim.layers.tt import TTLinear
 
 
 def _layer(seed: int = 0) -> torch.nn.Module:
@@ -61,3 +66,32 @@ def test_resize_ranks_rebuilds_a_truncated_layer() -> None:
         resize_ranks_(fresh, {"0": [1, 4, 9, 4, 1]})  # larger than the layer's rank
     with pytest.raises(ValueError, match="cannot resize 'nope'"):
         resize_ranks_(fresh, {"nope": [1, 1, 1]})
+
+
+def test_gates_freeze_at_the_target_and_stay_frozen_on_resume() -> None:
+    model = _layer()
+    hook = CoMERAHook(4, late_fraction=0.5, config=CoMERAConfig(target_ratio=1.0), target_loss=2.0)
+    optimizer = hook.build_optimizer(model, lr=1e-3, weight_decay=0.0)
+    hook.after_step(model, optimizer=optimizer, step=1)
+    assert all(gate.requires_grad for gate in model[0].gates)  # early stage: never frozen
+    hook.after_step(model, optimizer=optimizer, step=2)  # the switch: S* = S
+    hook.after_step(model, optimizer=optimizer, step=3)  # S ≤ S*: frozen
+    assert hook.reports["frozen_at"]["step"] == 3
+    assert all(not gate.requires_grad for gate in model[0].gates)
+    state = hook.state_dict()
+    assert state["frozen"] and state["target_loss"] == 2.0
+    fresh = _layer(seed=1)
+    resumed = CoMERAHook(4, late_fraction=0.5, config=CoMERAConfig(target_ratio=1.0))
+    resumed.load_state_dict(state, model=fresh, optimizer=resumed.build_optimizer(fresh, lr=1e-3, weight_decay=0.0))
+    assert resumed.frozen and resumed.objective.target_loss == 2.0
+    assert all(not gate.requires_grad for gate in fresh[0].gates)
+
+
+def test_the_package_never_imports_the_experiments() -> None:
+    """``experiments/`` sits on the public API; nothing in ``tensorslim`` may import it."""
+    root = Path(tensorslim.__file__).parent
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(name.split(".")[0] in ("experiments", "comera_bert") for name in names), path
