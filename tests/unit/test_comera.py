@@ -178,9 +178,13 @@ def test_early_and_late_objective():
     torch.testing.assert_close(loss, 0.1 * near + 1.01 * info["penalty"])
 
 
+def test_the_loss_target_has_no_config_default():
+    """``L*`` is chosen in one place, the trainer hook; the objective's config must not supply one silently."""
+    assert "target_loss" not in {field.name for field in dataclasses.fields(CoMERAConfig)}
+
+
 @pytest.mark.parametrize("ratio", [0, -0.1, 1.5, float("nan"), "0.5"])
 def test_target_ratio_out_of_range_is_a_one_line_error(ratio):
-    assert "target_loss" not in {f.name for f in dataclasses.fields(CoMERAConfig)}  # L* is not a config default
     with pytest.raises(ValueError, match="target_ratio=.*allowed: a number in \\(0, 1\\]") as info:
         CoMERAConfig(target_ratio=ratio)
     assert "\n" not in str(info.value)
