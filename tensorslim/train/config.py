@@ -18,7 +18,7 @@ _DTYPES = ("fp32", "bf16")
 # Fields that may differ between an interrupted run and its resumption without changing the math. ``out_dir`` is
 # where the checkpoint was found, so naming it (or leaving the default that names the same folder) changes nothing.
 RESUMABLE_CHANGES = frozenset(
-    {"resume", "progress", "eval_every", "checkpoint_every", "tensorboard", "tp", "tp_style", "out_dir"}
+    {"resume", "progress", "eval_every", "checkpoint_every", "tensorboard", "tp", "tp_style", "out_dir", "cuda_graphs"}
 )
 
 
@@ -71,6 +71,10 @@ class TrainConfig:
     out_dir: str | None = field(default=None, metadata=_help("run folder (default: runs/<preset>-<method>)"))
     resume: bool = field(default=False, metadata=_help("continue from the run folder's latest checkpoint"))
     device: str = field(default="cpu", metadata=_help("cpu or cuda"))
+    cuda_graphs: bool = field(
+        default=False,
+        metadata=_help("capture each step in a CUDA graph (device cuda, one process, grad_accum 1, no method hook)"),
+    )
     progress: bool = field(default=True, metadata=_help("show a progress bar"))
     tensorboard: bool = field(default=True, metadata=_help("also log to TensorBoard when it is installed"))
     # Tensor parallelism (tensorslim.distributed; launch with torchrun, one process per rank).

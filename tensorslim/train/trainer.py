@@ -165,6 +165,7 @@ class Trainer:
     ) -> None:
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite={on_nonfinite!r} is invalid; allowed: 'stop' or 'skip'")
+        cuda_graphs = cuda_graphs or config.cuda_graphs
         if config.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but no CUDA device is available; use device='cpu'")
         if cuda_graphs or static_step:

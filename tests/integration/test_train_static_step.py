@@ -62,3 +62,13 @@ def test_static_step_refuses_what_it_cannot_run(
         Trainer(_config(small_corpus, tmp_path / "run", **overrides), static_step=True)
     with pytest.raises(ValueError, match="needs on_nonfinite='stop'"):
         Trainer(_config(small_corpus, tmp_path / "run"), static_step=True, on_nonfinite="skip")
+
+
+def test_the_cuda_graphs_flag_is_refused_in_one_line_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorslim.cli.main import main
+
+    if torch.cuda.is_available():
+        return  # the refusal is for machines without CUDA; with CUDA the flag runs (not testable here)
+    assert main(["train", "--method", "dense", "--cuda-graphs", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cuda" in err.lower()
