@@ -1,0 +1,610 @@
+"""Save and load converted models: ``save_pretrained(model, folder, base=...)`` and ``load_pretrained(folder)``.
+
+A folder holds three things:
+
+* ``model.safetensors``: the state dict, each shared tensor (tied weights) once; never unpickled.
+* ``tensorslim.json``: the manifest, i.e. the base model (a registered tensorslim model with its overrides, a Hugging
+  Face model whose ``config.json`` lies beside it, or a custom model the caller rebuilds) and one entry per converted
+  layer: its qualified name, the config that rebuilds it (type and fields) and the state a config cannot carry.
+* ``config.json`` for a Hugging Face base (``PretrainedConfig.save_pretrained``, with ``architectures`` set).
+
+The configs are read off the layers themselves, with every shape explicit (ranks, mode factors, CoMERA-truncated TT
+ranks), so a folder does not depend on how the model was converted. Loading builds the base with its parameters on
+``meta`` (buffers, which a checkpoint may not hold, stay real), converts each group of layers that share a config with
+``convert_(model, config, filter_fn=...)`` and ``init="random"`` (nothing reads weights), materializes the parameters
+and loads the weights strictly. The conversion's model-level steps (CoLA's ``only_lr_act``, LaX crossings, CoLA-M
+block checkpoints) run again, because ``convert_`` runs them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+MANIFEST = "tensorslim.json"
+WEIGHTS = "model.safetensors"
+HF_CONFIG = "config.json"
+FORMAT = "tensorslim.pretrained"
+VERSION = 1
+_OVERRIDES = ("vocab_size", "max_seq_len", "n_classes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegisteredBase:
+    """A registered tensorslim model as the base: ``build_model(name, task=task, **overrides)``.
+
+    Attributes:
+        name: a registered model (``tiny``, ``bert6``, ``gpt2-small`` ...).
+        task: the head it was built with; None takes the model's default task.
+        vocab_size, max_seq_len, n_classes: the overrides it was built with (None: the preset's).
+    """
+
+    name: str
+    task: str | None = None
+    vocab_size: int | None = None
+    max_seq_len: int | None = None
+    n_classes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name={self.name!r} is invalid; allowed: a registered model name")
+        for field in _OVERRIDES:
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{field}={value!r} is invalid; allowed: None or an integer >= 1")
+
+
+# --- what each layer family records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How a converted layer is described: ``describe(model, name, layer) -> (config, state)``; ``restore(layer,
+    state)`` sets, after the rebuild, what the config does not carry."""
+
+    describe: Callable[[nn.Module, str, nn.Module], tuple[Any, dict[str, Any]]]
+    restore: Callable[[nn.Module, dict[str, Any]], None] | None = None
+
+
+def _drops_glu(model: nn.Module, name: str) -> bool:
+    """Whether ``name`` sits in a gated MLP whose activation CoLA's ``only_lr_act`` dropped."""
+    from tensorslim.layers.lowrank import LowRankLinear
+
+    parent_name = name.rpartition(".")[0]
+    parent = model.get_submodule(parent_name)
+    return isinstance(getattr(parent, "act_fn", None), nn.Identity) and all(
+        isinstance(getattr(parent, proj, None), LowRankLinear) for proj in ("gate_proj", "up_proj")
+    )
+
+
+def _low_rank_fields(model: nn.Module, name: str, layer: nn.Module) -> dict[str, Any]:
+    return {
+        "rank": layer.rank,
+        "activation": layer.activation,
+        "init": "random",
+        "only_lr_act": _drops_glu(model, name),
+    }
+
+
+def _describe_low_rank(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
+    from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, SVDConfig
+
+    config_type = {"silu": CoLAConfig, "identity": SVDConfig}.get(layer.activation, LowRankConfig)
+    return config_type(**_low_rank_fields(model, name, layer)), {}
+
+
+def _describe_cola_m(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
+    from tensorslim.layers.cola_m import CoLAMConfig
+
+    parts = name.split(".")
+    owners = (model.get_submodule(".".join(parts[:i])) for i in range(len(parts) - 1, -1, -1))
+    policy = next((m._tensorslim_policy for m in owners if hasattr(m, "_tensorslim_policy")), "latent")
+    return CoLAMConfig(**_low_rank_fields(model, name, layer), policy=policy), {}
+
+
+def _describe_lax(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
+    from tensorslim.layers.lax import LaXCoLAConfig, LaXConfig, LaXSVDConfig
+
+    config_type = {"silu": LaXCoLAConfig, "identity": LaXSVDConfig}.get(layer.activation, LaXConfig)
+    fields = _low_rank_fields(model, name, layer)
+    return config_type(**fields, crossing=layer.crossing_kind, norm_eps=layer.norm_eps), {"crosses": layer.crosses}
+
+
+def _tt_fields(layer: nn.Module) -> dict[str, Any]:
+    return {
+        "rank": tuple(layer.ranks),  # the current ranks, CoMERA-truncated or not
+        "n_cores": len(layer.cores),
+        "in_factors": tuple(layer.in_factors),
+        "out_factors": tuple(layer.out_factors),
+        "init": "random",
+        "rank_gates": len(layer.gates) > 0,
+    }
+
+
+def _describe_tt(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
+    from tensorslim.layers.tt import TTConfig
+
+    return TTConfig(**_tt_fields(layer)), {"gate_threshold": layer.gate_threshold}
+
+
+def _describe_lax_tt(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
+    from tensorslim.layers.lax_tt import LaXTTConfig
+
+    config = LaXTTConfig(
+        **_tt_fields(layer),
+        crossing=layer.crossing_kind,
+        norm_eps=layer.norm_eps,
+        activation=layer.activation,
+        intra_res=(name.rsplit(".", 1)[-1],) if layer.intra_res else (),
+    )
+    return config, {"gate_threshold": layer.gate_threshold, "crosses": layer.crosses}
+
+
+def _describe_tt_embedding(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
+    from tensorslim.layers.tt_embedding import TTEmbeddingConfig
+
+    config = TTEmbeddingConfig(
+        rank=tuple(layer.ranks),
+        n_cores=len(layer.cores),
+        row_factors=tuple(layer.row_factors),
+        col_factors=tuple(layer.col_factors),
+        init="random",
+        lookup=layer.lookup,
+        rank_gates=len(layer.gates) > 0,
+    )
+    return config, {"gate_threshold": layer.gate_threshold, "unique": layer.unique, "check_ids": layer.check_ids}
+
+
+def _describe_kron(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
+    from tensorslim.layers.kron import KronConfig
+
+    config = KronConfig(rank=layer.rank, in_factors=layer.in_factors, out_factors=layer.out_factors, init="random")
+    return config, {}
+
+
+def _restore_attributes(*names: str) -> Callable[[nn.Module, dict[str, Any]], None]:
+    def restore(layer: nn.Module, state: dict[str, Any]) -> None:
+        for name in names:
+            setattr(layer, name, state[name])
+
+    return restore
+
+
+def _families() -> dict[type, _Family]:
+    """Converted layer classes (a subclass before its base) and how each is described."""
+    from tensorslim.layers.cola_m import CoLAMLinear
+    from tensorslim.layers.kron import KronLinear
+    from tensorslim.layers.lax import LaXLinear
+    from tensorslim.layers.lax_tt import LaXTTLinear
+    from tensorslim.layers.lowrank import LowRankLinear
+    from tensorslim.layers.tt import TTLinear
+    from tensorslim.layers.tt_embedding import TTEmbedding
+
+    gates = _restore_attributes("gate_threshold")
+    return {
+        CoLAMLinear: _Family(_describe_cola_m),
+        LaXLinear: _Family(_describe_lax),
+        LowRankLinear: _Family(_describe_low_rank),
+        LaXTTLinear: _Family(_describe_lax_tt, gates),
+        TTLinear: _Family(_describe_tt, gates),
+        TTEmbedding: _Family(_describe_tt_embedding, _restore_attributes("gate_threshold", "unique", "check_ids")),
+        KronLinear: _Family(_describe_kron),
+    }
+
+
+def _family_of(module: nn.Module, families: dict[type, _Family]) -> _Family | None:
+    return next((families[cls] for cls in type(module).__mro__ if cls in families), None)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _config_record(config: Any) -> dict[str, Any]:
+    return {"type": _qualified(type(config)), "fields": dataclasses.asdict(config)}
+
+
+def _quant_state(layer: nn.Module) -> dict[str, Any]:
+    from tensorslim.quant.qlinear import QuantConv2d
+
+    state: dict[str, Any] = {
+        "in_features": layer.in_features,
+        "out_features": layer.out_features,
+        "bits": layer.bits,
+        "bias": layer.bias is not None,
+        "dtype": str(layer.scale.dtype).removeprefix("torch."),
+    }
+    if isinstance(layer, QuantConv2d):
+        state.update(
+            in_channels=layer.in_channels,
+            kernel_size=list(layer.kernel_size),
+            stride=list(layer.stride),
+            padding=list(layer.padding),
+            dilation=list(layer.dilation),
+        )
+    return state
+
+
+def _lora_records(model: nn.Module) -> list[dict[str, Any]]:
+    """One entry per adapter; they must share rank, scaling and dropout (one ``apply_lora_`` call rebuilds them)."""
+    from tensorslim.lora import LoRAConfig, LoRALinear
+
+    adapters = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    if not adapters:
+        return []
+    kinds = {_crossing_kind(m.gate) for m in adapters.values() if m.gate is not None}
+    shapes = {(m.rank, m.scaling, getattr(m.dropout, "p", 0.0)) for m in adapters.values()}
+    if len(shapes) > 1 or len(kinds) > 1:
+        raise ValueError(
+            f"LoRA adapters with different rank/scaling/dropout {sorted(shapes)} or crossings {sorted(kinds)}; "
+            "allowed: one LoRAConfig for the whole model"
+        )
+    (rank, scaling, dropout), kind = next(iter(shapes)), next(iter(kinds), None)
+    targets = tuple(sorted({name.rsplit(".", 1)[-1] for name in adapters}))
+    config = LoRAConfig(rank=rank, alpha=scaling * rank, dropout=dropout, targets=targets, lax_gate=kind)
+    return [
+        {"name": name, "kind": "lora", "config": _config_record(config), "state": {"scaling": m.scaling}}
+        for name, m in adapters.items()
+    ]
+
+
+def _crossing_kind(gate: nn.Module) -> str:
+    from tensorslim.layers.lax import KroneckerCrossing
+
+    if isinstance(gate, KroneckerCrossing):
+        return "kronecker"
+    return "dense" if isinstance(gate, nn.Linear) else "identity"
+
+
+def describe_layers(model: nn.Module) -> list[dict[str, Any]]:
+    """The manifest's ``layers``: one entry per converted, quantized or adapted layer of ``model``, in module order.
+
+    Each entry: ``name`` (qualified), ``kind`` (``convert``, ``quantize`` or ``lora``), ``config`` (``{"type":
+    "module.Class", "fields": {...}}``; None for a quantized layer, whose solver leaves no trace in it) and
+    ``state`` (what the config does not carry: gate thresholds, packed-code shapes and bits ...).
+    """
+    from tensorslim.lora import LoRALinear
+    from tensorslim.quant.qlinear import QuantLinear
+
+    families = _families()
+    entries: list[dict[str, Any]] = []
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            entries.append({"name": name, "kind": "quantize", "config": None, "state": _quant_state(module)})
+        elif not isinstance(module, LoRALinear) and (family := _family_of(module, families)) is not None:
+            config, state = family.describe(model, name, module)
+            entries.append({"name": name, "kind": "convert", "config": _config_record(config), "state": state})
+    return entries + _lora_records(model)
+
+
+# --- base models -------------------------------------------------------------------------------------------------
+
+
+def _is_hf(model: nn.Module) -> bool:
+    if "transformers" not in sys.modules:  # a Hugging Face model exists only once transformers is imported
+        return False
+    from transformers import PreTrainedModel
+
+    return isinstance(model, PreTrainedModel)
+
+
+def _base_record(model: nn.Module, base: RegisteredBase | str | None) -> dict[str, Any]:
+    if isinstance(base, str):
+        config = getattr(model, "config", None)
+        found = {field: getattr(config, field, None) for field in _OVERRIDES}
+        base = RegisteredBase(name=base, **{k: v for k, v in found.items() if isinstance(v, int)})
+    if isinstance(base, RegisteredBase):
+        from tensorslim.models.registry import resolve_task
+
+        task = resolve_task(base.name, base.task)
+        record = {"kind": "tensorslim", **dataclasses.asdict(base), "task": task}
+        if task != "classify":
+            record["n_classes"] = None
+        return record
+    if base is not None:
+        raise ValueError(f"base={base!r} is invalid; allowed: None, a registered model name or a RegisteredBase")
+    if _is_hf(model):
+        return {"kind": "huggingface", "architecture": type(model).__name__, "config": HF_CONFIG}
+    return {"kind": "custom", "class": _qualified(type(model))}
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on ``meta``; buffers stay real.
+
+    Non-persistent buffers (Hugging Face's ``position_ids``, rotary tables) are not in a checkpoint, so they must be
+    computed by the constructor; parameters are allocated only once their dtype is known (as accelerate's
+    ``init_empty_weights``).
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _build_base(record: dict[str, Any], folder: Path, model: nn.Module | None) -> nn.Module:
+    if model is not None:
+        return model
+    kind = record["kind"]
+    if kind == "tensorslim":
+        from tensorslim.models.registry import get_model, model_config
+
+        overrides = {field: record[field] for field in _OVERRIDES}
+        config = model_config(record["name"], task=record["task"], **overrides)
+        with parameters_on_meta():
+            return get_model(record["name"]).family.build(config, task=record["task"])
+    if kind == "huggingface":
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(folder / record["config"], local_files_only=True)
+        architecture = getattr(transformers, record["architecture"], None)
+        if not isinstance(architecture, type) or not issubclass(architecture, transformers.PreTrainedModel):
+            raise ValueError(f"architecture={record['architecture']!r} is not a transformers model class")
+        with parameters_on_meta():
+            return architecture._from_config(config)
+    raise ValueError(
+        f"{folder} was saved from a custom {record.get('class')} model; pass model= (its unconverted form, e.g. built "
+        "on the meta device) to load_pretrained"
+    )
+
+
+# --- rebuilding the layers ---------------------------------------------------------------------------------------
+
+
+def _config_types() -> dict[str, type]:
+    """Every config type a manifest may name: the registered ones, their subclasses, and LoRA's."""
+    import tensorslim.layers  # noqa: F401 - registers every layer family
+    from tensorslim.lora import LoRAConfig
+    from tensorslim.registry import TRANSFORMS
+
+    found: dict[str, type] = {_qualified(LoRAConfig): LoRAConfig}
+    stack = list(TRANSFORMS)
+    while stack:
+        cls = stack.pop()
+        found[_qualified(cls)] = cls
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def _as_tuples(value: Any) -> Any:
+    """JSON lists back to the tuples the configs hold."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _config_from(record: dict[str, Any], types: dict[str, type]) -> Any:
+    if record["type"] not in types:
+        raise ValueError(f"config type {record['type']!r} is unknown; allowed: {sorted(types)}")
+    return types[record["type"]](**{k: _as_tuples(v) for k, v in record["fields"].items()})
+
+
+def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
+    """One ``convert_`` per distinct config, converting exactly the layers recorded with it."""
+    from tensorslim.convert import convert_
+
+    types = _config_types()
+    families = _families()
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault(json.dumps(entry["config"], sort_keys=True), []).append(entry)
+    for group in groups.values():
+        names = {entry["name"] for entry in group}
+        report = convert_(
+            model, _config_from(group[0]["config"], types), filter_fn=lambda _, name, names=names: name in names
+        )
+        converted = {layer.name for layer in report.layers}
+        if converted != names:
+            raise ValueError(f"cannot rebuild layers {sorted(names - converted)}: the base model has no such layers")
+    for entry in entries:
+        layer = model.get_submodule(entry["name"])
+        family = _family_of(layer, families)
+        if family.restore is not None:
+            family.restore(layer, entry["state"])
+
+
+def _quant_shell(state: dict[str, Any]) -> nn.Module:
+    from tensorslim.quant.qlinear import QuantConv2d, QuantLinear
+
+    dtype = getattr(torch, state["dtype"])
+    common = {"bits": state["bits"], "bias": state["bias"], "dtype": dtype}
+    if "kernel_size" in state:
+        geometry = {key: tuple(state[key]) for key in ("stride", "padding", "dilation")}
+        return QuantConv2d(
+            state["in_channels"], state["out_features"], tuple(state["kernel_size"]), **common, **geometry
+        )
+    return QuantLinear(state["in_features"], state["out_features"], **common)
+
+
+def _apply_lora(model: nn.Module, entries: list[dict[str, Any]]) -> None:
+    from tensorslim.lora import apply_lora_
+
+    applied = apply_lora_(model, _config_from(entries[0]["config"], _config_types()))
+    names = {entry["name"] for entry in entries}
+    if set(applied["layers"]) != names:
+        raise ValueError(f"LoRA targets adapt {sorted(applied['layers'])}; the folder holds adapters {sorted(names)}")
+    for entry in entries:
+        model.get_submodule(entry["name"]).scaling = entry["state"]["scaling"]
+
+
+def rebuild_layers(model: nn.Module, entries: list[dict[str, Any]]) -> None:
+    """Replace the layers of a base ``model`` (on ``meta`` or not) as the manifest ``entries`` describe."""
+    from tensorslim.registry import set_submodule
+
+    kinds = {"convert", "quantize", "lora"}
+    unknown = sorted({entry["kind"] for entry in entries} - kinds)
+    if unknown:
+        raise ValueError(f"layer kinds {unknown} are unknown; allowed: {sorted(kinds)}")
+    by_kind = {kind: [entry for entry in entries if entry["kind"] == kind] for kind in kinds}
+    _convert_groups(model, by_kind["convert"])
+    for entry in by_kind["quantize"]:
+        set_submodule(model, entry["name"], _quant_shell(entry["state"]))
+    if by_kind["lora"]:
+        _apply_lora(model, by_kind["lora"])
+
+
+# --- weights -----------------------------------------------------------------------------------------------------
+
+
+def materialize_(model: nn.Module, dtypes: dict[str, torch.dtype], *, device: torch.device | str = "cpu") -> None:
+    """Give every ``meta`` parameter and buffer of ``model`` uninitialized storage on ``device`` (tied parameters stay
+    one object), in the dtype ``dtypes`` names for its state-dict key (default: its own).
+
+    Raises:
+        ValueError: a non-persistent buffer is on ``meta`` (no checkpoint holds its values).
+    """
+    done: dict[int, torch.Tensor] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for slots in (module._parameters, module._buffers):
+            for name, tensor in slots.items():
+                if tensor is None or tensor.device.type != "meta":
+                    continue
+                if slots is module._buffers and name in module._non_persistent_buffers_set:
+                    raise ValueError(f"buffer {dot}{name} is on meta and in no checkpoint; build it on a real device")
+                if id(tensor) not in done:
+                    empty = torch.empty_like(tensor, device=device, dtype=dtypes.get(dot + name, tensor.dtype))
+                    is_param = isinstance(tensor, nn.Parameter)
+                    done[id(tensor)] = nn.Parameter(empty, requires_grad=tensor.requires_grad) if is_param else empty
+                slots[name] = done[id(tensor)]
+
+
+def load_weights_(model: nn.Module, path: Path, aliases: dict[str, str], *, device: torch.device | str = "cpu") -> None:
+    """Materialize ``model`` (see :func:`materialize_`) and load the safetensors file ``path`` into it, strictly;
+    ``aliases`` name the tied keys the file holds once (``{alias: kept name}``).
+
+    Raises:
+        ValueError: the file's keys or shapes do not match the model.
+    """
+    from safetensors.torch import load_file
+
+    weights = load_file(path, device=str(device))
+    weights.update({alias: weights[kept] for alias, kept in aliases.items() if kept in weights})
+    materialize_(model, {key: tensor.dtype for key, tensor in weights.items()}, device=device)
+    expected = model.state_dict()
+    missing, extra = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
+    wrong = sorted(k for k in expected.keys() & weights.keys() if expected[k].shape != weights[k].shape)
+    if missing or extra or wrong:
+        raise ValueError(
+            f"{path} does not match the model: missing {missing[:3]}, unexpected {extra[:3]}, wrong shape {wrong[:3]}"
+        )
+    model.load_state_dict(weights, strict=True)
+
+
+# --- the two verbs -----------------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: RegisteredBase | str | None = None) -> Path:
+    """Write ``model`` (converted or not) to ``folder``: weights, the manifest of its conversions and its base.
+
+    Args:
+        model: any model; its tensorslim layers (low rank, CoLA-M, LaX, TT, TT embedding, Kron, quantized, LoRA) are
+            recorded with the configs that rebuild them.
+        folder: created if missing; the files are replaced atomically one by one.
+        base: the registered model it was built from (a name, whose overrides ``vocab_size``/``max_seq_len``/
+            ``n_classes`` are read from ``model.config``, or a :class:`RegisteredBase`). None for a Hugging Face model
+            (its config is saved as ``config.json``) or for a custom model, which :func:`load_pretrained` then needs
+            as ``model=``.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ValueError: a layer cannot be described (e.g. LoRA adapters of different ranks), or ``base`` is unknown.
+    """
+    from safetensors.torch import save_file
+
+    from tensorslim.train.checkpoint import unique_tensors
+
+    folder = Path(folder)
+    record = _base_record(model, base)
+    layers = describe_layers(model)
+    weights, aliases = unique_tensors(model.state_dict())
+    folder.mkdir(parents=True, exist_ok=True)
+    if record["kind"] == "huggingface":
+        config = copy.deepcopy(model.config)
+        config.architectures = [type(model).__name__]
+        config.save_pretrained(folder)
+    tmp = folder / f".{WEIGHTS}.tmp"
+    save_file(weights, tmp, metadata={"format": "pt"})
+    os.replace(tmp, folder / WEIGHTS)
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "base": record,
+        "weights": WEIGHTS,
+        "aliases": aliases,
+        "layers": layers,
+    }
+    _write_json(folder / MANIFEST, manifest)
+    return folder
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a folder written by :func:`save_pretrained`.
+
+    Raises:
+        ValueError: no manifest, or one of another format or a newer version.
+    """
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"{folder} holds no readable {MANIFEST} ({error}); was it written by save_pretrained?"
+        ) from None
+    if (
+        manifest.get("format") != FORMAT
+        or not isinstance(manifest.get("version"), int)
+        or manifest["version"] > VERSION
+    ):
+        raise ValueError(
+            f"{path} has format {manifest.get('format')!r} version {manifest.get('version')!r}; "
+            f"allowed: {FORMAT!r} up to version {VERSION}"
+        )
+    return manifest
+
+
+def load_pretrained(
+    folder: str | os.PathLike, *, model: nn.Module | None = None, device: torch.device | str = "cpu"
+) -> nn.Module:
+    """The model saved in ``folder`` by :func:`save_pretrained`, in eval mode (as Hugging Face's ``from_pretrained``).
+
+    Args:
+        folder: a folder written by :func:`save_pretrained`.
+        model: the unconverted base model, for a folder saved from a custom model (or to override the recorded
+            base); best built on ``meta`` or under :func:`parameters_on_meta`, since its weights are replaced.
+        device: where the weights are loaded.
+
+    Raises:
+        ValueError: a malformed folder, an unknown config type, or weights that do not fit the rebuilt model.
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    built = _build_base(manifest["base"], folder, model)
+    rebuild_layers(built, manifest["layers"])
+    load_weights_(built, folder / manifest["weights"], manifest["aliases"], device=device)
+    return built.to(device).eval()  # .to: the buffers the base built for itself
