@@ -2,12 +2,13 @@
 
 Books (``plan`` = built parameters, ``flops`` = FlopCounterMode), forward = dense reconstruction, float64 gradcheck
 through the whole toy model (LaX's crossings and CoLA-M's checkpointed blocks included), state-dict round trip,
-``meta``-device build, ``torch.compile`` = eager, finite bf16 forward close to float32.
+save/load_pretrained round trip, ``meta``-device build, ``torch.compile`` = eager, finite bf16 forward close to float32.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from tensorslim.convert import convert_, plan
+from tensorslim.pretrained import load_pretrained, save_pretrained
 from tensorslim.registry import set_submodule
 from tests.contracts import BATCH, D_MODEL, ROWS, SEQ, Row, converted, converted_layers, dense_model, sample_inputs
 
@@ -100,6 +102,18 @@ def test_state_dict_round_trip(row: Row) -> None:
     assert not torch.allclose(fresh(x), source(x))
     fresh.load_state_dict(source.state_dict(), strict=True)
     torch.testing.assert_close(fresh(x), source(x), rtol=0, atol=0)
+
+
+def test_save_load_pretrained_round_trip(row: Row, tmp_path: Path) -> None:
+    source, _ = converted(row, seed=0)
+    save_pretrained(source, tmp_path)
+    with torch.device("meta"):
+        base = dense_model(row)
+    loaded = load_pretrained(tmp_path, model=base)
+    assert [type(m) for m in loaded.modules()] == [type(m) for m in source.modules()]
+    x = sample_inputs(row)
+    torch.testing.assert_close(loaded(x), source(x), rtol=0, atol=0)
+    assert loaded(x).dtype == torch.float64
 
 
 def test_builds_and_runs_on_meta(row: Row) -> None:
