@@ -37,6 +37,9 @@ _EXPORTS = {
     "COMQConfig": "tensorslim.quant",
     "GPTQConfig": "tensorslim.quant",
     "RTNConfig": "tensorslim.quant",
+    "save_pretrained": "tensorslim.pretrained",
+    "load_pretrained": "tensorslim.pretrained",
+    "generate": "tensorslim.generate",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,9 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tensorslim.cli import bench, convert, distill, quantize, train
+from tensorslim.cli import bench, convert, distill, generate, quantize, train
 
-SUBCOMMANDS = (train, bench, convert, quantize, distill)
+SUBCOMMANDS = (train, bench, convert, quantize, distill, generate)
 
 
 def build_parser() -> argparse.ArgumentParser:

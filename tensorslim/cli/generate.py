@@ -1,0 +1,109 @@
+"""``tensorslim generate``: continue a prompt with the latest checkpoint of a causal-LM training run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+NAME = "generate"
+HELP = "continue a prompt with a training run's latest checkpoint (causal LM runs)"
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    """Which run continues which prompt, and how tokens are chosen (see :func:`tensorslim.generate.generate`)."""
+
+    run_dir: str = field(default="", metadata=_help("training run folder (holds checkpoints/), flag --run"))
+    prompt: str = field(default="", metadata=_help("text to continue"))
+    max_new_tokens: int = field(default=64, metadata=_help("tokens to generate at most"))
+    temperature: float = field(default=1.0, metadata=_help("divides the logits before sampling"))
+    top_k: int | None = field(default=None, metadata=_help("sample among the k most likely tokens"))
+    top_p: float | None = field(default=None, metadata=_help("sample within the top-p probability nucleus"))
+    greedy: bool = field(default=False, metadata=_help("take the most likely token at each step"))
+    seed: int = field(default=0, metadata=_help("sampling seed"))
+    device: str = field(default="cpu", metadata=_help("cpu or cuda"))
+
+    def __post_init__(self) -> None:
+        if not self.run_dir:
+            raise ValueError("run_dir='' is invalid; allowed: a training run folder (--run DIR)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorslim.cli.flags import add_dataclass_arguments
+
+    # --run names the folder; its dest is run_dir because ``run`` is the subcommand's entry point in the namespace.
+    parser.add_argument("--run", dest="run_dir", required=True, metavar="DIR", help="training run folder")
+    add_dataclass_arguments(parser, GenerateConfig, skip=("run_dir",))
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorslim.cli.flags import config_from_args
+    from tensorslim.generate import generate
+
+    config = config_from_args(GenerateConfig, args)
+    model, tokenizer = load_run(config.run_dir, device=config.device)
+    text = generate(
+        model,
+        tokenizer,
+        config.prompt,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        greedy=config.greedy,
+        seed=config.seed,
+    )
+    print(config.prompt + text)
+    return 0
+
+
+def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
+    """The model of ``run_dir``'s latest checkpoint and the run's tokenizer.
+
+    The run's :class:`~tensorslim.train.config.TrainConfig` (``state.json``) names the model, method, options and
+    data; the tokenizer is the run's own (a local path, or the BPE cached for its corpus, trained again on a cache
+    miss); the model is rebuilt on ``meta`` by :func:`tensorslim.methods.build_for_method` with the tokenizer's
+    vocabulary and the run's sequence length, then the checkpoint's weights are loaded (safetensors, strict).
+
+    Raises:
+        ValueError: no checkpoint, or a run whose task is not causal language modelling.
+    """
+    from tensorslim.data import load_corpus, load_tokenizer
+    from tensorslim.methods import build_for_method
+    from tensorslim.models.registry import get_model
+    from tensorslim.pretrained import load_weights_
+    from tensorslim.tasks.base import model_tokenizer
+    from tensorslim.train.checkpoint import latest_checkpoint
+    from tensorslim.train.config import TrainConfig
+
+    checkpoint = latest_checkpoint(Path(run_dir) / "checkpoints")
+    if checkpoint is None:
+        raise ValueError(f"run={str(run_dir)!r} holds no checkpoint (expected {Path(run_dir) / 'checkpoints'})")
+    state = json.loads((checkpoint / "state.json").read_text())
+    known = {f.name for f in fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in state["config"].items() if k in known})
+    if config.model_task != "lm":
+        raise ValueError(f"run {str(run_dir)!r} trained task={config.task!r}; allowed: a causal LM ('lm') run")
+    tokenizer = load_tokenizer(
+        config.tokenizer or model_tokenizer(config.preset),
+        load_corpus(config.data, text_field=config.text_field),
+        vocab_size=config.vocab_size or get_model(config.preset).config.vocab_size,
+    )
+    model, _, _ = build_for_method(
+        config.preset,
+        config.method,
+        task=config.model_task,
+        options=config.options,
+        device="meta",
+        vocab_size=tokenizer.vocab_size,
+        max_seq_len=config.seq_len,
+    )
+    load_weights_(model, checkpoint / "model.safetensors", state.get("aliases", {}), device=device)
+    return model.eval(), tokenizer
