@@ -1,5 +1,5 @@
 """``tensorslim convert``: what a training method does to a model's layers (a dry run on ``meta``), or, with
-``--save``, the converted model's weights."""
+``--save``, the converted model as a folder that :func:`tensorslim.load_pretrained` reads."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ class ConvertConfig:
     preset: str = field(default="60m", metadata=_help("registered model to convert (ignored with --model)"))
     model: str | None = field(default=None, metadata=_help("local Hugging Face model folder instead of a preset"))
     method: str = field(default="cola", metadata=_help("a method that converts layers (see `tensorslim train -h`)"))
-    save: str | None = field(default=None, metadata=_help("write the converted weights to this .safetensors file"))
+    save: str | None = field(
+        default=None, metadata=_help("write the converted model to this folder (see docs/save_load.md)")
+    )
 
 
 def description() -> str:
@@ -50,9 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def convert(config: ConvertConfig, *, options: dict) -> None:
-    """Print the conversion; with ``save`` apply it to real weights and save them atomically."""
-    from safetensors.torch import save_file
-
+    """Print the conversion; with ``save`` apply it to real weights and write the model with
+    :func:`tensorslim.pretrained.save_pretrained`."""
     from tensorslim.methods import METHODS, MethodContext, apply_method, build_for_method, get_method, method_options
 
     if get_method(config.method).convert is None:
@@ -78,11 +79,10 @@ def convert(config: ConvertConfig, *, options: dict) -> None:
         if config.model is None:
             print("(a dry run on the meta device: nothing was allocated; --save writes converted weights)")
         return
-    target = Path(config.save)
-    tmp = target.with_name(target.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp)
-    tmp.replace(target)
-    print(f"saved {target}")
+    from tensorslim.pretrained import RegisteredBase, save_pretrained
+
+    base = None if config.model is not None else RegisteredBase(name=config.preset)
+    print(f"saved {save_pretrained(model, config.save, base=base)}")
 
 
 def _load_hf_model(path: str):  # noqa: ANN202 - a transformers PreTrainedModel

@@ -242,3 +242,18 @@ def test_unknown_config_types_and_formats_are_rejected(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "version": 99}))
     with pytest.raises(ValueError, match="version 99"):
         load_pretrained(tmp_path, model=_Custom())
+
+
+def test_cli_convert_save_writes_a_loadable_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import load_file
+
+    from tensorslim.cli.main import main
+    from tensorslim.layers.lowrank import LowRankLinear
+
+    assert main(["convert", "--preset", "tiny", "--method", "svd", "--save", str(tmp_path / "tiny-svd")]) == 0
+    assert f"saved {tmp_path / 'tiny-svd'}" in capsys.readouterr().out
+    loaded = load_pretrained(tmp_path / "tiny-svd")
+    assert sum(isinstance(m, LowRankLinear) for m in loaded.modules()) == 4 * 7
+    weights = load_file(tmp_path / "tiny-svd" / WEIGHTS)
+    assert weights.keys() == loaded.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in loaded.state_dict().items())
