@@ -11,7 +11,7 @@ Saved activations of BTP with and without latent checkpointing (one process, TP=
 Each style trains the same preset on the same synthetic token batches with AdamW: ``btp`` and ``vanilla`` shard the
 CoLA model (r = d/4), ``megatron`` shards the dense model. Step time is the slowest rank's, median over the measured
 steps (one warm-up step first). Bytes are the logical payload of every collective of one step on rank 0 (see
-``tensorslim.distributed.comm``), next to the §5.2 formula of the lowrank digest.
+``tensorslim.distributed.comm``), next to BOOST's per-layer formula (§3.1).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def _names(prefix: str, module: str, *projections: str) -> tuple[str, ...]:
 
 
 class BTPBlock(nn.Module):
-    """BOOST's bottleneck-aware TP block (BOOST §3.1, lowrank digest §5.2).
+    """BOOST's bottleneck-aware TP block (BOOST §3.1).
 
     A chunk runs from a column-parallel B to the next row-parallel A, so every collective sits on an r-wide latent:
     ``qkv`` (3r + 1 with the online-RMSNorm statistic), ``o`` (r), ``gate_up`` (2r + 1), ``down`` (r), each an

@@ -3,7 +3,7 @@
 BOOST (Wang et al., 2025, arXiv 2512.12131) §3 places every collective of a low-rank layer on the rank-r latent.
 Getting the *backward* of those collectives right is the whole game, so each one here is an explicit
 ``torch.autograd.Function`` (``torch.distributed.nn.functional.all_reduce`` sums gradients in backward, which gives
-p-times too large weight gradients when the output feeds replicated computation; env digest §4).
+p-times too large weight gradients when the output feeds replicated computation).
 
 Megatron's conventions (Shoeybi et al., 2019, §3): ``f`` is identity forward / all-reduce backward (a replicated
 tensor entering sharded computation), ``g`` is all-reduce forward / identity backward (partial sums leaving sharded

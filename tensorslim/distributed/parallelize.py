@@ -1,6 +1,6 @@
 """``parallelize(model, mesh, style)``: shard a built LLaMA for tensor parallelism, from outside the model.
 
-Styles (BOOST, Wang et al., 2025, arXiv 2512.12131; lowrank digest §5):
+Styles (BOOST, Wang et al., 2025, arXiv 2512.12131):
 
 - ``btp``: BOOST's bottleneck-aware TP (§3.1) for low-rank (CoLA/SVD) models: A row-parallel with an all-reduce on
   the r-wide latent, B column-parallel without communication, residual stream sharded on d, local heads, online

@@ -1,6 +1,6 @@
 """Where each local tensor-parallel parameter comes from in the single-process (TP=1) state dict.
 
-BOOST §4 (and lowrank digest §5.1): weights are created from the *unsharded* tensors and then split, so a TP=p
+BOOST §4: weights are created from the *unsharded* tensors and then split, so a TP=p
 run starts from exactly the TP=1 weights. The same specs run backwards to write full (unsharded) checkpoints,
 which any TP degree, including the single-process trainer, can resume from.
 """
