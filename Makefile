@@ -17,6 +17,6 @@ demo: setup
 	$(BIN)/tensorslim train
 
 test: setup
-	$(BIN)/ruff check tensorslim tests benchmarks
-	$(BIN)/ruff format --check tensorslim tests benchmarks
+	$(BIN)/ruff check tensorslim tests benchmarks experiments
+	$(BIN)/ruff format --check tensorslim tests benchmarks experiments
 	$(BIN)/pytest -q -n 2 --durations=15

@@ -6,7 +6,7 @@ With x split as ``x = [x_0 … x_{p-1}]`` over the hidden dimension, ``RMSNorm(x
 - **online** (BOOST): normalize locally, run the row-parallel projection, undo the local scale, then sum the partial
   projection and the partial ``Σ x_i²`` in *one* all-reduce (the two are concatenated, so the statistic rides along
   with the latent; BOOST's released code keeps them as two all-reduces). Because the per-token scale commutes with
-  the linear map, ``H / rms_global`` equals ``RMSNorm(x) A`` exactly  (BOOST's online RMSNorm).
+  the linear map, ``H / rms_global`` equals ``RMSNorm(x) A`` exactly (BOOST's online RMSNorm).
 - **sync** (reference): all-reduce ``Σ x_i²`` first, normalize, then project. One extra (tiny) collective.
 
 Both return the same values as single-process RMSNorm followed by the projection, to fp32 rounding.
