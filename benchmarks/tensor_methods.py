@@ -24,8 +24,9 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -98,17 +99,20 @@ def rounding_floor(x: np.ndarray, cp: object, precision: str, *, stochastic: boo
     return float(np.linalg.norm(x - approx) / np.linalg.norm(x))
 
 
-def bench_cp(seeds: int, epochs: int, sign_epochs: int) -> list[dict[str, object]]:
+CP_CONFIGS = {
+    "fp32": {"precision": "fp32"},
+    "fp16": {"precision": "fp16"},
+    "bf16": {"precision": "bf16"},
+    "bf16-master": {"precision": "bf16", "master_factors": True},
+    "bf16-compensated": {"precision": "bf16", "compensated": True},
+    "fp8": {"precision": "fp8_e4m3"},
+    "fp8-master": {"precision": "fp8_e4m3", "master_factors": True},
+}
+
+
+def bench_cp(seeds: int, epochs: int, sign_epochs: int, names: Sequence[str]) -> list[dict[str, object]]:
     from tensorslim.decomp.cp_mixed import cp_mixed_precision
 
-    configs = [
-        ("fp32", False),
-        ("fp16", False),
-        ("bf16", False),
-        ("bf16", True),
-        ("fp8_e4m3", False),
-        ("fp8_e4m3", True),
-    ]
     records = []
     for seed in range(seeds):
         x = cp_problem(seed)
@@ -134,12 +138,11 @@ def bench_cp(seeds: int, epochs: int, sign_epochs: int) -> list[dict[str, object
                         f"nearest {nearest:.6e}, stochastic {stoch:.6e}"
                     )
         floor = min(r["rel_error"] for r in records if r["kind"] == "als" and r["seed"] == seed)
-        for precision, master in configs:
+        for name in names:
+            kwargs = CP_CONFIGS[name]
+            precision, master = kwargs["precision"], kwargs.get("master_factors", False)
             start = time.perf_counter()
-            res = cp_mixed_precision(
-                x, 8, precision=precision, master_factors=master, epochs=epochs, sign_epochs=sign_epochs,
-                random_state=seed,
-            )  # fmt: skip
+            res = cp_mixed_precision(x, 8, epochs=epochs, sign_epochs=sign_epochs, random_state=seed, **kwargs)
             seconds = time.perf_counter() - start
             reach = next((e.seconds for e in res.log if e.rel_error <= 1.1 * floor), None)
             rec = {
@@ -147,6 +150,7 @@ def bench_cp(seeds: int, epochs: int, sign_epochs: int) -> list[dict[str, object
                 "seed": seed,
                 "precision": precision,
                 "master_factors": master,
+                "compensated": kwargs.get("compensated", False),
                 "rel_error": res.rel_error,
                 "after_stage1": res.log[sign_epochs].rel_error,
                 "seconds": seconds,
@@ -156,7 +160,7 @@ def bench_cp(seeds: int, epochs: int, sign_epochs: int) -> list[dict[str, object
             }
             records.append(rec)
             say(
-                f"cp seed={seed} SGD {precision}{' master' if master else ''}: rel_err={res.rel_error:.6e} "
+                f"cp seed={seed} SGD {name}: rel_err={res.rel_error:.6e} "
                 f"(x{res.rel_error / floor:.4f} of ALS) after_signsgd={rec['after_stage1']:.4f} time={seconds:.2f}s "
                 f"to_1.1xALS={'never' if reach is None else f'{reach:.2f}s'} memory={res.memory}"
             )
@@ -308,8 +312,9 @@ def _fmt(x: float | None) -> str:
 
 def summarize_cp(records: list[dict[str, object]]) -> list[str]:
     out = ["## 1. Mixed-precision CP (60x60x60, rank 8, 1 % noise) vs tensorly ALS (float64)", ""]
-    out += ["| method | rel. error mean (min-max) | x ALS best | time s mean | factors B | gradients B | momentum B |"]
-    out += ["|---|---|---|---|---|---|---|"]
+    out += ["| method | rel. error mean (min-max) | x ALS best | time s mean | factors B | gradients B | momentum B "]
+    out[-1] += "| compensation B |"
+    out += ["|---|---|---|---|---|---|---|---|"]
     seeds = sorted({r["seed"] for r in records})
     floors = {s: min(r["rel_error"] for r in records if r["kind"] == "als" and r["seed"] == s) for s in seeds}
     groups: dict[str, list[dict[str, object]]] = {}
@@ -320,6 +325,7 @@ def summarize_cp(records: list[dict[str, object]]) -> list[str]:
             key = f"ALS init={r['init']}{' +linesearch' if r['linesearch'] else ''}"
         else:
             key = f"SGD {r['precision']}{' (fp32 master factors)' if r['master_factors'] else ''}"
+            key += " (Kahan-compensated, bf16 compensation)" if r.get("compensated") else ""
         groups.setdefault(key, []).append(r)
     for key, rs in groups.items():
         errs = [r["rel_error"] for r in rs]
@@ -327,7 +333,8 @@ def summarize_cp(records: list[dict[str, object]]) -> list[str]:
         mom = rs[0].get("momentum", "-")
         out.append(
             f"| {key} | {statistics.mean(errs):.5e} ({min(errs):.5e}-{max(errs):.5e}) | {ratio:.4f} | "
-            f"{statistics.mean(r['seconds'] for r in rs):.2f} | {rs[0]['factors']} | {rs[0]['gradients']} | {mom} |"
+            f"{statistics.mean(r['seconds'] for r in rs):.2f} | {rs[0]['factors']} | {rs[0]['gradients']} | {mom} | "
+            f"{rs[0].get('compensation', '-')} |"
         )
     out += ["", "Lower bound from storage alone: the ALS optimum with its factors rounded to the format.", ""]
     out += ["| format | rel. error, nearest rounding | x ALS | rel. error, stochastic rounding | x ALS |"]
@@ -402,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each cpcheck solve (median reported)")
     parser.add_argument("--epochs", type=int, default=40, help="stage-2 epochs of the CP SGD")
     parser.add_argument("--sign-epochs", type=int, default=5, help="stage-1 (SignSGD) epochs")
+    parser.add_argument("--cp-configs", nargs="+", choices=list(CP_CONFIGS), default=list(CP_CONFIGS))
     parser.add_argument("--threads", type=int, default=1, help="torch and BLAS threads")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tensor_methods"))
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tensor_methods")
     args = parser.parse_args(argv)
 
     from threadpoolctl import threadpool_limits
@@ -414,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, object]]] = {}
     with threadpool_limits(args.threads):
         if args.what in ("cp", "all"):
-            results["cp"] = bench_cp(args.seeds, args.epochs, args.sign_epochs)
+            results["cp"] = bench_cp(args.seeds, args.epochs, args.sign_epochs, args.cp_configs)
         if args.what in ("gmm", "all"):
             results["gmm"] = bench_gmm(args.seeds)
         if args.what in ("cpcheck", "all"):

@@ -156,8 +156,8 @@ class ScaledBuffer:
         """Rows ``rows`` (any integer index shape) as float32."""
         return self.data[rows].float() / self.scale
 
-    def write(self, rows: torch.Tensor, values: torch.Tensor) -> None:
-        """Store float32 ``values`` at 1-D ``rows`` with stochastic rounding."""
+    def write(self, rows: torch.Tensor, values: torch.Tensor, *, stochastic: bool = True) -> None:
+        """Store float32 ``values`` at 1-D ``rows``, rounded stochastically (default) or to nearest."""
         if self.fmt.is_full:
             self.data[rows] = values
             return
@@ -169,4 +169,21 @@ class ScaledBuffer:
             rescaled = self.data.float() * (new_scale / self.scale)
             self.data = round_to_format(rescaled, self.fmt, stochastic=False).to(self.fmt.dtype)
             self.scale = new_scale
-        self.data[rows] = round_to_format(values * self.scale, self.fmt, generator=self._gen).to(self.fmt.dtype)
+        rounded = round_to_format(values * self.scale, self.fmt, stochastic=stochastic, generator=self._gen)
+        self.data[rows] = rounded.to(self.fmt.dtype)
+
+    def add_compensated(self, rows: torch.Tensor, delta: torch.Tensor, compensation: ScaledBuffer) -> None:
+        """``self[rows] += delta`` with Kahan compensation; the running sum is ``self − compensation``.
+
+        ``compensation`` (same shape, also stored in a low format) holds what the last rounding of each entry
+        added too much, so an update smaller than half an ulp is not lost but carried into the next one
+        (Kahan 1965; the compensated bf16 weight update of Zamirai et al., arXiv:2010.06192). The stored
+        value is rounded to nearest, so it stays the nearest format value of the running sum. The compensation
+        is rounded stochastically: rounded to nearest, the same update repeated drifts the sum by the same
+        rounding error every time (our choice; measured in ``tests/unit/test_cp_mixed.py``).
+        """
+        old = self.read(rows)
+        corrected = delta - compensation.read(rows)
+        self.write(rows, old + corrected, stochastic=False)
+        # (new - old) is exact in float32 when the scale is unchanged: two format values a few ulps apart.
+        compensation.write(rows, (self.read(rows) - old) - corrected)

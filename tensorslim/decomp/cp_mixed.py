@@ -116,6 +116,7 @@ def cp_mixed_precision(
     decay_after: float = 0.5,
     stochastic_rounding: bool = True,
     master_factors: bool = False,
+    compensated: bool = False,
     init: tuple[object, Sequence[object]] | None = None,
     tol: float = 0.0,
     random_state: int | None = 0,
@@ -148,6 +149,9 @@ def cp_mixed_precision(
         master_factors: Keep float32 master factors and round a copy for every product (classic mixed
             precision; more accurate, but the factors then take fp32 memory). By default the factors are
             stored in ``precision`` themselves, which is what gives the memory saving.
+        compensated: Kahan-compensated factor updates: a second buffer in ``precision`` carries the part of each
+            update that rounding the factor to nearest lost (our addition, see ``docs/tensor_methods.md``).
+            The products still read the stored low-precision factors. Not combinable with ``master_factors``.
         init: Optional starting point ``(weights, factors)`` in tensorly's convention; random otherwise.
         tol: Stop stage 2 early when the relative error changes by less than ``tol`` (relative) in an epoch.
         random_state: Seed for the block order, the start and the stochastic rounding.
@@ -157,12 +161,15 @@ def cp_mixed_precision(
 
     Raises:
         TypeError: If ``rank`` is not an integer or ``tensor`` is not an array.
-        ValueError: For a non-positive rank, an unknown precision, a tensor of order < 2, or non-finite values.
+        ValueError: For a non-positive rank, an unknown precision, a tensor of order < 2, non-finite values, or
+            ``compensated`` together with ``master_factors``.
     """
     fmt = get_format(precision)
     _check_rank(rank)
     x, was_numpy = _as_float_tensor(tensor)
     _check_positive_int("n_blocks", n_blocks)
+    if compensated and master_factors:
+        raise ValueError("compensated=True needs master_factors=False (the master copy needs no compensation)")
     for name, value in (("sign_epochs", sign_epochs), ("epochs", epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name}={value!r} must be a non-negative integer")
@@ -174,7 +181,15 @@ def cp_mixed_precision(
     rms = float(x.pow(2).mean().sqrt())
     x_scaled = x / rms  # unit RMS: the step sizes do not depend on the data scale
     state = _State.create(
-        x_scaled, rank, fmt, init=init, rms=rms, stochastic=stochastic_rounding, master=master_factors, gen=gen
+        x_scaled,
+        rank,
+        fmt,
+        init=init,
+        rms=rms,
+        stochastic=stochastic_rounding,
+        master=master_factors,
+        compensated=compensated,
+        gen=gen,
     )
 
     start = time.perf_counter()
@@ -263,6 +278,7 @@ class _State:
     fmt: FloatFormat
     stochastic: bool
     master: bool  # factors kept in float32, rounded to fmt on every read
+    compensation: list[ScaledBuffer] | None  # Kahan terms of the factors, each (s_j, R), or None
     gen: torch.Generator
 
     @classmethod
@@ -276,6 +292,7 @@ class _State:
         rms: float,
         stochastic: bool,
         master: bool,
+        compensated: bool,
         gen: torch.Generator,
     ) -> _State:
         start = _initial_factors(x, rank, init=init, rms=rms, gen=gen)
@@ -284,11 +301,16 @@ class _State:
         factor_fmt = get_format("fp32") if master else fmt
         factors = [ScaledBuffer(f, factor_fmt, generator=gen) for f in start]
         velocity = [ScaledBuffer(torch.zeros_like(f), fmt, generator=gen) for f in start]
-        return cls(data, fmt.nbytes, factors, velocity, fmt, stochastic, master, gen)
+        compensation = None
+        if compensated and not fmt.is_full:
+            compensation = [ScaledBuffer(torch.zeros_like(f), fmt, generator=gen) for f in start]
+        return cls(data, fmt.nbytes, factors, velocity, fmt, stochastic, master, compensation, gen)
 
     def read_factor(self, j: int, rows: torch.Tensor) -> torch.Tensor:
         """Rows of factor j as the low-precision operand of the next products."""
         values = self.factors[j].read(rows)
+        if self.compensation is not None:  # the running sum stored − compensation, rounded once per product
+            return self.quantize(values - self.compensation[j].read(rows))
         return self.quantize(values) if self.master else values
 
     def quantize(self, values: torch.Tensor) -> torch.Tensor:
@@ -310,12 +332,15 @@ class _State:
         # One gradient buffer per mode covering the rows of one batched step: blocks * ceil(s_j / blocks) rows.
         grad_rows = [blocks * math.ceil(s / blocks) for s, _ in shapes]
         scale_bytes = 0 if self.fmt.is_full else 4
-        return {
+        memory = {
             "factors": sum(f.nbytes for f in self.factors),
             "gradients": sum(r * shapes[0][1] * self.fmt.nbytes + scale_bytes for r in grad_rows),
             "momentum": sum(v.nbytes for v in self.velocity),
             "data": self.data.numel() * self.data_dtype_bytes,
         }
+        if self.compensation is not None:
+            memory["compensation"] = sum(c.nbytes for c in self.compensation)
+        return memory
 
 
 def _initial_factors(
@@ -419,12 +444,15 @@ def _step(
         flat_rows = rows[j][valid]
         stored = state.factors[j].read(rows[j])  # master copy when master_factors, else == current[j]
         if stage == "sign":
-            new = stored - lr * torch.sign(grad)
+            delta = -lr * torch.sign(grad)
         else:
             vel = (lr * grad + momentum * state.velocity[j].read(rows[j])).clamp(-1.0, 1.0)
             state.velocity[j].write(flat_rows, vel[valid])
-            new = stored - state.velocity[j].read(rows[j])
-        state.factors[j].write(flat_rows, new[valid])
+            delta = -state.velocity[j].read(rows[j])
+        if state.compensation is None:
+            state.factors[j].write(flat_rows, (stored + delta)[valid])
+        else:
+            state.factors[j].add_compensated(flat_rows, delta[valid], state.compensation[j])
         current[j] = state.read_factor(j, rows[j])
 
 

@@ -99,6 +99,37 @@ def test_scaled_buffer_fp8_keeps_small_values_out_of_subnormals() -> None:
     assert buf.nbytes == 16 + 4  # one byte per entry plus the float32 scale
 
 
+def test_compensated_add_keeps_updates_below_half_an_ulp() -> None:
+    fmt = get_format("bf16")  # ulp of 1.0 is 2^-7; each update is 1/78 of it, so nearest rounding drops it
+    gen = torch.Generator().manual_seed(0)
+    plain, summed = (
+        ScaledBuffer(torch.ones(4, 2), fmt, generator=gen),
+        ScaledBuffer(torch.ones(4, 2), fmt, generator=gen),
+    )
+    compensation = ScaledBuffer(torch.zeros(4, 2), fmt, generator=gen)
+    rows, delta = torch.tensor([0, 2]), torch.full((2, 2), 1e-4)
+    for _ in range(1000):
+        plain.write(rows, plain.read(rows) + delta, stochastic=False)
+        summed.add_compensated(rows, delta, compensation)
+    assert torch.equal(plain.dequantize(), torch.ones(4, 2))  # every update lost
+    exact = torch.tensor([1.1, 1.0, 1.1, 1.0])[:, None].expand(4, 2)  # the float64 sum, rows 0 and 2 updated
+    assert torch.allclose(summed.dequantize() - compensation.dequantize(), exact, atol=1e-3)  # 1 % of the sum
+    assert torch.equal(summed.dequantize(), round_to_format(exact.float(), fmt, stochastic=False))
+
+
+def test_compensated_operand_is_an_unbiased_rounding_of_the_running_sum() -> None:
+    # what the products read in compensated mode: stochastic rounding of stored - compensation
+    fmt = get_format("bf16")
+    gen = torch.Generator().manual_seed(1)
+    stored = round_to_format(torch.rand(64, generator=gen) * 0.9 + 1.05, fmt, stochastic=False)  # (64,)
+    compensation = round_to_format((torch.rand(64, generator=gen) - 0.5) * 2**-7, fmt, stochastic=False)
+    latent = stored - compensation  # off the bf16 grid
+    draws = round_to_format(latent.expand(4000, 64).contiguous(), fmt, generator=gen)  # (4000, 64)
+    ulp = 2**-7
+    assert ((draws - latent).abs() <= ulp).all()
+    assert ((draws.mean(0) - latent).abs() <= 5 * (ulp / 2) / 4000**0.5).all()
+
+
 # ------------------------------------------------------------------------------------------------ pieces
 
 
@@ -174,6 +205,21 @@ def test_bf16_with_master_factors_close_to_fp32(noisy: torch.Tensor, fp32_run) -
     assert res.rel_error <= 1.05 * fp32_run.rel_error
     assert res.memory["factors"] == fp32_run.memory["factors"]  # master copy costs fp32 memory
     assert _without_scales(res.memory["gradients"]) * 2 == fp32_run.memory["gradients"]
+
+
+def test_bf16_compensated_close_to_fp32_with_bf16_factors(noisy: torch.Tensor, fp32_run) -> None:
+    plain = cp_mixed_precision(noisy, RANK, precision="bf16", **FAST)
+    res = cp_mixed_precision(noisy, RANK, precision="bf16", compensated=True, **FAST)
+    assert res.rel_error <= 1.05 * fp32_run.rel_error < plain.rel_error
+    # the error is that of the bf16 factors alone: the reported factors are the stored ones
+    assert res.rel_error == pytest.approx(_rel(res.to_tensor().numpy(), noisy.numpy()), rel=1e-3)
+    assert _without_scales(res.memory["factors"]) * 2 == fp32_run.memory["factors"]
+    assert res.memory["compensation"] == res.memory["factors"]  # the price: a second bf16 buffer
+
+
+def test_compensated_excludes_master_factors() -> None:
+    with pytest.raises(ValueError, match="compensated=True needs master_factors=False"):
+        cp_mixed_precision(torch.ones(3, 3, 3), 2, precision="bf16", compensated=True, master_factors=True)
 
 
 def test_fp8_runs_with_quarter_memory(noisy: torch.Tensor, fp32_run) -> None:
