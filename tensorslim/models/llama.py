@@ -219,11 +219,9 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.config.max_seq_len}")
         if cache is not None and len(cache.layers) != len(self.layers):
             raise ValueError(f"cache has {len(cache.layers)} layers; allowed: the model's {len(self.layers)}")
-        cos, sin = rotary_cos_sin(
-            seq, self.config.head_dim, theta=self.config.rope_theta, device=self.embed_tokens.weight.device
-        )
+        x = self.embed_tokens(input_ids)  # (B, T, d); any embedding layer (a TT embedding has no .weight)
+        cos, sin = rotary_cos_sin(seq, self.config.head_dim, theta=self.config.rope_theta, device=x.device)
         cos, sin = cos[past:], sin[past:]  # (T, hd): the new tokens' positions
-        x = self.embed_tokens(input_ids)  # (B, T, d)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin) if cache is None else block(x, cos, sin, cache.layers[i])
         return self.lm_head(self.norm(x))  # (B, T, V)

@@ -136,3 +136,14 @@ def test_cache_continues_positions_and_checks_its_bounds() -> None:
             model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
         with pytest.raises(ValueError, match="cache has 3 layers; allowed: the model's 2"):
             model(ids, cache=KVCache(3))
+
+
+def test_a_tt_embedding_replaces_the_token_table() -> None:
+    from tensorslim.convert import convert_
+    from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
+
+    model = LlamaForCausalLM(TINY_LLAMA)
+    ids = torch.randint(TINY_LLAMA.vocab_size, (2, 8))
+    convert_(model, TTEmbeddingConfig(rank=4, n_cores=2, init="ttm_svd"))
+    assert isinstance(model.embed_tokens, TTEmbedding)
+    assert model(ids).shape == (2, 8, TINY_LLAMA.vocab_size)  # forward reads no .weight of the embedding
