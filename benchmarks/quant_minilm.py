@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import tempfile
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -73,7 +75,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--data", default="bbcnews")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="benchmarks/results/quant_minilm")
+    parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "quant_minilm"), help="path prefix (.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
