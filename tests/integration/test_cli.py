@@ -101,3 +101,32 @@ def test_cli_sets_passive_openmp_before_torch_loads() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "PASSIVE", result.stderr
+
+
+def test_help_lists_every_subcommand_and_no_default_twice(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert all(name in top for name in ("train", "bench", "convert", "quantize", "distill")) and "``" not in top
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "(default: the method's recipe)" in text and text.count("(default: None)") == 0
+    for method in ("dense", "galore", "cola", "svd", "cola-m", "lax-cola", "lax-svd", "lax-tt", "comera", "kron"):
+        assert f"  {method} " in text
+
+
+def test_resume_accepts_the_default_out_dir_named_explicitly(
+    small_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--vocab-size", "512"]
+    args += ["--data", str(small_corpus), "--no-progress", "--no-tensorboard", "--eval-blocks", "2"]
+    assert main(args) == 0  # into the default folder runs/tiny-cola
+    assert main([*args, "--out-dir", "runs/tiny-cola", "--resume"]) == 0
+
+
+def test_convert_uses_the_method_recipe_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert", "--preset", "130m", "--method", "cola"]) == 0
+    out = capsys.readouterr().out
+    assert "model 134,105,856 -> 93,997,824" in out  # the README table: 134.1M -> 94.0M, the preset's rank
