@@ -73,10 +73,7 @@ def _perturb(model: nn.Module) -> None:
             param.add_(0.01 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
 
 
-# LlamaForCausalLM.forward reads ``embed_tokens.weight.device``, which a TT embedding does not have.
-LLAMA_EMBEDDING = pytest.mark.xfail(raises=AttributeError, strict=True, reason="llama reads embed_tokens.weight")
-CASES = ["cola", "svd", "cola-m", "lax-cola", "tt", "tt-truncated", pytest.param("tt-embedding", marks=LLAMA_EMBEDDING)]
-CASES += ["kron", "rtn"]
+CASES = ["cola", "svd", "cola-m", "lax-cola", "tt", "tt-truncated", "tt-embedding", "kron", "rtn"]
 
 
 @pytest.mark.parametrize("case", CASES)
