@@ -4,7 +4,8 @@ Modelled on :func:`tensorslim.convert.convert_` (and torchao's ``quantize_``): t
 :data:`SOLVERS` maps each config type to the function that quantizes one ``(d_out, d_in)`` weight given its input
 Gram matrix. All layers' Gram matrices are collected from the float model in one streaming pass (COMQ release
 behaviour), every layer is solved, and only then are the layers replaced by :class:`QuantLinear` /
-:class:`QuantConv2d`, so an error leaves the model untouched.
+:class:`QuantConv2d` (factored layers by :class:`QuantLowRankLinear` / :class:`QuantTTLinear`, one quantized
+matrix per factor), so an error leaves the model untouched.
 """
 
 from __future__ import annotations
@@ -19,16 +20,28 @@ import torch
 from torch import nn
 
 from tensorslim.convert import output_head_ids
+from tensorslim.layers.lowrank import LowRankLinear
+from tensorslim.layers.tt import TTLinear
 from tensorslim.quant.calibration import (
+    SUPPORTED,
+    GramStats,
+    QuantTarget,
     check_quantizable,
     collect_grams,
+    is_factored,
     is_quantizable,
+    quant_targets,
     relative_output_error,
-    weight_matrix,
 )
 from tensorslim.quant.comq import COMQConfig, comq_quantize
 from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
-from tensorslim.quant.qlinear import QuantConv2d, QuantLinear, build_quant_layer
+from tensorslim.quant.qlinear import (
+    QuantConv2d,
+    QuantLinear,
+    QuantLowRankLinear,
+    QuantTTLinear,
+    build_quant_layer,
+)
 from tensorslim.quant.quantizer import QuantConfig, QuantResult
 from tensorslim.quant.rtn import RTNConfig, rtn_quantize
 from tensorslim.registry import registered_for
@@ -46,12 +59,19 @@ METADATA_KEY = "tensorslim.quant"
 
 @dataclass(frozen=True)
 class QuantLayerReport:
-    """One quantized layer.
+    """One quantized matrix: a dense layer's weight or one factor of a factored layer.
 
     Attributes:
-        rel_output_error: ``‖X(W − Q)ᵀ‖_F / ‖XWᵀ‖_F`` on the calibration inputs (None without calibration).
+        name: the layer's name; a factor adds ``.A`` / ``.B`` (low rank) or ``.cores.k`` (TT).
+        method: the solver used for this matrix (TT cores are always ``RTNConfig``: they have no input of their own).
+        rel_output_error: ``‖X(W − Q)ᵀ‖_F / ‖XWᵀ‖_F`` on the calibration inputs of this matrix (for CoLA's ``B``,
+            ``X = σ(A x)``); None without calibration or for a TT core.
         rel_weight_error: ``‖W − Q‖_F / ‖W‖_F``.
         seconds: time of the solver alone (Gram collection excluded; it is shared by all methods).
+        bytes_before: float bytes of the matrix (plus the layer's bias on its last matrix).
+        bytes_after: packed codes, scales and zero points (plus the bias on the last matrix); the rows of one layer
+            sum to its ``storage_bytes()``.
+        layer: the name of the layer the matrix belongs to (``name`` itself for a dense layer).
     """
 
     name: str
@@ -64,6 +84,8 @@ class QuantLayerReport:
     seconds: float
     bytes_before: int
     bytes_after: int
+    method: str = ""
+    layer: str = ""
 
 
 @dataclass
@@ -80,11 +102,20 @@ class QuantReport:
                 f"{r.seconds:>7.2f} {r.bytes_before:>9,}->{r.bytes_after:<9,}"
             )
         before, after = sum(r.bytes_before for r in self.layers), sum(r.bytes_after for r in self.layers)
-        rows.append(f"{len(self.layers)} layers quantized with {self.method}: {before:,} -> {after:,} bytes")
+        layers = len({r.layer for r in self.layers})
+        notes = [f"{len(self.layers)} matrices"] if len(self.layers) != layers else []
+        rtn = sum(r.method != self.method for r in self.layers)
+        notes += [f"{rtn} TT cores by RTNConfig: no layer input of their own"] if rtn else []
+        note = f" ({'; '.join(notes)})" if notes else ""
+        rows.append(f"{layers} layers quantized with {self.method}{note}: {before:,} -> {after:,} bytes")
         return "\n".join(rows)
 
     def __str__(self) -> str:
         return self.table()
+
+    def bytes_after(self) -> int:
+        """Bytes of everything that was quantized, as stored (codes, scales, zero points, biases)."""
+        return sum(r.bytes_after for r in self.layers)
 
 
 def _solver_for(config: object) -> Solver:
@@ -99,8 +130,9 @@ def _output_head_ids(model: nn.Module) -> set[int]:
 def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dict[str, nn.Module]:
     """The layers :func:`quantize_` would replace.
 
-    Without ``filter_fn``: every quantizable layer but the output head. With it: every module that owns a
-    ``weight`` parameter and for which ``filter_fn(module, name)`` is true; each must be quantizable.
+    Without ``filter_fn``: every quantizable layer (dense, or CoLA/SVD ``LowRankLinear`` and ``TTLinear``) but the
+    output head. With it: every module that owns a ``weight`` parameter, or is one of those factored layers, and for
+    which ``filter_fn(module, name)`` is true; each must be quantizable.
 
     Raises:
         TypeError: ``filter_fn`` chose a layer that cannot be quantized.
@@ -112,11 +144,12 @@ def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dic
         chosen = {n: m for n, m in model.named_modules() if is_quantizable(m) and id(m) not in heads}
     else:
         for name, module in model.named_modules():
-            if isinstance(module._parameters.get("weight"), torch.Tensor) and filter_fn(module, name):
+            owns_weight = isinstance(module._parameters.get("weight"), torch.Tensor)
+            if (owns_weight or is_factored(module)) and filter_fn(module, name):
                 check_quantizable(module, name)
                 chosen[name] = module
     if not chosen:
-        raise ValueError("no layer to quantize: the model has no nn.Linear/Conv1D/Conv2d chosen by filter_fn")
+        raise ValueError(f"no layer to quantize: the model has no {SUPPORTED} chosen by filter_fn")
     return chosen
 
 
@@ -125,40 +158,74 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _layer_report(
+def _nbytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _stored_matrices(layer: nn.Module) -> list[QuantLinear]:
+    """The packed matrices of a quantized layer, in the order of :func:`quant_targets`."""
+    if isinstance(layer, QuantLowRankLinear):
+        return [layer.a, layer.b]
+    if isinstance(layer, QuantTTLinear):
+        return list(layer.cores)
+    return [layer]
+
+
+def _build(module: nn.Module, results: list[QuantResult]) -> QuantLinear | QuantLowRankLinear | QuantTTLinear:
+    if isinstance(module, LowRankLinear):
+        return QuantLowRankLinear.from_results(module, *results)
+    if isinstance(module, TTLinear):
+        return QuantTTLinear.from_results(module, results)
+    return build_quant_layer(module, results[0])
+
+
+def _layer_reports(
     name: str,
     module: nn.Module,
-    result: QuantResult,
-    gram: torch.Tensor | None,
-    rows: int,
-    seconds: float,
-    new: QuantLinear,
-) -> QuantLayerReport:
-    w = weight_matrix(module).to(torch.float64)
-    q = result.dequantize(dtype=torch.float64)
-    out_err = relative_output_error(w, q, gram) if gram is not None else None
-    params = [p for p in module.parameters(recurse=False)]
-    return QuantLayerReport(
-        name=name,
-        kind=type(module).__name__,
-        shape=(w.shape[1], w.shape[0]),
-        bits=result.grid.bits,
-        rows=rows,
-        rel_output_error=out_err,
-        rel_weight_error=float(torch.linalg.norm(w - q) / torch.linalg.norm(w)),
-        seconds=seconds,
-        bytes_before=sum(p.numel() * p.element_size() for p in params),
-        bytes_after=new.storage_bytes(),
-    )
+    new: nn.Module,
+    solved: list[tuple[QuantTarget, QuantResult, GramStats | None, float, str]],
+) -> list[QuantLayerReport]:
+    """One row per matrix; a bias the packed matrices do not hold (TT) is booked on the last row."""
+    rows = []
+    stored = _stored_matrices(new)
+    for k, ((target, result, stats, seconds, method), packed) in enumerate(zip(solved, stored, strict=True)):
+        w = target.weight.to(torch.float64)
+        q = result.dequantize(dtype=torch.float64)
+        last = k == len(stored) - 1
+        outside_bias = last and isinstance(new, QuantTTLinear)
+        bias = getattr(module, "bias", None) if last else None
+        rows.append(
+            QuantLayerReport(
+                name=target.name,
+                kind=type(module).__name__,
+                shape=(w.shape[1], w.shape[0]),
+                bits=result.grid.bits,
+                rows=stats.rows if stats else 0,
+                rel_output_error=relative_output_error(w, q, stats.gram) if stats is not None else None,
+                rel_weight_error=float(torch.linalg.norm(w - q) / torch.linalg.norm(w)),
+                seconds=seconds,
+                bytes_before=_nbytes([target.weight, bias]),
+                bytes_after=packed.storage_bytes() + (_nbytes([new.bias]) if outside_bias else 0),
+                method=method,
+                layer=name,
+            )
+        )
+    return rows
 
 
 def quantize_(
     model: nn.Module, config: QuantConfig, calibration: Iterable[object] | None, *, filter_fn: FilterFn | None = None
 ) -> QuantReport:
-    """Quantize the weights of ``model``'s linear/conv layers in place.
+    """Quantize the weights of ``model``'s linear/conv layers, and the factors of its factored layers, in place.
+
+    Dense layers become :class:`QuantLinear` / :class:`QuantConv2d`. A CoLA/SVD ``LowRankLinear`` (arXiv 2502.10940
+    §3) becomes a :class:`QuantLowRankLinear`: ``A`` is solved on the layer input ``x`` and ``B`` on ``σ(A x)``, both
+    from the float model. A ``TTLinear`` (CoMERA, arXiv 2405.14377) becomes a :class:`QuantTTLinear` whose cores are
+    rounded to nearest whatever the config: a core has no input of its own for GPTQ/COMQ to reconstruct (the report
+    names the solver used for every matrix).
 
     Args:
-        model: any ``nn.Module`` (our presets, Hugging Face models, a plain CNN).
+        model: any ``nn.Module`` (our presets, Hugging Face models, a plain CNN, a converted model).
         config: :class:`RTNConfig`, :class:`GPTQConfig` or :class:`COMQConfig`.
         calibration: an iterable of model inputs (tensor, tuple of positionals, or a mapping of keywords such as
             a dict or a tokenizer's ``BatchEncoding``), streamed once; may be None for RTN only. It should be
@@ -166,7 +233,7 @@ def quantize_(
         filter_fn: ``(module, qualified_name) -> bool``; when given it alone decides which layers are quantized.
 
     Returns:
-        Per-layer errors (on the calibration inputs), solver times and storage.
+        Per-matrix errors (on the calibration inputs), solver times and storage.
 
     Raises:
         ValueError: no calibration for a data-aware method, empty calibration, nothing to quantize.
@@ -174,19 +241,24 @@ def quantize_(
     """
     solver = _solver_for(config)
     layers = select_layers(model, filter_fn=filter_fn)
-    if calibration is None and config.needs_calibration:
+    targets = {name: quant_targets(name, module) for name, module in layers.items()}
+    with_inputs = {t.name: t for ts in targets.values() for t in ts if t.inputs is not None}
+    if calibration is None and config.needs_calibration and with_inputs:
         raise ValueError(f"{type(config).__name__} needs calibration data; pass an iterable of model inputs")
-    grams = collect_grams(model, layers, calibration) if calibration is not None else {}
+    grams = collect_grams(model, with_inputs, calibration) if calibration is not None and with_inputs else {}
+    rtn = RTNConfig(bits=config.bits, granularity=config.granularity)
     report = QuantReport(method=type(config).__name__)
     replacements = {}
     for name, module in layers.items():
-        stats = grams.get(name)
-        gram = stats.gram if stats is not None else None
-        start = time.perf_counter()
-        result = solver(weight_matrix(module), gram, config)
-        seconds = time.perf_counter() - start
-        new = build_quant_layer(module, result)
-        report.layers.append(_layer_report(name, module, result, gram, stats.rows if stats else 0, seconds, new))
+        solved = []
+        for target in targets[name]:
+            stats = grams.get(target.name)
+            solve, settings = (solver, config) if target.inputs is not None else (rtn_quantize, rtn)
+            start = time.perf_counter()
+            result = solve(target.weight, stats.gram if stats is not None else None, settings)
+            solved.append((target, result, stats, time.perf_counter() - start, type(settings).__name__))
+        new = _build(module, [result for _, result, *_ in solved])
+        report.layers.extend(_layer_reports(name, module, new, solved))
         replacements[name] = new
     for name, new in replacements.items():
         _set_submodule(model, name, new)
@@ -196,7 +268,26 @@ def quantize_(
 # --- storage -----------------------------------------------------------------------------------------------------
 
 
-def _layer_spec(layer: QuantLinear) -> dict[str, object]:
+def _layer_spec(layer: QuantLinear | QuantLowRankLinear | QuantTTLinear) -> dict[str, object]:
+    if isinstance(layer, QuantLowRankLinear):
+        return {
+            "kind": "lowrank",
+            "in": layer.in_features,
+            "out": layer.out_features,
+            "rank": layer.rank,
+            "activation": layer.activation,
+            "bits": layer.bits,
+            "bias": layer.bias is not None,
+        }
+    if isinstance(layer, QuantTTLinear):
+        return {
+            "kind": "tt",
+            "in_factors": list(layer.in_factors),
+            "out_factors": list(layer.out_factors),
+            "ranks": list(layer.ranks),
+            "bits": layer.bits,
+            "bias": layer.bias is not None,
+        }
     spec: dict[str, object] = {
         "in": layer.in_features,
         "out": layer.out_features,
@@ -225,12 +316,35 @@ def save_quantized(model: nn.Module, path: str | Path) -> int:
     """
     from safetensors.torch import save_model
 
-    specs = {name: _layer_spec(m) for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+    specs: dict[str, dict[str, object]] = {}
+    for name, module in model.named_modules():  # parents first: a factored layer's matrices are not listed again
+        inside = any(name.startswith(f"{outer}.") for outer in specs)
+        if isinstance(module, QuantLinear | QuantLowRankLinear | QuantTTLinear) and not inside:
+            specs[name] = _layer_spec(module)
     save_model(model, str(path), metadata={METADATA_KEY: json.dumps(specs)})
     return Path(path).stat().st_size
 
 
-def _shell(spec: dict, dtype: torch.dtype) -> QuantLinear:
+def _shell(spec: dict, dtype: torch.dtype) -> QuantLinear | QuantLowRankLinear | QuantTTLinear:
+    if spec["kind"] == "lowrank":
+        return QuantLowRankLinear(
+            spec["in"],
+            spec["out"],
+            spec["rank"],
+            bits=spec["bits"],
+            activation=spec["activation"],
+            bias=spec["bias"],
+            dtype=dtype,
+        )
+    if spec["kind"] == "tt":
+        return QuantTTLinear(
+            tuple(spec["in_factors"]),
+            tuple(spec["out_factors"]),
+            tuple(spec["ranks"]),
+            bits=spec["bits"],
+            bias=spec["bias"],
+            dtype=dtype,
+        )
     if spec["kind"] == "conv2d":
         return QuantConv2d(
             spec["in_channels"],

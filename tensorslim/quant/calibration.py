@@ -4,25 +4,47 @@ Both COMQ (in the Gram form, compress.md §1.2) and GPTQ (Frantar et al. 2022, �
 inputs only through ``H``, so calibration batches are streamed through the float model once, with a forward
 pre-hook per layer, and ``X`` itself is never stored. As in the COMQ release, every layer sees the inputs of the
 *float* model (not of the partly quantized one).
+
+Factored layers are quantized factor by factor, each against its own input: CoLA's ``A`` sees the layer input ``x``
+and ``B`` sees ``σ(A x)`` (arXiv 2502.10940 §3), computed in the hook from the float ``A``. A TT core has no input
+of its own (the layer input meets a core only through the other cores), so TT cores get no Gram matrix and are
+rounded to nearest (:func:`quant_targets`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim.functional.lowrank import activation_fn
 from tensorslim.layers._source import is_hf_conv1d, linear_weight
+from tensorslim.layers.lowrank import LowRankLinear
+from tensorslim.layers.tt import TTLinear
+from tensorslim.quant.qlinear import tt_core_matrix
+
+SUPPORTED = (
+    "nn.Linear, transformers Conv1D, nn.Conv2d with groups=1 and explicit zero padding, "
+    "LowRankLinear (CoLA/SVD) and TTLinear"
+)
+
+
+def is_factored(module: nn.Module) -> bool:
+    """A :class:`LowRankLinear` (CoLA/SVD) or :class:`TTLinear` whose factors :func:`quant_targets` quantizes.
+
+    Exact types only: subclasses such as LaX layers add terms that these factors alone do not describe.
+    """
+    return type(module) in (LowRankLinear, TTLinear)
 
 
 def is_quantizable(module: nn.Module) -> bool:
-    """``nn.Linear``, Hugging Face ``Conv1D`` and ungrouped zero-padded ``nn.Conv2d``."""
+    """``nn.Linear``, Hugging Face ``Conv1D``, ungrouped zero-padded ``nn.Conv2d``, or a factored layer."""
     if isinstance(module, nn.Conv2d):
         return module.groups == 1 and module.padding_mode == "zeros" and isinstance(module.padding, tuple)
-    return isinstance(module, nn.Linear) or is_hf_conv1d(module)
+    return isinstance(module, nn.Linear) or is_hf_conv1d(module) or is_factored(module)
 
 
 def check_quantizable(module: nn.Module, name: str) -> None:
@@ -32,10 +54,7 @@ def check_quantizable(module: nn.Module, name: str) -> None:
     what = type(module).__name__
     if isinstance(module, nn.Conv2d):
         what += f" (groups={module.groups}, padding={module.padding!r}, padding_mode={module.padding_mode!r})"
-    raise TypeError(
-        f"layer {name!r} of type {what} cannot be quantized; supported: nn.Linear, transformers Conv1D, "
-        "nn.Conv2d with groups=1 and explicit zero padding"
-    )
+    raise TypeError(f"layer {name!r} of type {what} cannot be quantized; supported: {SUPPORTED}")
 
 
 def weight_matrix(module: nn.Module) -> torch.Tensor:
@@ -56,6 +75,56 @@ def layer_inputs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         )  # (B, C*kh*kw, L)
         return patches.transpose(1, 2).reshape(-1, patches.shape[1])
     return x.reshape(-1, x.shape[-1])
+
+
+@dataclass(frozen=True)
+class QuantTarget:
+    """One matrix that is quantized: a dense layer's weight, or one factor of a factored layer.
+
+    Attributes:
+        name: ``layer`` for a dense layer, ``layer.A`` / ``layer.B`` for low-rank factors, ``layer.cores.k`` for TT.
+        module: the layer the matrix belongs to (its forward pre-hook sees the layer input).
+        weight: the ``(d_out, d_in)`` matrix.
+        inputs: maps the layer input to the rows ``X`` (n, d_in) that multiply ``weight``; None when the matrix
+            has no input of its own (a TT core), which makes it RTN-only.
+    """
+
+    name: str
+    module: nn.Module
+    weight: torch.Tensor
+    inputs: Callable[[torch.Tensor], torch.Tensor] | None
+
+
+def _latent_rows(module: LowRankLinear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x ↦ σ(A x)`` as rows (n, r): the input of CoLA's ``B`` in the float layer."""
+    sigma, weight_a = activation_fn(module.activation), module.weight_a.detach()
+
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        return sigma(F.linear(x, weight_a)).reshape(-1, module.rank)
+
+    return rows
+
+
+def quant_targets(name: str, module: nn.Module) -> list[QuantTarget]:
+    """The matrices of one quantizable layer, in storage order.
+
+    ``LowRankLinear``: ``A`` (r, d_in) on the rows of ``x`` and ``B`` (d_out, r) on ``σ(A x)``. ``TTLinear``: every
+    core (gates folded in) as its ``(r_{k-1}, n_k·r_k)`` matrix, with no input. Anything else: the weight matrix.
+    """
+    if type(module) is LowRankLinear:
+        return [
+            QuantTarget(f"{name}.A", module, module.weight_a.detach(), lambda x: x.reshape(-1, x.shape[-1])),
+            QuantTarget(f"{name}.B", module, module.weight_b.detach(), _latent_rows(module)),
+        ]
+    if type(module) is TTLinear:
+        cores = [core.detach() for core in module.effective_cores()]
+        return [QuantTarget(f"{name}.cores.{k}", module, tt_core_matrix(c), None) for k, c in enumerate(cores)]
+    return [dense_target(name, module)]
+
+
+def dense_target(name: str, module: nn.Module) -> QuantTarget:
+    """The weight matrix of an ``nn.Linear`` / ``Conv1D`` / ``Conv2d`` on the rows of :func:`layer_inputs`."""
+    return QuantTarget(name, module, weight_matrix(module), lambda x: layer_inputs(module, x))
 
 
 @dataclass
@@ -85,25 +154,28 @@ def run_model(model: nn.Module, batch: object) -> object:
 
 
 def collect_grams(
-    model: nn.Module, layers: dict[str, nn.Module], calibration: Iterable[object]
+    model: nn.Module, layers: dict[str, nn.Module | QuantTarget], calibration: Iterable[object]
 ) -> dict[str, GramStats]:
-    """Stream ``calibration`` through ``model`` and return the input Gram matrix of each named layer.
+    """Stream ``calibration`` through ``model`` and return the input Gram matrix of each named layer or target.
+
+    A plain module stands for its weight matrix (:func:`dense_target`); a :class:`QuantTarget` must have ``inputs``.
 
     Raises:
         ValueError: ``calibration`` yields no batch, or some layer never ran / saw zero rows.
     """
+    targets = {name: t if isinstance(t, QuantTarget) else dense_target(name, t) for name, t in layers.items()}
     stats = {
-        name: GramStats(torch.zeros(weight_matrix(m).shape[1], weight_matrix(m).shape[1], dtype=torch.float64))
-        for name, m in layers.items()
+        name: GramStats(torch.zeros(t.weight.shape[1], t.weight.shape[1], dtype=torch.float64))
+        for name, t in targets.items()
     }
 
-    def hook_for(name: str, module: nn.Module):  # noqa: ANN202 - a torch hook
+    def hook_for(name: str, inputs: Callable[[torch.Tensor], torch.Tensor]):  # noqa: ANN202 - a torch hook
         def hook(_: nn.Module, args: tuple) -> None:
-            stats[name].add(layer_inputs(module, args[0]))
+            stats[name].add(inputs(args[0]))
 
         return hook
 
-    handles = [m.register_forward_pre_hook(hook_for(name, m)) for name, m in layers.items()]
+    handles = [t.module.register_forward_pre_hook(hook_for(name, t.inputs)) for name, t in targets.items()]
     batches = 0
     try:
         with torch.no_grad():

@@ -3,14 +3,24 @@
 The packed codes (``uint8`` bit stream, :func:`~tensorslim.quant.quantizer.pack_codes`), the per-row scales and
 zero points are buffers, so ``state_dict`` and safetensors files hold the compressed form; ``to_dense()`` is the
 explicit way to get a float weight back.
+
+Factored layers keep their factorization: :class:`QuantLowRankLinear` stores CoLA's / SVD's ``A`` and ``B`` as two
+:class:`QuantLinear` s and applies σ between them; :class:`QuantTTLinear` stores each TT core as a packed matrix and
+contracts the dequantized cores exactly as :class:`~tensorslim.layers.tt.TTLinear` does, never forming ``W``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim.functional.lowrank import activation_fn, low_rank_linear
+from tensorslim.functional.tt import tt_linear
+from tensorslim.layers.lowrank import LowRankLinear
+from tensorslim.layers.tt import TTLinear
 from tensorslim.quant.quantizer import Grid, QuantResult, dequantize, pack_codes, packed_nbytes, unpack_codes
 
 
@@ -137,3 +147,161 @@ def _conv_from_result(module: nn.Conv2d, result: QuantResult, dtype: torch.dtype
     if module.bias is not None:
         layer.bias.data.copy_(module.bias.detach().to(dtype))
     return layer
+
+
+class QuantLowRankLinear(nn.Module):
+    """``y = B σ(A x) + b`` (CoLA, arXiv 2502.10940 §3; σ = identity for SVD) with ``A`` and ``B`` quantized.
+
+    ``A`` (r, d_in) and ``B`` (d_out, r) are :class:`QuantLinear` s named ``a`` and ``b``; ``b`` holds the bias. The
+    product ``B A`` is never formed, as in :class:`~tensorslim.layers.lowrank.LowRankLinear`.
+
+    Args:
+        in_features: ``d_in``.
+        out_features: ``d_out``.
+        rank: ``r``.
+        bits: code width of both factors, 2..8.
+        activation: σ, as in ``LowRankLinear``.
+        bias: whether the layer has a bias.
+        dtype: compute dtype of the dequantized factors, scales and bias.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        *,
+        bits: int,
+        activation: str = "identity",
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        activation_fn(activation)  # a one-line ValueError for an unknown σ
+        self.in_features, self.out_features, self.rank, self.bits = in_features, out_features, rank, bits
+        self.activation = activation
+        self.a = QuantLinear(in_features, rank, bits=bits, bias=False, dtype=dtype)
+        self.b = QuantLinear(rank, out_features, bits=bits, bias=bias, dtype=dtype)
+
+    @property
+    def bias(self) -> nn.Parameter | None:
+        return self.b.bias
+
+    @classmethod
+    def from_results(cls, module: LowRankLinear, result_a: QuantResult, result_b: QuantResult) -> QuantLowRankLinear:
+        """The quantized replacement of ``module`` given the quantized ``A`` and ``B`` (bias and σ kept)."""
+        layer = cls(
+            module.in_features,
+            module.out_features,
+            module.rank,
+            bits=result_a.grid.bits,
+            activation=module.activation,
+            bias=module.bias is not None,
+            dtype=module.weight_a.dtype,
+        )
+        layer.a.load_result(result_a)
+        layer.b.load_result(result_b)
+        if module.bias is not None:
+            layer.b.bias.data.copy_(module.bias.detach())
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
+        return low_rank_linear(x, self.a.to_dense(), self.b.to_dense(), self.b.bias, activation=self.activation)
+
+    def storage_bytes(self) -> int:
+        """Bytes of both factors' packed codes, scales and zero points, and the bias."""
+        return self.a.storage_bytes() + self.b.storage_bytes()
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+            f"activation={self.activation!r}, bits={self.bits}"
+        )
+
+
+def tt_core_matrix(core: torch.Tensor) -> torch.Tensor:
+    """A TT core ``(r_{k-1}, n_k, r_k)`` viewed as the ``(r_{k-1}, n_k·r_k)`` matrix that is quantized.
+
+    Each row (one left-bond index) gets its own grid under ``granularity="channel"``: ``r_{k-1}`` scales per core, so
+    the first core (``r_0 = 1``) shares one grid.
+    """
+    return core.reshape(core.shape[0], -1)
+
+
+class QuantTTLinear(nn.Module):
+    """``y = x W + b`` with ``W`` in CoMERA's TT format (arXiv 2405.14377) and every core quantized.
+
+    Core ``k`` is a :class:`QuantLinear` holding the ``(r_{k-1}, n_k·r_k)`` matrix of :func:`tt_core_matrix`; the
+    forward dequantizes the cores and contracts them with :func:`~tensorslim.functional.tt.tt_linear`, so ``W`` is
+    never formed.
+
+    Args:
+        in_factors: input modes (∏ = ``d_in``).
+        out_factors: output modes (∏ = ``d_out``).
+        ranks: full rank list ``(1, r_1, …, 1)``.
+        bits: code width of every core, 2..8.
+        bias: whether the layer has a bias.
+        dtype: compute dtype of the dequantized cores, scales and bias.
+    """
+
+    def __init__(
+        self,
+        in_factors: tuple[int, ...],
+        out_factors: tuple[int, ...],
+        ranks: tuple[int, ...],
+        *,
+        bits: int,
+        bias: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.in_factors, self.out_factors, self.ranks = tuple(in_factors), tuple(out_factors), tuple(ranks)
+        dims = self.in_factors + self.out_factors
+        if len(self.ranks) != len(dims) + 1:
+            raise ValueError(f"ranks={list(self.ranks)} needs {len(dims) + 1} entries for modes {list(dims)}")
+        self.in_features, self.out_features, self.bits = math.prod(self.in_factors), math.prod(self.out_factors), bits
+        self.cores = nn.ModuleList(
+            QuantLinear(n * r1, r0, bits=bits, bias=False, dtype=dtype)
+            for r0, n, r1 in zip(self.ranks[:-1], dims, self.ranks[1:], strict=True)
+        )
+        self.bias = nn.Parameter(torch.zeros(self.out_features, dtype=dtype)) if bias else None
+
+    @classmethod
+    def from_results(cls, module: TTLinear, results: list[QuantResult]) -> QuantTTLinear:
+        """The quantized replacement of ``module`` given its quantized core matrices (gates already folded in)."""
+        dtype = module.cores[0].dtype
+        layer = cls(
+            module.in_factors,
+            module.out_factors,
+            module.ranks,
+            bits=results[0].grid.bits,
+            bias=module.bias is not None,
+            dtype=dtype,
+        )
+        for core, result in zip(layer.cores, results, strict=True):
+            core.load_result(result)
+        if module.bias is not None:
+            layer.bias.data.copy_(module.bias.detach().to(dtype))
+        return layer
+
+    def dequantized_cores(self) -> list[torch.Tensor]:
+        """The ``(r_{k-1}, n_k, r_k)`` cores rebuilt from their codes."""
+        dims = self.in_factors + self.out_factors
+        return [
+            core.to_dense().view(r0, n, r1)
+            for core, r0, n, r1 in zip(self.cores, self.ranks[:-1], dims, self.ranks[1:], strict=True)
+        ]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
+        return tt_linear(x, self.dequantized_cores(), self.bias, n_in=len(self.in_factors))
+
+    def storage_bytes(self) -> int:
+        """Bytes of every core's packed codes, scales and zero points, and the bias."""
+        bias = self.bias.numel() * self.bias.element_size() if self.bias is not None else 0
+        return sum(core.storage_bytes() for core in self.cores) + bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_factors={list(self.in_factors)}, out_factors={list(self.out_factors)}, ranks={list(self.ranks)}, "
+            f"bits={self.bits}, bias={self.bias is not None}"
+        )
