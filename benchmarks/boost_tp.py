@@ -2,11 +2,15 @@
 
 Run (CPU, gloo, one thread per process):
 
-    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py --preset 60m --batch 4 --seq 128 --steps 5
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py --preset 60m --batch 4 --seq 128 --steps 5 \
+        --out /tmp/boost_tp2_60m
 
 Saved activations of BTP with and without latent checkpointing (one process, TP=1; no torchrun):
 
-    python benchmarks/boost_tp.py --memory --preset 60m --batch 2 --seq 256
+    python benchmarks/boost_tp.py --memory --preset 60m --batch 2 --seq 256 --out /tmp/boost_tp2_60m
+
+Results go to ``--out`` (default ``bench-out/boost_tp2_60m``, ignored by git); the committed figures under
+``benchmarks/results/`` are copied there by hand.
 
 Each style trains the same preset on the same synthetic token batches with AdamW: ``btp`` and ``vanilla`` shard the
 CoLA model (r = d/4), ``megatron`` shards the dense model. Step time is the slowest rank's, median over the measured
@@ -146,9 +150,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=5, help="measured steps (plus one warm-up)")
     parser.add_argument("--styles", default=",".join(STYLES))
-    parser.add_argument("--out", default="benchmarks/results/boost_tp2_60m")  # --memory adds _memory.md
+    parser.add_argument("--out", default="bench-out/boost_tp2_60m", help="output stem (--memory: <out>_memory.md)")
     parser.add_argument("--memory", action="store_true", help="measure saved activations on one process instead")
     args = parser.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if args.memory:
         return memory(args)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

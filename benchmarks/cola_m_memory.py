@@ -6,7 +6,9 @@ bytes of one forward (``saved_tensors_hooks``, exact), the accounting peak (para
 activations), the process's peak RSS, and the median train-step time (forward, backward, AdamW).
 
     .venv/bin/python benchmarks/cola_m_memory.py --preset 60m --batch-size 8 --seq-len 256 \
-        --out benchmarks/results/cola_m_60m
+        --out /tmp/cola_m_60m
+
+The default ``--out`` is ``bench-out/cola_m_<preset>`` (ignored by git), never the committed results.
 """
 
 from __future__ import annotations
@@ -139,8 +141,9 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--arm", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    stem = Path(args.out or f"benchmarks/results/cola_m_{args.preset}")
+    stem = Path(args.out or f"bench-out/cola_m_{args.preset}")
     rows_path = stem.with_suffix(".rows.jsonl")
+    stem.parent.mkdir(parents=True, exist_ok=True)
     if args.rewrite_md:
         write_markdown(json.loads(stem.with_suffix(".json").read_text()), stem)
         return

@@ -4,7 +4,7 @@
 2. TTM embedding lookup (30,522 × 768, [16,20,10,10]×[4,4,8,6], r=32) forward+backward: our half-table lookup with
    unique ids vs rebuilding the whole table and indexing it; dense ``nn.Embedding`` and the per-id chain for context.
 
-Usage: ``.venv/bin/python benchmarks/comera_layers.py --repeats 15 --out benchmarks/results/comera_layers``
+Usage: ``.venv/bin/python benchmarks/comera_layers.py --repeats 15 --out /tmp/comera_layers``
 """
 
 from __future__ import annotations

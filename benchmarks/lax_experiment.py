@@ -4,8 +4,10 @@ Each run is one ``tensorslim train`` command (printed and recorded); runs go see
 sweep still has complete seeds. The table reports mean ± std over seeds of the final validation loss, the
 parameters, and what LaX adds to the low-rank layers.
 
-    .venv/bin/python benchmarks/lax_experiment.py --steps 200 --seeds 0 1 2 --out benchmarks/results/lax_tiny
-    .venv/bin/python benchmarks/lax_experiment.py --summarize-only --out benchmarks/results/lax_tiny
+    .venv/bin/python benchmarks/lax_experiment.py --steps 200 --seeds 0 1 2 --out /tmp/lax_tiny
+    .venv/bin/python benchmarks/lax_experiment.py --summarize-only --out /tmp/lax_tiny
+
+The default ``--out`` is ``bench-out/lax_tiny`` (ignored by git), never the committed results.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--out", default="benchmarks/results/lax_tiny")
+    parser.add_argument("--out", default="bench-out/lax_tiny")
     parser.add_argument("--runs-dir", default="runs/lax_experiment")
     parser.add_argument("--summarize-only", action="store_true")
     args = parser.parse_args()

@@ -10,6 +10,8 @@ seed; ``--assemble`` writes the table.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lax_lora.py --arm lora --seed 0
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lax_lora.py --arm lax-kronecker --seed 0
     .venv/bin/python benchmarks/lax_lora.py --assemble
+
+Results go to ``--out`` (default ``bench-out/lax_lora``, ignored by git), never the committed results.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 ARMS = {"lora": None, "lax-identity": "identity", "lax-kronecker": "kronecker", "lax-dense": "dense"}
-OUT = Path("benchmarks/results/lax_lora")
+OUT = Path("bench-out/lax_lora")
 
 
 def cpu_name() -> str:
@@ -180,6 +182,7 @@ def main() -> None:
     parser.add_argument("--assemble", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".runs.jsonl")
     if not args.assemble:
         load = os.getloadavg()

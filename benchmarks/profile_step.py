@@ -1,7 +1,7 @@
 """Where a train step's time goes, dense vs CoLA: torch.profiler self-CPU time grouped by operator family.
 
 Usage:
-    python benchmarks/profile_step.py --preset 60m --batch-size 4 --seq-len 256 --out benchmarks/results/profile_60m
+    python benchmarks/profile_step.py --preset 60m --batch-size 4 --seq-len 256 --out /tmp/profile_60m
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Tasks:
     llama: our tiny LLaMA from a ``tensorslim train`` checkpoint: validation perplexity (lm_head stays float).
 
 Usage:
-    .venv/bin/python benchmarks/quant_tasks.py --task digits --out benchmarks/results/quant_digits.json
+    .venv/bin/python benchmarks/quant_tasks.py --task digits --out /tmp/quant_digits.json
 """
 
 from __future__ import annotations

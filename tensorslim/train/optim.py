@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -36,10 +38,7 @@ def build_optimizer(
         # per-tensor loop on CPU, where the optimizer is memory-bound (benchmarks/results/profile_*.md).
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
-    try:
-        from galore_torch import GaLoreAdamW
-    except ImportError as error:
-        raise ValueError("method 'galore' needs the galore-torch package: pip install galore-torch") from error
+    GaLoreAdamW = _import_galore_adamw()
     projected = {id(p) for p in galore_targets(model)}
     groups = [
         {"params": [p for p in params if id(p) not in projected]},
@@ -51,4 +50,34 @@ def build_optimizer(
             "proj_type": "std",
         },
     ]
-    return GaLoreAdamW(groups, lr=lr, weight_decay=weight_decay)
+    return GaLoreAdamW(groups, lr=lr, weight_decay=weight_decay, no_deprecation_warning=True)
+
+
+def _import_galore_adamw() -> type[torch.optim.Optimizer]:
+    """``galore_torch.GaLoreAdamW``, imported without the kernel warning of bitsandbytes.
+
+    ``galore_torch/__init__.py`` imports its 8-bit optimizer and so bitsandbytes, which on CPUs with AVX-512 BF16
+    logs "Failed to load CPU gemm_4bit_forward from kernels-community" at import when the optional ``kernels``
+    package is missing. GaLore-AdamW never runs that kernel, so the message is only noise; nothing else is silenced.
+    """
+    bnb_logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    noise = _DropMessage("Failed to load CPU gemm_4bit_forward")
+    bnb_logger.addFilter(noise)
+    try:
+        from galore_torch import GaLoreAdamW
+    except ImportError as error:
+        raise ValueError("method 'galore' needs the galore-torch package: pip install galore-torch") from error
+    finally:
+        bnb_logger.removeFilter(noise)
+    return GaLoreAdamW
+
+
+class _DropMessage(logging.Filter):
+    """Drops the log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
