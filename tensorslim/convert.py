@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from tensorslim.registry import ConversionReport, Transform, set_submodule, transform_for
+from tensorslim.registry import TRANSFORMS, ConversionReport, Transform, set_submodule, transform_for
 
 FilterFn = Callable[[nn.Module, str], bool]
 
@@ -54,12 +54,42 @@ def _count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _plan(
+    model: nn.Module, config: object, filter_fn: FilterFn | None
+) -> tuple[ConversionReport, Transform, dict[str, object]]:
+    """The report of :func:`plan`, the transform, and the config each planned layer is built with."""
+    transform = transform_for(config)
+    report = ConversionReport(method=type(config).__name__, model_params_before=_count_params(model))
+    candidates = _candidates(model, transform, filter_fn, report.skipped)
+    budget = getattr(config, "budget", None)
+    layer_configs = dict.fromkeys((name for name, _ in candidates), config)
+    if budget is not None:
+        if transform.allocate is None:
+            allowed = sorted(cls.__name__ for cls, known in TRANSFORMS.items() if known.allocate is not None)
+            raise ValueError(f"budget= is not supported for {type(config).__name__}; allowed: {allowed}")
+        if not candidates:
+            raise ValueError(f"budget={budget!r} has no layer to spend it on; allowed: a model with candidate layers")
+        allocation = transform.allocate(model, candidates, config)
+        layer_configs, report.budget = allocation.configs, allocation.use
+    # A budget already chose every rank within its limit; dropping a layer afterwards would misstate the books.
+    ratio_rank = budget is None and getattr(config, "rank", 0) is None and hasattr(config, "rank_ratio")
+    for name, module in candidates:
+        layer = transform.plan_layer(name, module, layer_configs[name])
+        if filter_fn is None and ratio_rank and layer.rank < MIN_RATIO_RANK:
+            report.skipped.append((name, f"rank {layer.rank} from rank_ratio is below {MIN_RATIO_RANK}"))
+            continue
+        report.layers.append(layer)
+    return report, transform, layer_configs
+
+
 def plan(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None) -> ConversionReport:
     """What :func:`convert_` would do, without touching the model (works on ``meta``-device models).
 
     Args:
         model: any ``nn.Module``.
-        config: a registered config, e.g. ``CoLAConfig()``.
+        config: a registered config, e.g. ``CoLAConfig()``. A config with a ``budget`` (e.g.
+            ``SVDConfig(budget=Budget(params=0.5))``) first has its family's ``allocate`` pre-pass choose one rank
+            per candidate layer so that the converted layers fit the budget; ``report.budget`` holds the books.
         filter_fn: ``(module, qualified_name) -> bool``; when given, it alone decides which candidate layers are
             converted. When None, every candidate is converted except the output heads (a name component in
             :data:`HEAD_NAMES`, or ``get_output_embeddings()``) and layers whose rank, derived from
@@ -67,31 +97,22 @@ def plan(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None)
 
     Raises:
         TypeError: no transform is registered for ``config``'s type.
-        ValueError: the config does not fit a candidate layer (the message names the layer).
+        ValueError: the config does not fit a candidate layer (the message names the layer), or its budget cannot
+            be met or is not supported by its family.
     """
-    transform = transform_for(config)
-    report = ConversionReport(method=type(config).__name__, model_params_before=_count_params(model))
-    ratio_rank = getattr(config, "rank", 0) is None and hasattr(config, "rank_ratio")
-    for name, module in _candidates(model, transform, filter_fn, report.skipped):
-        layer = transform.plan_layer(name, module, config)
-        if filter_fn is None and ratio_rank and layer.rank < MIN_RATIO_RANK:
-            report.skipped.append((name, f"rank {layer.rank} from rank_ratio is below {MIN_RATIO_RANK}"))
-            continue
-        report.layers.append(layer)
-    return report
+    return _plan(model, config, filter_fn)[0]
 
 
 def convert_(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None) -> ConversionReport:
     """Replace the matching layers of ``model`` in place and return the report of :func:`plan`.
 
     All layers are planned (and validated) before the first one is replaced, so a bad config leaves the model
-    untouched.
+    untouched. With a budgeted config each layer is built with the rank the plan chose for it.
     """
-    report = plan(model, config, filter_fn=filter_fn)
-    transform = transform_for(config)
+    report, transform, layer_configs = _plan(model, config, filter_fn)
     targets = dict(_candidates(model, transform, filter_fn))
     for layer in report.layers:
-        set_submodule(model, layer.name, transform.build(targets[layer.name], config))
+        set_submodule(model, layer.name, transform.build(targets[layer.name], layer_configs[layer.name]))
     if transform.finalize is not None:
         transform.finalize(model, config, report)
     report.applied = True

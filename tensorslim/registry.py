@@ -31,6 +31,41 @@ class LayerReport:
     params_after: int
 
 
+@dataclass(frozen=True)
+class BudgetUse:
+    """How a budgeted conversion spent its budget, counted by the layers' own books.
+
+    Attributes:
+        kind: ``"params"`` or ``"flops"`` (forward FLOPs per token).
+        allocation: ``"spectrum"`` (water-filling of the singular-value spectra) or ``"uniform"`` (one rank).
+        dense: the cost of the converted layers as they are.
+        limit: the budget in the same unit.
+        used: the cost of the layers at their chosen ranks (never above ``limit``).
+    """
+
+    kind: str
+    allocation: str
+    dense: float
+    limit: float
+    used: float
+
+    def line(self) -> str:
+        """One line: what was used against the budget and the dense cost."""
+        unit = "params" if self.kind == "params" else "FLOPs/token"
+        return (
+            f"budget ({self.kind}, {self.allocation} ranks): {self.used:,.0f} of {self.limit:,.0f} {unit} used "
+            f"({self.used / self.limit:.1%} of the budget, {self.used / self.dense:.1%} of dense {self.dense:,.0f})"
+        )
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The outcome of a transform's ``allocate`` step: one config per layer, each with its chosen rank."""
+
+    configs: dict[str, object]  # qualified layer name -> the config that layer is planned and built with
+    use: BudgetUse
+
+
 @dataclass
 class ConversionReport:
     """Per-layer books of a conversion plus the whole model's parameter count before and after."""
@@ -40,6 +75,7 @@ class ConversionReport:
     model_params_before: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (layer, why it stays as it is)
     applied: bool = False  # False: a plan (dry run); True: the layers were replaced
+    budget: BudgetUse | None = None  # set when the config carried a budget
 
     @property
     def params_before(self) -> int:
@@ -63,6 +99,8 @@ class ConversionReport:
                 f"{layer.params_before:>12,} {layer.params_after:>12,}"
             )
         rows += [f"kept as is: {name} ({why})" for name, why in self.skipped]
+        if self.budget is not None:
+            rows.append(self.budget.line())
         verb = "converted" if self.applied else "to convert (plan)"
         rows.append(
             f"{len(self.layers)} layers {verb} with {self.method}: {self.params_before:,} -> "
@@ -84,12 +122,16 @@ class Transform:
         build: ``(module, config) -> replacement module``.
         finalize: optional model-level step ``(model, config, report)`` after all layers are replaced; it may
             correct the report's rows to the built model.
+        allocate: optional model-level pre-pass ``(model, candidates, config) -> Allocation`` run by ``plan`` when
+            the config carries a budget: it chooses each candidate's rank (``candidates`` are ``(name, module)``
+            pairs) so that the converted layers fit the budget. Families without it refuse budgets.
     """
 
     accepts: Callable[[nn.Module], bool]
     plan_layer: Callable[[str, nn.Module, object], LayerReport]
     build: Callable[[nn.Module, object], nn.Module]
     finalize: Callable[[nn.Module, object, ConversionReport], None] | None = None
+    allocate: Callable[[nn.Module, list[tuple[str, nn.Module]], object], Allocation] | None = None
 
 
 TRANSFORMS: dict[type, Transform] = {}

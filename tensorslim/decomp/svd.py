@@ -28,3 +28,14 @@ def truncated_svd(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.
     weight_a = root[:, None] * vh[:rank]  # (r, d_in)
     weight_b = u[:, :rank] * root[None, :]  # (d_out, r)
     return weight_a.to(weight.dtype), weight_b.to(weight.dtype)
+
+
+def squared_singular_values(weight: torch.Tensor) -> torch.Tensor:
+    """``σ_1² ≥ σ_2² ≥ …`` of a matrix, in float64.
+
+    By Eckart–Young, ``σ_{r+1}²`` is the squared Frobenius error that the best rank-(r+1) approximation removes over
+    the best rank-r one, which is what ranks by budget spend parameters on.
+    """
+    if weight.ndim != 2:
+        raise ValueError(f"squared_singular_values expects a 2-D matrix, got shape {tuple(weight.shape)}")
+    return torch.linalg.svdvals(weight.detach().to(torch.float64)) ** 2

@@ -7,16 +7,17 @@ CoLA: Liu et al., 2025, "CoLA: Compute-Efficient Pre-Training of LLMs via Low-Ra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import nn
 
-from tensorslim.decomp.svd import truncated_svd
+from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
+from tensorslim.decomp.svd import squared_singular_values, truncated_svd
 from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
 from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
-from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
+from tensorslim.registry import Allocation, ConversionReport, LayerReport, Transform, register_transform
 
 Init = Literal["svd", "random"]
 
@@ -26,8 +27,11 @@ class LowRankConfig:
     """How ``convert_`` turns a dense linear layer into a :class:`LowRankLinear`.
 
     Attributes:
-        rank: the latent size r; when None, ``round(rank_ratio · min(d_in, d_out))``.
-        rank_ratio: used only when ``rank`` is None, in (0, 1].
+        rank: the latent size r; when None (and no budget), ``round(rank_ratio · min(d_in, d_out))``.
+        rank_ratio: used only when ``rank`` and ``budget`` are None, in (0, 1].
+        budget: a :class:`~tensorslim.budget.Budget` (e.g. ``Budget(params=0.5)``) from which ``convert_``/``plan``
+            choose one rank per layer (by the singular-value spectra for ``init="svd"``, else uniformly); excludes
+            ``rank``.
         activation: latent nonlinearity σ (``identity`` gives the classic SVD factorization).
         init: ``"svd"`` initializes from the dense weights by truncated SVD (for pretrained models);
             ``"random"`` uses CoLA's initialization (CoLA §2.1) for training from scratch.
@@ -38,6 +42,7 @@ class LowRankConfig:
 
     rank: int | None = None
     rank_ratio: float = 0.25
+    budget: Budget | None = None
     activation: str = "identity"
     init: Init = "svd"
     only_lr_act: bool = False
@@ -47,6 +52,10 @@ class LowRankConfig:
             raise ValueError(f"rank={self.rank!r} is invalid; allowed: None or an integer >= 1")
         if not isinstance(self.rank_ratio, int | float) or not 0 < self.rank_ratio <= 1:
             raise ValueError(f"rank_ratio={self.rank_ratio!r} is invalid; allowed: a number in (0, 1]")
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise ValueError(f"budget={self.budget!r} is invalid; allowed: None or a Budget, e.g. Budget(params=0.5)")
+        if self.budget is not None and self.rank is not None:
+            raise ValueError(f"rank={self.rank} and budget={self.budget} both given; allowed: one of them")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r} is not supported; allowed: {sorted(ACTIVATIONS)}")
         if self.init not in ("svd", "random"):
@@ -54,6 +63,8 @@ class LowRankConfig:
 
     def resolve_rank(self, d_in: int, d_out: int) -> int:
         """The rank for a ``d_in → d_out`` layer; raises ``ValueError`` if it exceeds ``min(d_in, d_out)``."""
+        if self.budget is not None:
+            raise ValueError("a budget chooses ranks across a model's layers; allowed: convert_/plan, or rank=")
         limit = min(d_in, d_out)
         rank = self.rank if self.rank is not None else max(1, round(self.rank_ratio * limit))
         if rank > limit:
@@ -184,10 +195,15 @@ class LowRankLinear(nn.Module):
     def num_params(self) -> int:
         return self.count_params(self.in_features, self.out_features, self.rank, bias=self.bias is not None)
 
+    @staticmethod
+    def count_flops(in_features: int, out_features: int, rank: int, *, tokens: int) -> int:
+        """Forward matmul FLOPs of a layer of this shape on ``tokens`` input rows, as ``torch.utils.flop_counter``
+        counts them (2 per multiply-add; the bias add and σ are elementwise and not counted)."""
+        return 2 * tokens * rank * (in_features + out_features)
+
     def flops(self, tokens: int) -> int:
-        """Forward matmul FLOPs for ``tokens`` input rows, as ``torch.utils.flop_counter`` counts them
-        (2 per multiply-add; the bias add and σ are elementwise and not counted)."""
-        return 2 * tokens * self.rank * (self.in_features + self.out_features)
+        """Forward matmul FLOPs for ``tokens`` input rows (see :meth:`count_flops`)."""
+        return self.count_flops(self.in_features, self.out_features, self.rank, tokens=tokens)
 
     def extra_repr(self) -> str:
         return (
@@ -215,6 +231,34 @@ def plan_low_rank(name: str, module: nn.Module, config: LowRankConfig) -> LayerR
     )
 
 
+def low_rank_choices(module: nn.Module, budget: Budget, *, spectrum: bool) -> RankChoices:
+    """A dense linear layer's cost at each rank 1..min(d_in, d_out) as a :class:`LowRankLinear`, and the squared
+    error each rank step removes (``σ_{r+1}²``, Eckart–Young) when ``spectrum``."""
+    d_in, d_out = linear_shape(module)
+    has_bias = module.bias is not None
+    ranks = range(1, min(d_in, d_out) + 1)
+    if budget.kind == "params":
+        costs = [LowRankLinear.count_params(d_in, d_out, r, bias=has_bias) for r in ranks]
+        dense = d_in * d_out + (d_out if has_bias else 0)
+    else:
+        costs = [LowRankLinear.count_flops(d_in, d_out, r, tokens=budget.tokens) / budget.tokens for r in ranks]
+        dense = dense_linear_flops(d_in, d_out)
+    gains = squared_singular_values(linear_weight(module)[0])[1 : len(costs)].tolist() if spectrum else None
+    return RankChoices(costs, dense, gains)
+
+
+def allocate_low_rank(model: nn.Module, candidates: list[tuple[str, nn.Module]], config: LowRankConfig) -> Allocation:
+    """One rank per candidate layer under ``config.budget`` (see :mod:`tensorslim.budget`): water-filling of the
+    weights' spectra for ``init="svd"`` on real weights, else the one uniform rank that fits."""
+    budget = config.budget
+    real_weights = not any(linear_weight(module)[0].is_meta for _, module in candidates)
+    spectrum = budget.use_spectrum(from_weights=config.init == "svd", real_weights=real_weights)
+    choices = [low_rank_choices(module, budget, spectrum=spectrum) for _, module in candidates]
+    ranks, use = choose_ranks(choices, budget, spectrum=spectrum)
+    configs = {name: replace(config, rank=rank, budget=None) for (name, _), rank in zip(candidates, ranks, strict=True)}
+    return Allocation(configs=configs, use=use)
+
+
 def drop_glu_activation(model: nn.Module, config: LowRankConfig, report: ConversionReport) -> None:
     """CoLA's ``only_lr_act`` switch (the official CoLA configs, arXiv 2502.10940): gated MLPs (modules with
     ``act_fn``) whose ``gate_proj`` and ``up_proj`` both became low rank lose their own activation, because the
@@ -229,5 +273,6 @@ def drop_glu_activation(model: nn.Module, config: LowRankConfig, report: Convers
 
 
 register_transform(
-    LowRankConfig, Transform(is_dense_linear, plan_low_rank, LowRankLinear.from_dense, drop_glu_activation)
+    LowRankConfig,
+    Transform(is_dense_linear, plan_low_rank, LowRankLinear.from_dense, drop_glu_activation, allocate_low_rank),
 )

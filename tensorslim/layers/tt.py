@@ -13,21 +13,24 @@ reshaped row-major to ``[n_1..n_d ‖ n_{d+1}..n_{2d}]`` (input modes, then outp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
 from tensorslim.decomp.shapes import check_factors, factorize
+from tensorslim.decomp.svd import squared_singular_values
 from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
 from tensorslim.functional.tt import apply_gates, tt_linear, tt_linear_factors, tt_linear_flops
 from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
-from tensorslim.registry import LayerReport, Transform, register_transform
+from tensorslim.registry import Allocation, LayerReport, Transform, register_transform
 
 Init = Literal["tt_svd", "random"]
 GATE_THRESHOLD = 1e-2  # CoMERA prunes a rank when its gate falls to ≤ 1e-2 (``MNLI_trainer.py``)
+DEFAULT_RANK = 30  # CoMERA ``--max-rank`` in ``run_MNLI.sh``
 
 
 def resolve_ranks(rank: int | tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -68,14 +71,18 @@ class TTConfig:
         init: ``"tt_svd"`` decomposes the dense weight (pretrained models); ``"random"`` is CoMERA's Gaussian init
             (official ``layers.py``) for training from scratch.
         rank_gates: attach CoMERA's diagonal rank gates (§2.1) at construction.
+        budget: a :class:`~tensorslim.budget.Budget` from which ``convert_``/``plan`` choose each layer's maximum
+            rank (by the TT-SVD error bound of the weight's unfoldings for ``init="tt_svd"``, else one uniform
+            maximum rank); ``rank`` must then stay at its default.
     """
 
-    rank: int | tuple[int, ...] = 30
+    rank: int | tuple[int, ...] = DEFAULT_RANK
     n_cores: int = 6
     in_factors: tuple[int, ...] | None = None
     out_factors: tuple[int, ...] | None = None
     init: Init = "tt_svd"
     rank_gates: bool = False
+    budget: Budget | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, int) and not isinstance(self.rank, bool):
@@ -86,6 +93,10 @@ class TTConfig:
         require_int("n_cores", self.n_cores, minimum=2)
         if self.init not in ("tt_svd", "random"):
             raise ValueError(f"init={self.init!r} is invalid; allowed: 'tt_svd' or 'random'")
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise ValueError(f"budget={self.budget!r} is invalid; allowed: None or a Budget, e.g. Budget(params=0.5)")
+        if self.budget is not None and self.rank != DEFAULT_RANK:
+            raise ValueError(f"rank={self.rank} and budget={self.budget} both given; allowed: one of them")
 
     def resolve_factors(self, d_in: int, d_out: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Input and output modes for a ``d_in → d_out`` layer."""
@@ -101,6 +112,8 @@ class TTConfig:
 
     def resolve(self, d_in: int, d_out: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """``(in_factors, out_factors, ranks)`` for a ``d_in → d_out`` layer; raises a one-line ``ValueError``."""
+        if self.budget is not None:
+            raise ValueError("a budget chooses ranks across a model's layers; allowed: convert_/plan, or rank=")
         in_factors, out_factors = self.resolve_factors(d_in, d_out)
         return in_factors, out_factors, resolve_ranks(self.rank, in_factors + out_factors)
 
@@ -266,4 +279,55 @@ def plan_tt_linear(name: str, module: nn.Module, config: TTConfig) -> LayerRepor
     )
 
 
-register_transform(TTConfig, Transform(is_dense_linear, plan_tt_linear, TTLinear.from_dense))
+def tt_unfolding_gains(weight: torch.Tensor, dims: tuple[int, ...]) -> list[float]:
+    """``gains[r-1]``: how much raising every bond's maximum rank from r to r+1 lowers the TT-SVD error bound.
+
+    TT-SVD's error obeys ``‖W − TT‖² ≤ Σ_k ε_k²`` (Oseledets 2011, "Tensor-Train Decomposition", Thm 2.2), where
+    ``ε_k²`` is the squared tail of the k-th unfolding's spectrum past rank ``r_k``; a step of the maximum rank adds
+    ``σ_{r+1}²`` of every unfolding whose bond still grows.
+
+    Args:
+        weight: ``(d_in, d_out)`` (the transpose of ``nn.Linear.weight``), reshaped row-major to ``dims``.
+        dims: input then output modes.
+    """
+    bounds = full_rank_bounds(dims)
+    gains = torch.zeros(max(bounds) - 1, dtype=torch.float64)
+    for k, bound in enumerate(bounds, start=1):
+        spectrum = squared_singular_values(weight.reshape(math.prod(dims[:k]), -1))  # (bound,)
+        gains[: bound - 1] += spectrum[1:bound]
+    return gains.tolist()
+
+
+def tt_choices(module: nn.Module, config: TTConfig, *, spectrum: bool) -> RankChoices:
+    """A dense linear layer's cost as a :class:`TTLinear` at each maximum rank 1..max bond bound (its own books,
+    gates included), and the gain of each step (:func:`tt_unfolding_gains`) when ``spectrum``."""
+    budget = config.budget
+    d_in, d_out = linear_shape(module)
+    in_factors, out_factors = config.resolve_factors(d_in, d_out)
+    dims = in_factors + out_factors
+    bias = d_out if module.bias is not None else 0
+    costs = []
+    for r in range(1, max(full_rank_bounds(dims)) + 1):
+        ranks = resolve_ranks(r, dims)
+        if budget.kind == "params":
+            gates = sum(ranks[1:-1]) if config.rank_gates else 0
+            costs.append(TTLinear.count_params(dims, ranks, bias=bias) + gates)
+        else:
+            costs.append(tt_linear_flops(in_factors, out_factors, ranks, tokens=budget.tokens) / budget.tokens)
+    dense = d_in * d_out + bias if budget.kind == "params" else dense_linear_flops(d_in, d_out)
+    gains = tt_unfolding_gains(linear_weight(module)[0].t(), dims) if spectrum else None
+    return RankChoices(costs, dense, gains)
+
+
+def allocate_tt(model: nn.Module, candidates: list[tuple[str, nn.Module]], config: TTConfig) -> Allocation:
+    """One maximum TT rank per candidate layer under ``config.budget`` (see :mod:`tensorslim.budget`): water-filling
+    of the TT-SVD error bound for ``init="tt_svd"`` on real weights, else the one uniform maximum rank that fits."""
+    real_weights = not any(linear_weight(module)[0].is_meta for _, module in candidates)
+    spectrum = config.budget.use_spectrum(from_weights=config.init == "tt_svd", real_weights=real_weights)
+    choices = [tt_choices(module, config, spectrum=spectrum) for _, module in candidates]
+    ranks, use = choose_ranks(choices, config.budget, spectrum=spectrum)
+    configs = {name: replace(config, rank=rank, budget=None) for (name, _), rank in zip(candidates, ranks, strict=True)}
+    return Allocation(configs=configs, use=use)
+
+
+register_transform(TTConfig, Transform(is_dense_linear, plan_tt_linear, TTLinear.from_dense, allocate=allocate_tt))
