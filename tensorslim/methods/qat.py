@@ -30,7 +30,9 @@ class TTQATOptions:
 
     rank: int = option(16, "max TT rank of the encoder's linear layers")
     n_cores: int = option(4, "TT cores per linear layer (half input, half output modes)")
-    init: str = option("tt_svd", f"one of {INITS}: TT-SVD of the trained weights, or random cores (release)")
+    init: str = option(
+        "tt_svd", f"one of {INITS}: TT-SVD of the trained weights, or random cores (release)", flag="tt-init"
+    )
     tt_embedding: bool = option(False, "also put the word embedding in TTM format")
     embedding_rank: int = option(32, "TTM rank of the word embedding")
     qat: str = option("weight", f"one of {QAT_CHOICES}: what is fake-quantized")

@@ -68,6 +68,10 @@ class TrainConfig:
     eval_every: int = field(default=100, metadata=_help("steps between validation passes"))
     eval_blocks: int = field(default=64, metadata=_help("size of the fixed held-out set, in sequences"))
     checkpoint_every: int = field(default=100, metadata=_help("steps between checkpoints"))
+    init: str | None = field(
+        default=None,
+        metadata=_help("start from a folder written by save_pretrained / `tensorslim convert --save` (same model)"),
+    )
     out_dir: str | None = field(default=None, metadata=_help("run folder (default: runs/<preset>-<method>)"))
     resume: bool = field(default=False, metadata=_help("continue from the run folder's latest checkpoint"))
     device: str = field(default="cpu", metadata=_help("cpu or cuda"))

@@ -197,8 +197,11 @@ class Trainer:
             options=config.options,
             steps=config.steps,
             run_dir=self.run_dir,
+            device="meta" if config.init else None,
             **self.data.model_overrides,
         )
+        if config.init is not None:
+            model = _initial_model(config.init, like=model)
         self.model = self.layout.shard(model.to(self.device))
         self.start_params = count_params(self.model).total
         self.hook: TrainHook = self.method.hook(context) if self.method.hook is not None else TrainHook()
@@ -509,6 +512,23 @@ def _check_static_step(config: TrainConfig, *, cuda_graphs: bool, on_nonfinite: 
             f"{what} needs a method without a training hook that trains with AdamW; method {config.method!r} "
             f"(optimizer {method.optimizer!r}) does not fit"
         )
+
+
+def _initial_model(folder: str, *, like: nn.Module) -> nn.Module:
+    """The model saved in ``folder`` (``--init``), which must have exactly the parameters of ``like``, the model this
+    run would build (same preset, task, vocabulary and method)."""
+    from tensorslim.pretrained import load_pretrained
+
+    model = load_pretrained(folder).train()
+    want = {name: tuple(p.shape) for name, p in like.named_parameters()}
+    have = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    if want != have:
+        diff = sorted(set(want.items()) ^ set(have.items()))[:3]
+        raise ValueError(
+            f"init={folder!r} does not hold the model this run builds (first differences: {diff}); allowed: a folder "
+            "saved from the same preset, task, vocabulary size and method"
+        )
+    return model
 
 
 def _progress(config: TrainConfig, *, initial: int) -> Any:

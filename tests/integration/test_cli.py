@@ -78,11 +78,11 @@ def test_bench_writes_table_json_and_chart(tmp_path: Path) -> None:
 def test_convert_prints_plan_and_saves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["convert", "--preset", "60m"]) == 0
     assert "model 58,073,600 -> 42,770,944" in capsys.readouterr().out
-    target = tmp_path / "tiny-svd.safetensors"
+    target = tmp_path / "tiny-svd"
     assert main(["convert", "--preset", "tiny", "--method", "svd", "--save", str(target)]) == 0
-    weights = load_file(target)
+    weights = load_file(target / "model.safetensors")
     assert weights["layers.0.self_attn.q_proj.weight_a"].shape == (64, 256)
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("*.tmp"))
 
 
 def test_convert_a_local_hugging_face_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,3 +117,17 @@ def test_hugging_face_tokenizer_by_path(small_corpus: Path, tmp_path: Path) -> N
     config = _config(small_corpus, tmp_path / "run", steps=2, tokenizer=str(minilm.get_model_path()), vocab_size=None)
     trainer = Trainer(config)
     assert trainer.model.embed_tokens.num_embeddings == trainer.data.tokenizer.vocab_size == 30522
+
+
+def test_init_starts_from_a_saved_model_and_refuses_another(small_corpus: Path, tmp_path: Path) -> None:
+    from tensorslim.pretrained import save_pretrained
+
+    config = _config(small_corpus, tmp_path / "first", steps=2)
+    first = Trainer(config)
+    first.run()
+    save_pretrained(first.model, tmp_path / "saved", base="tiny")
+    second = Trainer(replace(config, init=str(tmp_path / "saved"), out_dir=str(tmp_path / "second"), seed=7))
+    for (name, p), q in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
+        assert torch.equal(p, q), name  # the saved weights, not the fresh seed-7 init
+    with pytest.raises(ValueError, match="does not hold the model this run builds"):
+        Trainer(replace(config, method="dense", init=str(tmp_path / "saved"), out_dir=str(tmp_path / "third")))
