@@ -33,8 +33,9 @@ class Budget:
 
     Attributes:
         params: a number in (0, 1] is a fraction of the candidate layers' dense parameters (bias included); a
-            number > 1 is an absolute parameter count.
-        flops: the same for forward FLOPs per token (as ``torch.utils.flop_counter`` counts them).
+            whole number > 1 (``5_000_000`` or ``5e6``) is an absolute parameter count.
+        flops: the same for forward FLOPs per token of the converted layers (as ``torch.utils.flop_counter``
+            counts them).
         allocation: ``"spectrum"`` water-fills the singular-value spectra of the dense weights; ``"uniform"``
             gives every layer the one rank that fits; ``"auto"`` takes ``"spectrum"`` when the layers are
             initialized from real weights (``init="svd"``/``"tt_svd"``) and ``"uniform"`` otherwise
@@ -54,10 +55,11 @@ class Budget:
                 f"Budget(params={self.params!r}, flops={self.flops!r}) is invalid; allowed: exactly one of them"
             )
         value = self.value
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or value == float("inf"):
+        number = not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < float("inf")
+        if not number or (value > 1 and not float(value).is_integer()):
             raise ValueError(
-                f"{self.kind}={value!r} is invalid; allowed: a fraction in (0, 1] of the dense layers or an "
-                "absolute number > 1"
+                f"{self.kind}={value!r} is invalid; allowed: a fraction in (0, 1] of the dense layers or a whole "
+                "number > 1 (an absolute count)"
             )
         if self.allocation not in ALLOCATIONS:
             raise ValueError(f"allocation={self.allocation!r} is invalid; allowed: {list(ALLOCATIONS)}")

@@ -95,6 +95,12 @@ def test_water_filling_is_optimal_for_what_it_spends_with_mixed_step_costs() -> 
         assert _converted_error(model, converted) == pytest.approx(_brute_force_error(shapes, spectra, used), abs=1e-9)
 
 
+def test_budget_fraction_or_absolute_count() -> None:
+    assert Budget(params=0.25).limit(1000) == 250
+    assert Budget(params=1).limit(1000) == 1000  # 1 is the whole dense cost
+    assert Budget(params=5e6).limit(1000) == Budget(params=5_000_000).limit(1000) == 5_000_000
+
+
 def test_water_fill_and_uniform_on_known_tables() -> None:
     flat = RankChoices(costs=[10, 20, 30], dense=30, gains=[1.0, 1.0])
     steep = RankChoices(costs=[10, 20, 30], dense=30, gains=[9.0, 0.0])
@@ -217,6 +223,8 @@ def test_tt_random_init_gets_one_uniform_max_rank() -> None:
         (lambda: Budget(params=True), "params=True is invalid"),
         (lambda: Budget(params="half"), "params='half' is invalid"),
         (lambda: Budget(params=float("nan")), "params=nan is invalid"),
+        (lambda: Budget(params=1.2), "params=1.2 is invalid"),
+        (lambda: Budget(flops=float("inf")), "flops=inf is invalid"),
         (lambda: Budget(params=0.5, allocation="best"), "allocation='best' is invalid"),
         (lambda: Budget(params=0.5, tokens=0), "tokens=0 is invalid"),
         (lambda: SVDConfig(budget=0.5), "budget=0.5 is invalid"),
