@@ -17,6 +17,7 @@ _EXPORTS = {
     "LayerReport": "tensorslim.registry",
     "convert_": "tensorslim.convert",
     "plan": "tensorslim.convert",
+    "Budget": "tensorslim.budget",
     "CoLAConfig": "tensorslim.layers.lowrank",
     "CoLAMConfig": "tensorslim.layers.cola_m",
     "checkpoint_": "tensorslim.layers.cola_m",
