@@ -8,12 +8,13 @@ A folder holds three things:
   layer: its qualified name, the config that rebuilds it (type and fields) and the state a config cannot carry.
 * ``config.json`` for a Hugging Face base (``PretrainedConfig.save_pretrained``, with ``architectures`` set).
 
-The configs are read off the layers themselves, with every shape explicit (ranks, mode factors, CoMERA-truncated TT
-ranks), so a folder does not depend on how the model was converted. Loading builds the base with its parameters on
-``meta`` (buffers, which a checkpoint may not hold, stay real), converts each group of layers that share a config with
-``convert_(model, config, filter_fn=...)`` and ``init="random"`` (nothing reads weights), materializes the parameters
-and loads the weights strictly. The conversion's model-level steps (CoLA's ``only_lr_act``, LaX crossings, CoLA-M
-block checkpoints) run again, because ``convert_`` runs them.
+The configs are read off the layers themselves by each layer family's ``describe`` (registered with its transform in
+:mod:`tensorslim.registry`, so a new family needs nothing here), with every shape explicit (ranks, mode factors,
+CoMERA-truncated TT ranks), so a folder does not depend on how the model was converted. Loading builds the base with its
+parameters on ``meta`` (buffers, which a checkpoint may not hold, stay real), converts each group of layers that share a
+config with ``convert_(model, config, filter_fn=...)`` and ``init="random"`` (nothing reads weights), materializes the
+parameters and loads the weights strictly. The conversion's model-level steps (CoLA's ``only_lr_act``, LaX crossings,
+CoLA-M block checkpoints) run again, because ``convert_`` runs them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,146 +66,7 @@ class RegisteredBase:
                 raise ValueError(f"{field}={value!r} is invalid; allowed: None or an integer >= 1")
 
 
-# --- what each layer family records ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Family:
-    """How a converted layer is described: ``describe(model, name, layer) -> (config, state)``; ``restore(layer,
-    state)`` sets, after the rebuild, what the config does not carry."""
-
-    describe: Callable[[nn.Module, str, nn.Module], tuple[Any, dict[str, Any]]]
-    restore: Callable[[nn.Module, dict[str, Any]], None] | None = None
-
-
-def _drops_glu(model: nn.Module, name: str) -> bool:
-    """Whether ``name`` sits in a gated MLP whose activation CoLA's ``only_lr_act`` dropped."""
-    from tensorslim.layers.lowrank import LowRankLinear
-
-    parent_name = name.rpartition(".")[0]
-    parent = model.get_submodule(parent_name)
-    return isinstance(getattr(parent, "act_fn", None), nn.Identity) and all(
-        isinstance(getattr(parent, proj, None), LowRankLinear) for proj in ("gate_proj", "up_proj")
-    )
-
-
-def _low_rank_fields(model: nn.Module, name: str, layer: nn.Module) -> dict[str, Any]:
-    return {
-        "rank": layer.rank,
-        "activation": layer.activation,
-        "init": "random",
-        "only_lr_act": _drops_glu(model, name),
-    }
-
-
-def _describe_low_rank(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
-    from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, SVDConfig
-
-    config_type = {"silu": CoLAConfig, "identity": SVDConfig}.get(layer.activation, LowRankConfig)
-    return config_type(**_low_rank_fields(model, name, layer)), {}
-
-
-def _describe_cola_m(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
-    from tensorslim.layers.cola_m import CoLAMConfig
-
-    parts = name.split(".")
-    owners = (model.get_submodule(".".join(parts[:i])) for i in range(len(parts) - 1, -1, -1))
-    policy = next((m._tensorslim_policy for m in owners if hasattr(m, "_tensorslim_policy")), "latent")
-    return CoLAMConfig(**_low_rank_fields(model, name, layer), policy=policy), {}
-
-
-def _describe_lax(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
-    from tensorslim.layers.lax import LaXCoLAConfig, LaXConfig, LaXSVDConfig
-
-    config_type = {"silu": LaXCoLAConfig, "identity": LaXSVDConfig}.get(layer.activation, LaXConfig)
-    fields = _low_rank_fields(model, name, layer)
-    return config_type(**fields, crossing=layer.crossing_kind, norm_eps=layer.norm_eps), {"crosses": layer.crosses}
-
-
-def _tt_fields(layer: nn.Module) -> dict[str, Any]:
-    return {
-        "rank": tuple(layer.ranks),  # the current ranks, CoMERA-truncated or not
-        "n_cores": len(layer.cores),
-        "in_factors": tuple(layer.in_factors),
-        "out_factors": tuple(layer.out_factors),
-        "init": "random",
-        "rank_gates": len(layer.gates) > 0,
-    }
-
-
-def _describe_tt(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
-    from tensorslim.layers.tt import TTConfig
-
-    return TTConfig(**_tt_fields(layer)), {"gate_threshold": layer.gate_threshold}
-
-
-def _describe_lax_tt(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
-    from tensorslim.layers.lax_tt import LaXTTConfig
-
-    config = LaXTTConfig(
-        **_tt_fields(layer),
-        crossing=layer.crossing_kind,
-        norm_eps=layer.norm_eps,
-        activation=layer.activation,
-        intra_res=(name.rsplit(".", 1)[-1],) if layer.intra_res else (),
-    )
-    return config, {"gate_threshold": layer.gate_threshold, "crosses": layer.crosses}
-
-
-def _describe_tt_embedding(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
-    from tensorslim.layers.tt_embedding import TTEmbeddingConfig
-
-    config = TTEmbeddingConfig(
-        rank=tuple(layer.ranks),
-        n_cores=len(layer.cores),
-        row_factors=tuple(layer.row_factors),
-        col_factors=tuple(layer.col_factors),
-        init="random",
-        lookup=layer.lookup,
-        rank_gates=len(layer.gates) > 0,
-    )
-    return config, {"gate_threshold": layer.gate_threshold, "unique": layer.unique, "check_ids": layer.check_ids}
-
-
-def _describe_kron(model: nn.Module, name: str, layer: nn.Module) -> tuple[Any, dict[str, Any]]:
-    from tensorslim.layers.kron import KronConfig
-
-    config = KronConfig(rank=layer.rank, in_factors=layer.in_factors, out_factors=layer.out_factors, init="random")
-    return config, {}
-
-
-def _restore_attributes(*names: str) -> Callable[[nn.Module, dict[str, Any]], None]:
-    def restore(layer: nn.Module, state: dict[str, Any]) -> None:
-        for name in names:
-            setattr(layer, name, state[name])
-
-    return restore
-
-
-def _families() -> dict[type, _Family]:
-    """Converted layer classes (a subclass before its base) and how each is described."""
-    from tensorslim.layers.cola_m import CoLAMLinear
-    from tensorslim.layers.kron import KronLinear
-    from tensorslim.layers.lax import LaXLinear
-    from tensorslim.layers.lax_tt import LaXTTLinear
-    from tensorslim.layers.lowrank import LowRankLinear
-    from tensorslim.layers.tt import TTLinear
-    from tensorslim.layers.tt_embedding import TTEmbedding
-
-    gates = _restore_attributes("gate_threshold")
-    return {
-        CoLAMLinear: _Family(_describe_cola_m),
-        LaXLinear: _Family(_describe_lax),
-        LowRankLinear: _Family(_describe_low_rank),
-        LaXTTLinear: _Family(_describe_lax_tt, gates),
-        TTLinear: _Family(_describe_tt, gates),
-        TTEmbedding: _Family(_describe_tt_embedding, _restore_attributes("gate_threshold", "unique", "check_ids")),
-        KronLinear: _Family(_describe_kron),
-    }
-
-
-def _family_of(module: nn.Module, families: dict[type, _Family]) -> _Family | None:
-    return next((families[cls] for cls in type(module).__mro__ if cls in families), None)
+# --- describing the layers ---------------------------------------------------------------------------------------
 
 
 def _qualified(cls: type) -> str:
@@ -276,13 +138,13 @@ def describe_layers(model: nn.Module) -> list[dict[str, Any]]:
     """
     from tensorslim.lora import LoRALinear
     from tensorslim.quant.qlinear import QuantLinear
+    from tensorslim.registry import transform_for_layer
 
-    families = _families()
     entries: list[dict[str, Any]] = []
     for name, module in model.named_modules():
         if isinstance(module, QuantLinear):
             entries.append({"name": name, "kind": "quantize", "config": None, "state": _quant_state(module)})
-        elif not isinstance(module, LoRALinear) and (family := _family_of(module, families)) is not None:
+        elif not isinstance(module, LoRALinear) and (family := transform_for_layer(module)) is not None:
             config, state = family.describe(model, name, module)
             entries.append({"name": name, "kind": "convert", "config": _config_record(config), "state": state})
     return entries + _lora_records(model)
@@ -399,9 +261,9 @@ def _config_from(record: dict[str, Any], types: dict[str, type]) -> Any:
 def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
     """One ``convert_`` per distinct config, converting exactly the layers recorded with it."""
     from tensorslim.convert import convert_
+    from tensorslim.registry import transform_for_layer
 
     types = _config_types()
-    families = _families()
     groups: dict[str, list[dict[str, Any]]] = {}
     for entry in entries:
         groups.setdefault(json.dumps(entry["config"], sort_keys=True), []).append(entry)
@@ -415,7 +277,7 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
             raise ValueError(f"cannot rebuild layers {sorted(names - converted)}: the base model has no such layers")
     for entry in entries:
         layer = model.get_submodule(entry["name"])
-        family = _family_of(layer, families)
+        family = transform_for_layer(layer)
         if family.restore is not None:
             family.restore(layer, entry["state"])
 
@@ -521,8 +383,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: Regist
     """Write ``model`` (converted or not) to ``folder``: weights, the manifest of its conversions and its base.
 
     Args:
-        model: any model; its tensorslim layers (low rank, CoLA-M, LaX, TT, TT embedding, Kron, quantized, LoRA) are
-            recorded with the configs that rebuild them.
+        model: any model; its layers of every registered family (low rank, CoLA-M, LaX, TT, TT embedding, Kron ...),
+            its quantized layers and LoRA adapters are recorded with the configs that rebuild them.
         folder: created if missing; the files are replaced atomically one by one.
         base: the registered model it was built from (a name, whose overrides ``vocab_size``/``max_seq_len``/
             ``n_classes`` are read from ``model.config``, or a :class:`RegisteredBase`). None for a Hugging Face model

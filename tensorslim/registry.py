@@ -3,7 +3,9 @@
 Modelled on torchao's ``quantize_``: a config is plain data, and a :class:`Transform` registered for its type plans
 and builds the replacement layer. Each layer family registers its own config type(s) beside its code
 (``register_transform(CoLAConfig, Transform(...))`` at the bottom of the family's module), so a new family is one
-file. This module imports no layer: ``import tensorslim.layers`` registers every family, and importing a family's
+file. The same record says which layer class the family builds and how a built layer is described as a config (plus
+the state a config cannot carry) and restored, which is what ``save_pretrained``/``load_pretrained`` read. This module
+imports no layer: ``import tensorslim.layers`` registers every family, and importing a family's
 module registers that family.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -125,6 +127,12 @@ class Transform:
         allocate: optional model-level pre-pass ``(model, candidates, config) -> Allocation`` run by ``plan`` when
             the config carries a budget: it chooses each candidate's rank (``candidates`` are ``(name, module)``
             pairs) so that the converted layers fit the budget. Families without it refuse budgets.
+        layer_type: the class ``build`` returns; a built layer belongs to the family whose ``layer_type`` is its class
+            or nearest base class (see :func:`transform_for_layer`).
+        describe: ``(model, qualified name, layer) -> (config, state)``: a config that rebuilds ``layer`` with every
+            shape explicit and ``init="random"`` (nothing is read from weights), and the JSON-able state the config
+            cannot carry (gate thresholds ...). Every registered family has one (the contract matrix checks it).
+        restore: optional ``(layer, state)``: sets that state on a layer rebuilt from the config.
     """
 
     accepts: Callable[[nn.Module], bool]
@@ -132,6 +140,9 @@ class Transform:
     build: Callable[[nn.Module, object], nn.Module]
     finalize: Callable[[nn.Module, object, ConversionReport], None] | None = None
     allocate: Callable[[nn.Module, list[tuple[str, nn.Module]], object], Allocation] | None = None
+    layer_type: type[nn.Module] | None = None
+    describe: Callable[[nn.Module, str, nn.Module], tuple[object, dict[str, Any]]] | None = None
+    restore: Callable[[nn.Module, dict[str, Any]], None] | None = None
 
 
 TRANSFORMS: dict[type, Transform] = {}
@@ -165,6 +176,13 @@ def registered_for(registry: dict[type, T], config: object, *, what: str) -> T:
 def transform_for(config: object) -> Transform:
     """The :class:`Transform` registered for ``config``'s type (or its nearest registered base class)."""
     return registered_for(TRANSFORMS, config, what="transform")
+
+
+def transform_for_layer(layer: nn.Module) -> Transform | None:
+    """The :class:`Transform` whose ``layer_type`` is ``layer``'s class or its nearest base class (a LaX-TT layer is
+    LaX-TT's, not TT's); None for a module no registered family builds."""
+    by_type = {transform.layer_type: transform for transform in TRANSFORMS.values() if transform.layer_type is not None}
+    return next((by_type[cls] for cls in type(layer).__mro__ if cls in by_type), None)
 
 
 def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -37,7 +37,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from tensorslim.functional.lowrank import activation_fn
 from tensorslim.layers._source import is_dense_linear
-from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, drop_glu_activation, plan_low_rank
+from tensorslim.layers.lowrank import (
+    CoLAConfig,
+    LowRankConfig,
+    LowRankLinear,
+    drop_glu_activation,
+    low_rank_fields,
+    plan_low_rank,
+)
 from tensorslim.registry import ConversionReport, Transform, register_transform
 
 Policy = Literal["latent", "layer"]
@@ -350,4 +357,22 @@ def finalize_cola_m(model: nn.Module, config: CoLAMConfig, report: ConversionRep
     checkpoint_(model, policy=config.policy)
 
 
-register_transform(CoLAMConfig, Transform(is_dense_linear, plan_low_rank, CoLAMLinear.from_dense, finalize_cola_m))
+def describe_cola_m(model: nn.Module, name: str, layer: CoLAMLinear) -> tuple[CoLAMConfig, dict[str, Any]]:
+    """The config that rebuilds ``layer``, with the checkpoint policy of the block that holds it."""
+    parts = name.split(".")
+    owners = (model.get_submodule(".".join(parts[:i])) for i in range(len(parts) - 1, -1, -1))
+    policy = next((m._tensorslim_policy for m in owners if hasattr(m, "_tensorslim_policy")), "latent")
+    return CoLAMConfig(**low_rank_fields(model, name, layer), policy=policy), {}
+
+
+register_transform(
+    CoLAMConfig,
+    Transform(
+        is_dense_linear,
+        plan_low_rank,
+        CoLAMLinear.from_dense,
+        finalize_cola_m,
+        layer_type=CoLAMLinear,
+        describe=describe_cola_m,
+    ),
+)

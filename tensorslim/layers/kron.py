@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -216,4 +216,13 @@ def plan_kron(name: str, module: nn.Module, config: KronConfig) -> LayerReport:
     )
 
 
-register_transform(KronConfig, Transform(is_dense_linear, plan_kron, KronLinear.from_dense))
+def describe_kron(model: nn.Module, name: str, layer: KronLinear) -> tuple[KronConfig, dict[str, Any]]:
+    """The config that rebuilds ``layer`` with its factor shapes and rank."""
+    config = KronConfig(rank=layer.rank, in_factors=layer.in_factors, out_factors=layer.out_factors, init="random")
+    return config, {}
+
+
+register_transform(
+    KronConfig,
+    Transform(is_dense_linear, plan_kron, KronLinear.from_dense, layer_type=KronLinear, describe=describe_kron),
+)

@@ -37,7 +37,7 @@ from torch import nn
 
 from tensorslim.functional.lowrank import activation_fn
 from tensorslim.layers._source import is_dense_linear
-from tensorslim.layers.lowrank import LowRankConfig, LowRankLinear, drop_glu_activation, plan_low_rank
+from tensorslim.layers.lowrank import LowRankConfig, LowRankLinear, drop_glu_activation, low_rank_fields, plan_low_rank
 from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
 
 CROSSINGS: tuple[str, ...] = ("identity", "dense", "kronecker")
@@ -342,4 +342,16 @@ def finalize_lax(model: nn.Module, config: LaXConfig, report: ConversionReport) 
     ]
 
 
-register_transform(LaXConfig, Transform(is_dense_linear, plan_lax, LaXLinear.from_dense, finalize_lax))
+def describe_lax(model: nn.Module, name: str, layer: LaXLinear) -> tuple[LaXConfig, dict[str, Any]]:
+    """The config that rebuilds ``layer``; the state records whether it crosses (``convert_`` attaches crossings)."""
+    config_type = {"silu": LaXCoLAConfig, "identity": LaXSVDConfig}.get(layer.activation, LaXConfig)
+    fields = low_rank_fields(model, name, layer)
+    return config_type(**fields, crossing=layer.crossing_kind, norm_eps=layer.norm_eps), {"crosses": layer.crosses}
+
+
+register_transform(
+    LaXConfig,
+    Transform(
+        is_dense_linear, plan_lax, LaXLinear.from_dense, finalize_lax, layer_type=LaXLinear, describe=describe_lax
+    ),
+)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,7 +51,7 @@ from tensorslim.layers.lax import (
     make_crossing,
     split_block_path,
 )
-from tensorslim.layers.tt import TTConfig, TTLinear, plan_tt_linear
+from tensorslim.layers.tt import TTConfig, TTLinear, plan_tt_linear, restore_tt, tt_fields
 from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
 
 
@@ -357,4 +358,28 @@ def finalize_lax_tt(model: nn.Module, config: LaXTTConfig, report: ConversionRep
     ]
 
 
-register_transform(LaXTTConfig, Transform(is_dense_linear, plan_lax_tt, LaXTTLinear.from_dense, finalize_lax_tt))
+def describe_lax_tt(model: nn.Module, name: str, layer: LaXTTLinear) -> tuple[LaXTTConfig, dict[str, Any]]:
+    """The config that rebuilds ``layer`` (its intra-layer residual named by the layer's own name), its rank-gate
+    threshold and whether it crosses (``convert_`` attaches crossings)."""
+    config = LaXTTConfig(
+        **tt_fields(layer),
+        crossing=layer.crossing_kind,
+        norm_eps=layer.norm_eps,
+        activation=layer.activation,
+        intra_res=(name.rsplit(".", 1)[-1],) if layer.intra_res else (),
+    )
+    return config, {"gate_threshold": layer.gate_threshold, "crosses": layer.crosses}
+
+
+register_transform(
+    LaXTTConfig,
+    Transform(
+        is_dense_linear,
+        plan_lax_tt,
+        LaXTTLinear.from_dense,
+        finalize_lax_tt,
+        layer_type=LaXTTLinear,
+        describe=describe_lax_tt,
+        restore=restore_tt,
+    ),
+)

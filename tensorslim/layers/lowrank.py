@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -272,7 +272,34 @@ def drop_glu_activation(model: nn.Module, config: LowRankConfig, report: Convers
             module.act_fn = nn.Identity()
 
 
+def drops_glu(model: nn.Module, name: str) -> bool:
+    """Whether layer ``name`` sits in a gated MLP whose activation :func:`drop_glu_activation` dropped."""
+    parent = model.get_submodule(name.rpartition(".")[0])
+    return isinstance(getattr(parent, "act_fn", None), nn.Identity) and all(
+        isinstance(getattr(parent, proj, None), LowRankLinear) for proj in ("gate_proj", "up_proj")
+    )
+
+
+def low_rank_fields(model: nn.Module, name: str, layer: LowRankLinear) -> dict[str, Any]:
+    """The :class:`LowRankConfig` fields that rebuild the built ``layer`` (shared by the families built on it)."""
+    return {"rank": layer.rank, "activation": layer.activation, "init": "random", "only_lr_act": drops_glu(model, name)}
+
+
+def describe_low_rank(model: nn.Module, name: str, layer: LowRankLinear) -> tuple[LowRankConfig, dict[str, Any]]:
+    """The config that rebuilds ``layer``: CoLA's for a SiLU latent, SVD's for none, else the base config."""
+    config_type = {"silu": CoLAConfig, "identity": SVDConfig}.get(layer.activation, LowRankConfig)
+    return config_type(**low_rank_fields(model, name, layer)), {}
+
+
 register_transform(
     LowRankConfig,
-    Transform(is_dense_linear, plan_low_rank, LowRankLinear.from_dense, drop_glu_activation, allocate_low_rank),
+    Transform(
+        is_dense_linear,
+        plan_low_rank,
+        LowRankLinear.from_dense,
+        drop_glu_activation,
+        allocate_low_rank,
+        layer_type=LowRankLinear,
+        describe=describe_low_rank,
+    ),
 )

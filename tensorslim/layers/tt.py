@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -330,4 +330,37 @@ def allocate_tt(model: nn.Module, candidates: list[tuple[str, nn.Module]], confi
     return Allocation(configs=configs, use=use)
 
 
-register_transform(TTConfig, Transform(is_dense_linear, plan_tt_linear, TTLinear.from_dense, allocate=allocate_tt))
+def tt_fields(layer: TTLinear) -> dict[str, Any]:
+    """The :class:`TTConfig` fields that rebuild the built ``layer`` (shared by LaX-TT)."""
+    return {
+        "rank": tuple(layer.ranks),  # the current ranks, CoMERA-truncated or not
+        "n_cores": len(layer.cores),
+        "in_factors": tuple(layer.in_factors),
+        "out_factors": tuple(layer.out_factors),
+        "init": "random",
+        "rank_gates": len(layer.gates) > 0,
+    }
+
+
+def describe_tt(model: nn.Module, name: str, layer: TTLinear) -> tuple[TTConfig, dict[str, Any]]:
+    """The config that rebuilds ``layer`` with its current ranks, and its rank-gate threshold."""
+    return TTConfig(**tt_fields(layer)), {"gate_threshold": layer.gate_threshold}
+
+
+def restore_tt(layer: TTLinear, state: dict[str, Any]) -> None:
+    """Set the rank-gate threshold :func:`describe_tt` recorded."""
+    layer.gate_threshold = state["gate_threshold"]
+
+
+register_transform(
+    TTConfig,
+    Transform(
+        is_dense_linear,
+        plan_tt_linear,
+        TTLinear.from_dense,
+        allocate=allocate_tt,
+        layer_type=TTLinear,
+        describe=describe_tt,
+        restore=restore_tt,
+    ),
+)

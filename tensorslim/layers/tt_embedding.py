@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -238,4 +238,33 @@ def plan_tt_embedding(name: str, module: nn.Module, config: TTEmbeddingConfig) -
     )
 
 
-register_transform(TTEmbeddingConfig, Transform(is_embedding, plan_tt_embedding, TTEmbedding.from_dense))
+def describe_tt_embedding(model: nn.Module, name: str, layer: TTEmbedding) -> tuple[TTEmbeddingConfig, dict[str, Any]]:
+    """The config that rebuilds ``layer`` with its current ranks, and the lookup switches a config does not hold."""
+    config = TTEmbeddingConfig(
+        rank=tuple(layer.ranks),
+        n_cores=len(layer.cores),
+        row_factors=tuple(layer.row_factors),
+        col_factors=tuple(layer.col_factors),
+        init="random",
+        lookup=layer.lookup,
+        rank_gates=len(layer.gates) > 0,
+    )
+    return config, {"gate_threshold": layer.gate_threshold, "unique": layer.unique, "check_ids": layer.check_ids}
+
+
+def restore_tt_embedding(layer: TTEmbedding, state: dict[str, Any]) -> None:
+    """Set the rank-gate threshold and lookup switches :func:`describe_tt_embedding` recorded."""
+    layer.gate_threshold, layer.unique, layer.check_ids = state["gate_threshold"], state["unique"], state["check_ids"]
+
+
+register_transform(
+    TTEmbeddingConfig,
+    Transform(
+        is_embedding,
+        plan_tt_embedding,
+        TTEmbedding.from_dense,
+        layer_type=TTEmbedding,
+        describe=describe_tt_embedding,
+        restore=restore_tt_embedding,
+    ),
+)

@@ -8,6 +8,7 @@ save/load_pretrained round trip, ``meta``-device build, ``torch.compile`` = eage
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tensorslim.convert import convert_, plan
 from tensorslim.pretrained import load_pretrained, save_pretrained
-from tensorslim.registry import set_submodule
+from tensorslim.registry import TRANSFORMS, set_submodule, transform_for, transform_for_layer
 from tests.contracts import BATCH, D_MODEL, ROWS, SEQ, Row, converted, converted_layers, dense_model, sample_inputs
 
 pytestmark = pytest.mark.parametrize("row", ROWS, ids=str)
@@ -114,6 +115,21 @@ def test_save_load_pretrained_round_trip(row: Row, tmp_path: Path) -> None:
     x = sample_inputs(row)
     torch.testing.assert_close(loaded(x), source(x), rtol=0, atol=0)
     assert loaded(x).dtype == torch.float64
+
+
+def test_every_family_describes_its_layers(row: Row) -> None:
+    undescribed = sorted(cls.__name__ for cls, t in TRANSFORMS.items() if t.layer_type is None or t.describe is None)
+    assert not undescribed, (
+        f"registered families without layer_type/describe (save_pretrained needs both): {undescribed}"
+    )
+    transform = transform_for(row.config)
+    assert transform.layer_type is row.layer
+    model, _ = converted(row, seed=0)
+    for name, layer in converted_layers(model, row).items():
+        assert transform_for_layer(layer) is transform
+        config, state = transform.describe(model, name, layer)
+        assert type(config) is type(row.config)
+        assert json.loads(json.dumps(state)) == state
 
 
 def test_builds_and_runs_on_meta(row: Row) -> None:
