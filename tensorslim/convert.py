@@ -38,6 +38,9 @@ def _candidates(
     model: nn.Module, transform: Transform, filter_fn: FilterFn | None, skipped: list[tuple[str, str]] | None = None
 ) -> list[tuple[str, nn.Module]]:
     heads = output_head_ids(model) if filter_fn is None else set()
+    targets = None
+    if filter_fn is None and transform.default_targets is not None:
+        targets = {id(module) for module in transform.default_targets(model)}
     chosen = []
     for name, module in model.named_modules(remove_duplicate=True):
         if not transform.accepts(module):
@@ -45,6 +48,9 @@ def _candidates(
         if id(module) in heads:
             if skipped is not None:
                 skipped.append((name, "output head"))
+        elif targets is not None and id(module) not in targets:
+            if skipped is not None:
+                skipped.append((name, "not a default target of this layer family"))
         elif filter_fn is None or filter_fn(module, name):
             chosen.append((name, module))
     return chosen

@@ -133,6 +133,8 @@ class Transform:
             shape explicit and ``init="random"`` (nothing is read from weights), and the JSON-able state the config
             cannot carry (gate thresholds ...). Every registered family has one (the contract matrix checks it).
         restore: optional ``(layer, state)``: sets that state on a layer rebuilt from the config.
+        default_targets: optional ``model -> modules``: the candidates a conversion without ``filter_fn`` takes
+            (e.g. only the token table of the embeddings); None takes every candidate that is not an output head.
     """
 
     accepts: Callable[[nn.Module], bool]
@@ -143,6 +145,7 @@ class Transform:
     layer_type: type[nn.Module] | None = None
     describe: Callable[[nn.Module, str, nn.Module], tuple[object, dict[str, Any]]] | None = None
     restore: Callable[[nn.Module, dict[str, Any]], None] | None = None
+    default_targets: Callable[[nn.Module], list[nn.Module]] | None = None
 
 
 TRANSFORMS: dict[type, Transform] = {}

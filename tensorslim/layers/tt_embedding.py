@@ -220,6 +220,13 @@ def is_embedding(module: nn.Module) -> bool:
     return isinstance(module, nn.Embedding)
 
 
+def token_tables(model: nn.Module) -> list[nn.Module]:
+    """What a default conversion tensorizes: the token table (the embedding with the most rows), as CoMERA does;
+    position and token-type tables are small and stay dense."""
+    tables = [module for module in model.modules() if isinstance(module, nn.Embedding)]
+    return [max(tables, key=lambda table: table.num_embeddings)] if tables else []
+
+
 def plan_tt_embedding(name: str, module: nn.Module, config: TTEmbeddingConfig) -> LayerReport:
     """The ``convert_`` report row for replacing an ``nn.Embedding`` by a :class:`TTEmbedding`."""
     try:
@@ -266,5 +273,6 @@ register_transform(
         layer_type=TTEmbedding,
         describe=describe_tt_embedding,
         restore=restore_tt_embedding,
+        default_targets=token_tables,
     ),
 )

@@ -174,3 +174,18 @@ def test_meta_model_needs_random_init() -> None:
         convert_(model, CoLAConfig())
     report = convert_(model, CoLAConfig(init="random"))
     assert report.model_params_after == _n_params(model)
+
+
+def test_a_default_tt_embedding_conversion_takes_only_the_token_table() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128
+    )
+    model = transformers.BertModel(config)
+    report = convert_(model, TTEmbeddingConfig(rank=8))  # the 2-row token-type table cannot be factored
+    assert [layer.name for layer in report.layers] == ["embeddings.word_embeddings"]
+    assert {name for name, _ in report.skipped} == {
+        "embeddings.position_embeddings",
+        "embeddings.token_type_embeddings",
+    }
+    assert model(torch.randint(1000, (2, 8))).last_hidden_state.shape == (2, 8, 64)
