@@ -87,6 +87,7 @@ class Row:
 
 ROWS: list[Row] = [
     Row("cola", CoLAConfig(rank=4), LowRankLinear, dense=False),
+    Row("cola-rank-gates", CoLAConfig(rank=4, rank_gates=True), LowRankLinear, dense=False),
     Row("svd", SVDConfig(rank=4), LowRankLinear, dense=True),
     Row("cola-m", CoLAMConfig(rank=4), CoLAMLinear, dense=False),
     Row("lax-cola", LaXCoLAConfig(rank=4), LaXLinear, dense=False),

@@ -2,6 +2,12 @@
 
 CoLA: Liu et al., 2025, "CoLA: Compute-Efficient Pre-Training of LLMs via Low-Rank Activation" (arXiv 2502.10940),
 §3: every projection ``W x`` becomes ``B σ(A x)`` with σ = SiLU, rank r = d/4 by default.
+
+Rank gates (our extension, not in CoLA): CoMERA's diagonal rank controls (Yang et al., NeurIPS 2024, arXiv 2405.14377,
+§3), defined there per TT bond, put on CoLA's one bond, the rank-r latent: ``y = B (thr(g) ⊙ σ(A x))`` with
+``thr(g) = g if g > threshold else 0``. A :class:`LowRankLinear` is the two-core TT ``[[A^T, B^T]]`` with modes
+``(d_in, d_out)`` and ranks ``(1, r, 1)``, so CoMERA's size, penalty and truncation apply unchanged
+(:mod:`tensorslim.methods.comera.gates`).
 """
 
 from __future__ import annotations
@@ -11,12 +17,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
 from tensorslim.decomp.svd import squared_singular_values, truncated_svd
 from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
 from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
+from tensorslim.layers.tt import GATE_THRESHOLD
 from tensorslim.registry import Allocation, ConversionReport, LayerReport, Transform, register_transform
 
 Init = Literal["svd", "random"]
@@ -38,6 +46,9 @@ class LowRankConfig:
         only_lr_act: CoLA's ``only_lr_act`` switch: when True, the gated MLPs of LLaMA-style blocks (modules with
             ``gate_proj``, ``up_proj``, ``down_proj`` and ``act_fn``) drop their own gate activation, because the
             latent activations supply the nonlinearity. The CoLA configs set it for 350M and larger.
+        rank_gates: attach a rank gate to the latent at construction (CoMERA's rank controls, arXiv 2405.14377 §3,
+            on CoLA's latent; see :meth:`LowRankLinear.enable_gates`). Only :class:`LowRankConfig`,
+            :class:`CoLAConfig` and :class:`SVDConfig` build gated layers.
     """
 
     rank: int | None = None
@@ -46,6 +57,7 @@ class LowRankConfig:
     activation: str = "identity"
     init: Init = "svd"
     only_lr_act: bool = False
+    rank_gates: bool = False
 
     def __post_init__(self) -> None:
         if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1):
@@ -60,6 +72,13 @@ class LowRankConfig:
             raise ValueError(f"activation={self.activation!r} is not supported; allowed: {sorted(ACTIVATIONS)}")
         if self.init not in ("svd", "random"):
             raise ValueError(f"init={self.init!r} is invalid; allowed: 'svd' or 'random'")
+        if not isinstance(self.rank_gates, bool):
+            raise ValueError(f"rank_gates={self.rank_gates!r} is invalid; allowed: True or False")
+        if self.rank_gates and type(self) not in _GATEABLE_CONFIGS:
+            raise ValueError(
+                f"rank_gates=True is not supported by {type(self).__name__}; allowed: LowRankConfig, CoLAConfig, "
+                "SVDConfig"
+            )
 
     def resolve_rank(self, d_in: int, d_out: int) -> int:
         """The rank for a ``d_in → d_out`` layer; raises ``ValueError`` if it exceeds ``min(d_in, d_out)``."""
@@ -86,8 +105,14 @@ class SVDConfig(LowRankConfig):
     activation: str = "identity"
 
 
+_GATEABLE_CONFIGS = (LowRankConfig, CoLAConfig, SVDConfig)
+
+
 class LowRankLinear(nn.Module):
     """``y = B σ(A x) + b`` with ``A ∈ R^{r×d_in}``, ``B ∈ R^{d_out×r}``; the product ``B A`` is never formed.
+
+    With a rank gate (:meth:`enable_gates`): ``y = B (thr(g) ⊙ σ(A x)) + b``, computed as ``(B·diag(thr(g))) σ(A x)``
+    (the gate scales B's columns: ``d_out·r`` multiplies instead of ``tokens·r``).
 
     Args:
         in_features: d_in.
@@ -95,6 +120,10 @@ class LowRankLinear(nn.Module):
         rank: r.
         bias: whether to learn an additive bias.
         activation: σ, ``"silu"`` for CoLA, ``"identity"`` for SVD-style low rank.
+
+    Attributes:
+        gate: the rank gate ``g`` (shape ``(r,)``), or None until :meth:`enable_gates`.
+        gate_threshold: a gate at or below this value is a pruned rank (CoMERA: 1e-2).
     """
 
     def __init__(
@@ -119,6 +148,8 @@ class LowRankLinear(nn.Module):
         self.weight_a = nn.Parameter(torch.empty(rank, in_features, **factory))
         self.weight_b = nn.Parameter(torch.empty(out_features, rank, **factory))
         self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.register_parameter("gate", None)
+        self.gate_threshold = GATE_THRESHOLD
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -133,9 +164,34 @@ class LowRankLinear(nn.Module):
             if self.bias is not None:
                 bound = 1 / math.sqrt(self.out_features)
                 self.bias.uniform_(-bound, bound)
+            if self.gated:
+                self.gate.fill_(1.0)
+
+    @property
+    def gated(self) -> bool:
+        """Whether a rank gate is attached (subclasses built without ``__init__`` have none)."""
+        return self._parameters.get("gate") is not None
+
+    def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
+        """Attach an all-ones rank gate to the latent (CoMERA's rank controls, arXiv 2405.14377 §3); idempotent.
+
+        Raises:
+            ValueError: the layer is a subclass with its own forward (CoLA-M, LaX), which would ignore the gate.
+        """
+        if type(self).forward is not LowRankLinear.forward:
+            raise ValueError(f"rank gates are not supported by {type(self).__name__}; allowed: LowRankLinear")
+        self.gate_threshold = threshold
+        if not self.gated:
+            self.gate = nn.Parameter(torch.ones(self.rank, device=self.weight_b.device, dtype=self.weight_b.dtype))
+
+    def gated_weight_b(self) -> torch.Tensor:
+        """``B·diag(thr(g))`` (``B`` itself without a gate); dead ranks are exact zero columns."""
+        if not self.gated:
+            return self.weight_b
+        return self.weight_b * F.threshold(self.gate, self.gate_threshold, 0.0)  # (d_out, r)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return low_rank_linear(x, self.weight_a, self.weight_b, self.bias, activation=self.activation)
+        return low_rank_linear(x, self.weight_a, self.gated_weight_b(), self.bias, activation=self.activation)
 
     @classmethod
     def from_dense(cls, module: nn.Module, config: LowRankConfig | None = None) -> LowRankLinear:
@@ -156,6 +212,8 @@ class LowRankLinear(nn.Module):
             device=weight.device,
             dtype=weight.dtype,
         )
+        if config.rank_gates:
+            layer.enable_gates()
         if config.init == "svd":
             if weight.is_meta:
                 raise ValueError("init='svd' needs real weights, got a meta-device module; use init='random'")
@@ -168,7 +226,7 @@ class LowRankLinear(nn.Module):
         return layer
 
     def to_dense(self) -> nn.Linear:
-        """The equivalent ``nn.Linear`` (``W = B A``); exact only when σ is the identity."""
+        """The equivalent ``nn.Linear`` (``W = B·diag(thr(g))·A``); exact only when σ is the identity."""
         if self.activation != "identity":
             raise ValueError(
                 f"to_dense() is exact only for activation='identity'; this layer uses {self.activation!r}, "
@@ -182,18 +240,20 @@ class LowRankLinear(nn.Module):
             dtype=self.weight_a.dtype,
         )
         with torch.no_grad():
-            dense.weight.copy_(self.weight_b @ self.weight_a)
+            dense.weight.copy_(self.gated_weight_b() @ self.weight_a)
             if self.bias is not None:
                 dense.bias.copy_(self.bias)
         return dense
 
     @staticmethod
-    def count_params(in_features: int, out_features: int, rank: int, *, bias: bool) -> int:
-        """Parameters of a layer of this shape: ``r (d_in + d_out)`` (+ ``d_out`` for the bias)."""
-        return rank * (in_features + out_features) + (out_features if bias else 0)
+    def count_params(in_features: int, out_features: int, rank: int, *, bias: bool, gates: bool = False) -> int:
+        """Parameters of a layer of this shape: ``r (d_in + d_out)`` (+ ``d_out`` for the bias, + ``r`` for a gate)."""
+        return rank * (in_features + out_features) + (out_features if bias else 0) + (rank if gates else 0)
 
     def num_params(self) -> int:
-        return self.count_params(self.in_features, self.out_features, self.rank, bias=self.bias is not None)
+        """Parameters of factors, gate and bias, i.e. ``sum(p.numel() for p in self.parameters())``."""
+        bias = self.bias is not None
+        return self.count_params(self.in_features, self.out_features, self.rank, bias=bias, gates=self.gated)
 
     @staticmethod
     def count_flops(in_features: int, out_features: int, rank: int, *, tokens: int) -> int:
@@ -208,7 +268,7 @@ class LowRankLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
-            f"activation={self.activation!r}, bias={self.bias is not None}"
+            f"activation={self.activation!r}, bias={self.bias is not None}, gates={self.gated}"
         )
 
 
@@ -227,7 +287,7 @@ def plan_low_rank(name: str, module: nn.Module, config: LowRankConfig) -> LayerR
         new_shape=f"{d_in}->{rank}->{d_out}",
         rank=rank,
         params_before=d_in * d_out + (d_out if has_bias else 0),
-        params_after=LowRankLinear.count_params(d_in, d_out, rank, bias=has_bias),
+        params_after=LowRankLinear.count_params(d_in, d_out, rank, bias=has_bias, gates=config.rank_gates),
     )
 
 

@@ -3,7 +3,8 @@
 Three AdamW groups with weight decay 0 and a constant learning rate: TT/TTM cores (1e-4), rank gates (1e-3),
 everything else (5e-5). The official split matches parameter *names* (``encoder`` & ``tensor.factors``), which puts
 the tensorized classifier's cores and gates in the "rest" group; we group by module type, so every core and every
-gate is in its own group wherever the layer sits.
+gate is in its own group wherever the layer sits. A gated low-rank layer's ``A`` and ``B`` are its "cores" (the
+two-core chain of :mod:`tensorslim.methods.comera.gates`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tensorslim.methods.comera.gates import tt_layers
+from tensorslim.layers.lowrank import LowRankLinear
+from tensorslim.methods.comera.gates import gated_layers, layer_gates
 
 
 def param_groups(
@@ -19,9 +21,9 @@ def param_groups(
 ) -> list[dict]:
     """``[cores, gates, rest]`` parameter groups (each with a ``name`` key); empty groups are dropped."""
     cores, gates = [], []
-    for _, layer in tt_layers(model):
-        cores.extend(layer.cores)
-        gates.extend(layer.gates)
+    for _, layer in gated_layers(model):
+        cores.extend((layer.weight_a, layer.weight_b) if isinstance(layer, LowRankLinear) else layer.cores)
+        gates.extend(layer_gates(layer))
     taken = {id(p) for p in cores + gates}
     rest = [p for p in model.parameters() if id(p) not in taken and p.requires_grad]
     groups = [

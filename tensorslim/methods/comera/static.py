@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from tensorslim.layers.tt_embedding import TTEmbedding
-from tensorslim.methods.comera.gates import model_size, tt_layers
+from tensorslim.methods.comera.gates import gated_layers, layer_gates, model_size, tt_layers
 from tensorslim.methods.comera.objective import CoMERAObjective
 
 TaskLoss = Callable[[nn.Module, object], torch.Tensor]
@@ -52,7 +52,7 @@ class GateFreeze:
         """``optimizer.step()``, then gates restored where frozen and the flag updated (all on the device)."""
         if self.objective.target_size is None:
             raise ValueError("GateFreeze.step() called before objective.start_late(model); S* is not set")
-        gates = [gate for _, layer in tt_layers(self.model) for gate in layer.gates]
+        gates = [gate for _, layer in gated_layers(self.model) for gate in layer_gates(layer)]
         before = [gate.detach().clone() for gate in gates]
         self.optimizer.step()
         with torch.no_grad():

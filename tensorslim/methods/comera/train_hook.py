@@ -33,13 +33,16 @@ import torch
 from torch import nn
 
 from tensorslim.methods.comera.gates import (
+    bond_ranks,
     enable_gates,
     format_rank_report,
+    gated_layers,
+    layer_gates,
     model_size,
+    prune_to_size_,
     rank_report,
     resize_ranks_,
     truncate_,
-    tt_layers,
 )
 from tensorslim.methods.comera.objective import CoMERAConfig, CoMERAObjective
 from tensorslim.methods.comera.optim import param_groups
@@ -57,7 +60,8 @@ def stage_steps(steps: int, *, late_fraction: float) -> tuple[int, int]:
 
 
 class CoMERAHook(TrainHook):
-    """The two CoMERA stages as a trainer hook.
+    """The two CoMERA stages as a trainer hook, over every gated layer (TT/TTM layers and gated low-rank layers, see
+    :func:`~tensorslim.methods.comera.gates.gated_layers`).
 
     Args:
         steps: the run's total optimizer steps.
@@ -67,6 +71,11 @@ class CoMERAHook(TrainHook):
         freeze_at_target: stop training the gates once the late stage reaches ``S(D) ≤ S*`` (not in CoMERA).
         truncate_every: also slice dead ranks out every this many steps; 0: at the stage ends only.
         run_dir: where ``comera_ranks.json`` goes (None: not written).
+        lr_scales: learning-rate multiples of the ``cores``, ``gates`` and ``other`` groups (default: CoMERA's
+            :data:`LR_SCALES`).
+        prune_at_end: at the end of the late stage, kill the smallest gates until ``S(D) ≤ S*``
+            (:func:`~tensorslim.methods.comera.gates.prune_to_size_`; not in CoMERA), so a run that has not reached
+            the target lands on it.
     """
 
     def __init__(
@@ -79,6 +88,8 @@ class CoMERAHook(TrainHook):
         freeze_at_target: bool = True,
         truncate_every: int = 0,
         run_dir: Path | None = None,
+        lr_scales: dict[str, float] | None = None,
+        prune_at_end: bool = False,
     ) -> None:
         self.early_steps, self.late_steps = stage_steps(steps, late_fraction=late_fraction)
         self.objective = CoMERAObjective(config)
@@ -87,6 +98,8 @@ class CoMERAHook(TrainHook):
         self.truncate_every = truncate_every
         self.frozen = False
         self.run_dir = run_dir
+        self.lr_scales = dict(lr_scales or LR_SCALES)
+        self.prune_at_end = prune_at_end
         self.window = max(1, self.early_steps // 10)
         self.recent: list[float] = []  # task losses of the last `window` early steps (per micro-batch)
         self.reports: dict[str, Any] = {}
@@ -99,9 +112,12 @@ class CoMERAHook(TrainHook):
         enable_gates(model, threshold=self.objective.config.threshold)
         self._model = model  # state_dict() stores its core ranks
         self.reports.setdefault("start_size", float(model_size(model)))
-        groups = param_groups(model, lr_cores=lr, lr_gates=lr * LR_SCALES["gates"], lr_other=lr * LR_SCALES["other"])
+        scales = self.lr_scales
+        groups = param_groups(
+            model, lr_cores=lr * scales["cores"], lr_gates=lr * scales["gates"], lr_other=lr * scales["other"]
+        )
         for group in groups:
-            group["lr_scale"] = LR_SCALES[group["name"]]
+            group["lr_scale"] = scales[group["name"]]
             group["weight_decay"] = 0.0 if group["name"] == "gates" else weight_decay
         fused = all(p.device.type in ("cpu", "cuda") for group in groups for p in group["params"])
         return torch.optim.AdamW(groups, lr=lr, fused=fused)
@@ -134,6 +150,8 @@ class CoMERAHook(TrainHook):
             if self.late_steps:
                 self._start_late(model)
         elif step == self.early_steps + self.late_steps:
+            if self.prune_at_end:
+                self.reports["pruned_at_end"] = prune_to_size_(model, float(self.objective.target_size))
             self._end_stage("after_late", model, optimizer=optimizer, step=step)
         elif self.truncate_every and step % self.truncate_every == 0:
             truncate_(model, optimizer=optimizer)
@@ -143,8 +161,8 @@ class CoMERAHook(TrainHook):
     def _freeze(self, model: nn.Module) -> None:
         """Stop training the gates: no gradient, so AdamW leaves them (and their moments) as they are."""
         self.frozen = True
-        for _, layer in tt_layers(model):
-            for gate in layer.gates:
+        for _, layer in gated_layers(model):
+            for gate in layer_gates(layer):
                 gate.requires_grad_(False)
                 gate.grad = None
 
@@ -175,11 +193,11 @@ class CoMERAHook(TrainHook):
         (self.run_dir / REPORT_FILE).write_text(json.dumps({**report, **self.reports}, indent=2) + "\n")
 
     def state_dict(self) -> dict[str, Any]:
-        """The core ranks of every TT layer (they shrink on truncation), ``S*``/``L*`` and the reports so far."""
+        """The ranks of every gated layer (they shrink on truncation), ``S*``/``L*`` and the reports so far."""
         if self._model is None:
             raise ValueError("CoMERAHook.state_dict() before build_optimizer(model): no model to take ranks from")
         return {
-            "ranks": {name: list(layer.ranks) for name, layer in tt_layers(self._model)},
+            "ranks": {name: list(bond_ranks(layer)) for name, layer in gated_layers(self._model)},
             "target_size": None if not self.late else float(self.objective.target_size),
             "target_loss": self.objective.target_loss if self.late else None,
             "frozen": self.frozen,
