@@ -342,13 +342,24 @@ def drops_glu(model: nn.Module, name: str) -> bool:
 
 def low_rank_fields(model: nn.Module, name: str, layer: LowRankLinear) -> dict[str, Any]:
     """The :class:`LowRankConfig` fields that rebuild the built ``layer`` (shared by the families built on it)."""
-    return {"rank": layer.rank, "activation": layer.activation, "init": "random", "only_lr_act": drops_glu(model, name)}
+    return {
+        "rank": layer.rank,
+        "activation": layer.activation,
+        "init": "random",
+        "only_lr_act": drops_glu(model, name),
+        "rank_gates": layer.gated,
+    }
 
 
 def describe_low_rank(model: nn.Module, name: str, layer: LowRankLinear) -> tuple[LowRankConfig, dict[str, Any]]:
     """The config that rebuilds ``layer``: CoLA's for a SiLU latent, SVD's for none, else the base config."""
     config_type = {"silu": CoLAConfig, "identity": SVDConfig}.get(layer.activation, LowRankConfig)
-    return config_type(**low_rank_fields(model, name, layer)), {}
+    return config_type(**low_rank_fields(model, name, layer)), {"gate_threshold": layer.gate_threshold}
+
+
+def restore_low_rank(layer: LowRankLinear, state: dict[str, Any]) -> None:
+    """Set the rank-gate threshold :func:`describe_low_rank` recorded (saves from before rank gates hold none)."""
+    layer.gate_threshold = state.get("gate_threshold", GATE_THRESHOLD)
 
 
 register_transform(
@@ -361,5 +372,6 @@ register_transform(
         allocate_low_rank,
         layer_type=LowRankLinear,
         describe=describe_low_rank,
+        restore=restore_low_rank,
     ),
 )
