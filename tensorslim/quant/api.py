@@ -28,7 +28,6 @@ from tensorslim.quant.calibration import (
     QuantTarget,
     check_quantizable,
     collect_grams,
-    is_factored,
     is_quantizable,
     quant_targets,
     relative_output_error,
@@ -131,8 +130,8 @@ def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dic
     """The layers :func:`quantize_` would replace.
 
     Without ``filter_fn``: every quantizable layer (dense, or CoLA/SVD ``LowRankLinear`` and ``TTLinear``) but the
-    output head. With it: every module that owns a ``weight`` parameter, or is one of those factored layers, and for
-    which ``filter_fn(module, name)`` is true; each must be quantizable.
+    output head. With it: every module that owns a ``weight`` parameter, or is (a subclass of) one of those factored
+    layers, and for which ``filter_fn(module, name)`` is true; each must be quantizable.
 
     Raises:
         TypeError: ``filter_fn`` chose a layer that cannot be quantized.
@@ -145,7 +144,9 @@ def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dic
     else:
         for name, module in model.named_modules():
             owns_weight = isinstance(module._parameters.get("weight"), torch.Tensor)
-            if (owns_weight or is_factored(module)) and filter_fn(module, name):
+            # subclasses of the factored layers are candidates too, so that choosing one is a TypeError
+            factored = isinstance(module, LowRankLinear | TTLinear)
+            if (owns_weight or factored) and filter_fn(module, name):
                 check_quantizable(module, name)
                 chosen[name] = module
     if not chosen:

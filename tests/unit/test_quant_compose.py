@@ -181,3 +181,15 @@ def test_nothing_to_quantize_is_a_one_line_value_error() -> None:
     converted = _converted(CoLAConfig(rank=4))
     with pytest.raises(ValueError, match="^no layer to quantize"):
         quantize_(converted, RTNConfig(), None, filter_fn=lambda m, n: False)
+
+
+def test_a_subclass_of_a_factored_layer_is_not_quantized_by_its_factors_alone() -> None:
+    class _Crossed(LowRankLinear):  # an extra term the factors A and B alone do not describe, as LaX's crossing
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + x
+
+    model = nn.Sequential(_Crossed(8, 8, 2), nn.Linear(8, 8))
+    report = quantize_(model, RTNConfig(), None)
+    assert [r.name for r in report.layers] == ["1"] and type(model[0]) is _Crossed
+    with pytest.raises(TypeError, match="^layer '0' of type _Crossed cannot be quantized; supported: [^\n]*$"):
+        quantize_(model, RTNConfig(), None, filter_fn=lambda m, n: n == "0")
