@@ -22,8 +22,7 @@ from torch import nn
 
 from tensorslim.convert import convert_
 from tensorslim.layers.lowrank import CoLAConfig
-from tensorslim.methods.comera import CoMERAOptions
-from tensorslim.methods.comera.objective import CoMERAConfig
+from tensorslim.methods.comera import CoMERAOptions, stage_hook
 from tensorslim.methods.comera.train_hook import LR_SCALES, CoMERAHook
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.methods.registry import Method, MethodContext, register_method
@@ -64,18 +63,7 @@ def _convert(model: nn.Module, context: MethodContext) -> list:
 
 
 def _hook(context: MethodContext) -> CoMERAHook:
-    options: AdaptiveOptions = context.options
-    return CoMERAHook(
-        context.steps,
-        late_fraction=options.late_fraction,
-        config=CoMERAConfig(gamma=options.gamma, target_ratio=options.target_ratio),
-        target_loss=options.target_loss,
-        freeze_at_target=options.freeze_at_target,
-        truncate_every=options.truncate_every,
-        run_dir=context.run_dir,
-        lr_scales=ADAPTIVE_LR_SCALES,
-        prune_at_end=options.prune_at_end,
-    )
+    return stage_hook(context, lr_scales=ADAPTIVE_LR_SCALES, prune_at_end=context.options.prune_at_end)
 
 
 register_method(

@@ -15,6 +15,7 @@ of the CUDA-graph step).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -99,7 +100,8 @@ def _convert(model: nn.Module, context: MethodContext) -> list:
     return [convert_(model, TTConfig(rank=rank, init=init))]
 
 
-def _hook(context: MethodContext) -> CoMERAHook:
+def stage_hook(context: MethodContext, **extra: Any) -> CoMERAHook:
+    """The two-stage hook from the run's :class:`CoMERAOptions` (``extra``: further :class:`CoMERAHook` arguments)."""
     options: CoMERAOptions = context.options
     return CoMERAHook(
         context.steps,
@@ -109,6 +111,7 @@ def _hook(context: MethodContext) -> CoMERAHook:
         freeze_at_target=options.freeze_at_target,
         truncate_every=options.truncate_every,
         run_dir=context.run_dir,
+        **extra,
     )
 
 
@@ -117,7 +120,7 @@ register_method(
         name="comera",
         help="CoMERA: TT layers with rank gates, trained in two rank-adaptive stages (arXiv 2405.14377)",
         convert=_convert,
-        hook=_hook,
+        hook=stage_hook,
         options=CoMERAOptions,
     )
 )
