@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensorslim.tasks.base import logits_of
+
 
 def _check(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -57,8 +59,7 @@ def _context_length(model: nn.Module) -> int | None:
 
 
 def _last_logits(output: Any) -> torch.Tensor:
-    logits = output if isinstance(output, torch.Tensor) else output.logits  # (B, T, V)
-    return logits[:, -1].float()  # (B, V)
+    return logits_of(output)[:, -1].float()  # (B, V) of (B, T, V)
 
 
 @torch.no_grad()
