@@ -293,3 +293,14 @@ def test_no_bitsandbytes_noise_with_galore(tmp_path: Path, small_corpus: Path) -
         [str(BIN / "tensorslim"), "train", "--method", "galore", "--data", str(small_corpus), *TINY_RUN], tmp_path
     )
     assert "deprecated" not in output
+
+
+def test_docs_cite_papers_not_files_outside_the_repository() -> None:
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for path in docs:
+        text = path.read_text()
+        assert "../shared" not in text and "digest" not in text.lower(), path
+        for target in re.findall(r"\]\(([^)#]+)\)", text):  # relative Markdown links resolve inside the repository
+            if "://" not in target:
+                resolved = (path.parent / target).resolve()
+                assert resolved.exists() and ROOT.resolve() in resolved.parents, (path, target)

@@ -189,3 +189,17 @@ def test_a_default_tt_embedding_conversion_takes_only_the_token_table() -> None:
         "embeddings.token_type_embeddings",
     }
     assert model(torch.randint(1000, (2, 8))).last_hidden_state.shape == (2, 8, 64)
+
+
+def test_hugging_face_classification_heads_stay_dense_and_plans_say_so() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128
+    )
+    model = transformers.BertForSequenceClassification(config)  # classifier 64 -> 2: rank_ratio would give rank 1
+    planned = plan(model, CoLAConfig())
+    assert "classifier" not in {layer.name for layer in planned.layers}
+    assert ("classifier", "output head") in planned.skipped
+    assert "layers to convert (plan)" in planned.table() and "converted" not in planned.table().splitlines()[-1]
+    report = convert_(model, CoLAConfig())
+    assert isinstance(model.classifier, nn.Linear) and "layers converted" in report.table()
