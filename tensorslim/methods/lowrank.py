@@ -1,25 +1,31 @@
-"""Low-rank training methods: CoLA, SVD, CoLA-M, LaX-CoLA, LaX-SVD and LaX-TT.
+"""Low-rank training methods: CoLA, SVD, CoLA-M, LaX-CoLA, LaX-SVD, plain TT and LaX-TT.
 
 * CoLA (Liu et al., 2025, arXiv 2502.10940): every projection inside the blocks becomes ``B·σ(A·x)``, trained from
   scratch with CoLA's initialization (§2.1) and the recipe's rank and ``only_lr_act`` (§2.2).
 * SVD: the same bottleneck without σ (the paper's low-rank baseline).
 * CoLA-M (§4): CoLA plus latent checkpointing of every block; the same weights as ``cola``.
+* TT: CoMERA's tensor-train layers (Yang et al., 2024, arXiv 2405.14377, §2) with its random init and max rank, but
+  no rank gates and no rank-adaptive stages: the plain-TT baseline of LaX-TT.
 * LaX (Zhang et al., 2025, arXiv 2505.21732): latent crossing between consecutive blocks with Kronecker gates; on
   CoMERA's TT layers (LaX-TT) the crossing runs at the middle bond, with intra-layer residuals on attention.
+  ``--lax-crossing zero`` is the G = 0 ablation: Kronecker crossings with both factors zero and frozen, so the
+  crossing adds nothing while the r-dimensional LayerNorm of the crossing layers stays (LaX §3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from tensorslim._checks import require_int
 from tensorslim.convert import convert_
 from tensorslim.layers.cola_m import CoLAMConfig
-from tensorslim.layers.lax import LaXCoLAConfig, LaXSVDConfig
-from tensorslim.layers.lax_tt import LaXTTConfig
+from tensorslim.layers.lax import CROSSINGS, LaXCoLAConfig, LaXSVDConfig
+from tensorslim.layers.lax_tt import LaXTTConfig, LaXTTLinear
 from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
+from tensorslim.layers.tt import TTConfig
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.methods.registry import Method, MethodContext, register_method
 from tensorslim.options import option
@@ -37,6 +43,32 @@ class RankOptions:
     def __post_init__(self) -> None:
         if self.rank is not None:
             require_int("rank", self.rank)
+
+
+LAX_TT_CROSSINGS = (*CROSSINGS, "zero")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TTOptions:
+    """The TT max rank."""
+
+    rank: int | None = option(None, "TT max rank (default: CoMERA's 30)")
+
+    def __post_init__(self) -> None:
+        if self.rank is not None:
+            require_int("rank", self.rank)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaXTTOptions(TTOptions):
+    """The TT max rank and the kind of LaX crossing."""
+
+    crossing: str = option("kronecker", f"LaX crossing G: one of {', '.join(LAX_TT_CROSSINGS)}", flag="lax-crossing")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.crossing not in LAX_TT_CROSSINGS:
+            raise ValueError(f"lax_crossing={self.crossing!r} is unknown; allowed: {list(LAX_TT_CROSSINGS)}")
 
 
 def _init(context: MethodContext) -> str:
@@ -70,9 +102,32 @@ def _lax_cola(context: MethodContext) -> LaXCoLAConfig:
     return LaXCoLAConfig(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
 
 
-def _lax_tt(context: MethodContext) -> LaXTTConfig:
-    init = "tt_svd" if context.pretrained else "random"
-    return LaXTTConfig(rank=context.options.rank or TT_RANK, init=init, intra_res=ATTENTION)
+def _tt_init(context: MethodContext) -> str:
+    """Pretrained weights are decomposed by TT-SVD; from scratch, CoMERA's Gaussian init."""
+    return "tt_svd" if context.pretrained else "random"
+
+
+def _tt(context: MethodContext) -> TTConfig:
+    return TTConfig(rank=context.options.rank or TT_RANK, init=_tt_init(context))
+
+
+def _convert_lax_tt(model: nn.Module, context: MethodContext) -> list:
+    """LaX-TT; ``crossing="zero"`` builds Kronecker crossings, then zeroes and freezes both factors (G ≡ 0)."""
+    zero = context.options.crossing == "zero"
+    config = LaXTTConfig(
+        rank=context.options.rank or TT_RANK,
+        init=_tt_init(context),
+        intra_res=ATTENTION,
+        crossing="kronecker" if zero else context.options.crossing,
+    )
+    report = convert_(model, config)
+    if zero:
+        for layer in model.modules():
+            if isinstance(layer, LaXTTLinear) and layer.crossing is not None:
+                with torch.no_grad():
+                    for param in layer.crossing.parameters():
+                        param.zero_().requires_grad_(False)
+    return [report]
 
 
 _LOW_RANK_TP = ("btp", "vanilla")
@@ -120,10 +175,18 @@ register_method(
 )
 register_method(
     Method(
+        name="tt",
+        help="plain TT layers: CoMERA's init and max rank, no rank gates or stages (arXiv 2405.14377)",
+        convert=_converter(_tt),
+        options=TTOptions,
+    )
+)
+register_method(
+    Method(
         name="lax-tt",
         help="LaX on CoMERA's TT layers: crossing at the middle bond (arXiv 2505.21732)",
-        convert=_converter(_lax_tt),
-        options=RankOptions,
+        convert=_convert_lax_tt,
+        options=LaXTTOptions,
         families=("llama",),  # its intra-layer residuals name LLaMA's attention projections
     )
 )

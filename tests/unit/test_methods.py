@@ -81,3 +81,25 @@ def test_every_method_is_documented_and_its_options_are_frozen_dataclasses() -> 
 
 def test_a_preset_holds_shapes_only() -> None:
     assert {f.name for f in dataclasses.fields(LlamaConfig)}.isdisjoint({"cola_rank", "lr", "only_lr_act"})
+
+
+def test_tt_is_plain_tt_and_lax_tt_zero_crossing_is_identically_zero() -> None:
+    from tensorslim.layers.lax_tt import LaXTTLinear
+    from tensorslim.layers.tt import TTLinear
+
+    tt, _, _ = build_for_method("tiny", "tt", device="meta")
+    layers = [m for m in tt.modules() if isinstance(m, TTLinear)]
+    assert layers and all(len(m.gates) == 0 and max(m.ranks) == 30 for m in layers)  # no rank gates, CoMERA's 30
+    with pytest.raises(ValueError, match="lax_crossing='none' is unknown"):
+        method_options("lax-tt", {"crossing": "none"})
+
+    torch.manual_seed(0)
+    model, _, _ = build_for_method("tiny", "lax-tt", options={"crossing": "zero"})
+    crossings = [m.crossing for m in model.modules() if isinstance(m, LaXTTLinear) and m.crossing is not None]
+    assert crossings and all(not p.requires_grad and not p.any() for c in crossings for p in c.parameters())
+    ids = torch.randint(0, 100, (2, 16))
+    out = model(ids)
+    for layer in model.modules():  # reference: the crossing replaced by a literal zero
+        if isinstance(layer, LaXTTLinear) and layer.crossing is not None:
+            layer.crossing.forward = torch.zeros_like
+    torch.testing.assert_close(model(ids), out, rtol=0, atol=0)
