@@ -52,7 +52,8 @@ def build_for_method(
         model_config=getattr(model, "config", preset.config),
         task=task,
         options=method_options(method, options),
-        pretrained=preset.pretrained,
+        # On meta there are no weights to factorize; a random init has the same shapes (the books are the same).
+        pretrained=preset.pretrained and torch.device(device or "cpu").type != "meta",
         steps=steps,
         run_dir=run_dir,
     )

