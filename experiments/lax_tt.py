@@ -93,8 +93,8 @@ def render(rows: list[dict], args: argparse.Namespace, argv: list[str]) -> str:
         f"- command: `python experiments/lax_tt.py {' '.join(argv)}`",
         f"- machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}",
         f"- date: {date.today().isoformat()}",
-        f"- preset {args.preset}, {args.steps} steps, batch {args.batch_size}, seq {args.seq_len}, lr "
-        f"{args.lr if args.lr else 'recipe default'}",
+        f"- preset {args.preset}, {args.steps} steps, batch {args.batch_size}, seq {args.seq_len}, peak lr "
+        f"{TrainConfig(preset=args.preset, method='tt', lr=args.lr).peak_lr()}",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
