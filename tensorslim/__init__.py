@@ -40,7 +40,7 @@ _EXPORTS = {
     "RTNConfig": "tensorslim.quant",
     "save_pretrained": "tensorslim.pretrained",
     "load_pretrained": "tensorslim.pretrained",
-    "generate": "tensorslim.generate",
+    "generate": "tensorslim.generation",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,7 +18,7 @@ def _help(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateConfig:
-    """Which run continues which prompt, and how tokens are chosen (see :func:`tensorslim.generate.generate`)."""
+    """Which run continues which prompt, and how tokens are chosen (see :func:`tensorslim.generation.generate`)."""
 
     run_dir: str = field(default="", metadata=_help("training run folder (holds checkpoints/), flag --run"))
     prompt: str = field(default="", metadata=_help("text to continue"))
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tensorslim.cli.flags import config_from_args
-    from tensorslim.generate import generate
+    from tensorslim.generation import generate
 
     config = config_from_args(GenerateConfig, args)
     model, tokenizer = load_run(config.run_dir, device=config.device)

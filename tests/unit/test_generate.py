@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from tensorslim.cli.main import main
-from tensorslim.generate import filter_logits, generate, generate_ids
+from tensorslim.generation import filter_logits, generate, generate_ids
 from tensorslim.models.registry import build_model
 
 VOCAB = 300

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import subprocess
 import sys
 
@@ -9,6 +11,10 @@ import tensorslim
 
 
 def test_every_public_name_resolves() -> None:
+    # Importing a submodule sets an attribute of the package: no submodule may be named like a public function.
+    for module in pkgutil.walk_packages(tensorslim.__path__, "tensorslim."):
+        if module.name != "tensorslim.__main__":  # that one runs the command line
+            importlib.import_module(module.name)
     for name in tensorslim.__all__:
         value = getattr(tensorslim, name)
         assert isinstance(value, dict) if name in ("METHODS", "TRANSFORMS") else value.__name__ == name
