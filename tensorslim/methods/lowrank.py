@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,14 +50,10 @@ LAX_TT_CROSSINGS = (*CROSSINGS, "zero")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TTOptions:
+class TTOptions(RankOptions):
     """The TT max rank."""
 
     rank: int | None = option(None, "TT max rank (default: CoMERA's 30)")
-
-    def __post_init__(self) -> None:
-        if self.rank is not None:
-            require_int("rank", self.rank)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,19 +84,14 @@ def _converter(make_config):  # noqa: ANN001, ANN202 - (context -> layer config)
     return convert
 
 
-def _cola(context: MethodContext) -> CoLAConfig:
-    only_lr_act = recipe_for(context.model_name).only_lr_act
-    return CoLAConfig(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
+def _cola_like(config_type: type) -> Callable[[MethodContext], object]:
+    """A CoLA-family layer config (CoLA, CoLA-M, LaX-CoLA) with the recipe's rank and ``only_lr_act`` (CoLA §2.2)."""
 
+    def make(context: MethodContext) -> object:
+        only_lr_act = recipe_for(context.model_name).only_lr_act
+        return config_type(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
 
-def _cola_m(context: MethodContext) -> CoLAMConfig:
-    only_lr_act = recipe_for(context.model_name).only_lr_act
-    return CoLAMConfig(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
-
-
-def _lax_cola(context: MethodContext) -> LaXCoLAConfig:
-    only_lr_act = recipe_for(context.model_name).only_lr_act
-    return LaXCoLAConfig(rank=_rank(context), init=_init(context), only_lr_act=only_lr_act)
+    return make
 
 
 def _tt_init(context: MethodContext) -> str:
@@ -135,7 +127,7 @@ register_method(
     Method(
         name="cola",
         help="CoLA: every block projection becomes B·σ(A·x) (arXiv 2502.10940)",
-        convert=_converter(_cola),
+        convert=_converter(_cola_like(CoLAConfig)),
         options=RankOptions,
         tensor_parallel=_LOW_RANK_TP,
     )
@@ -153,7 +145,7 @@ register_method(
     Method(
         name="cola-m",
         help="CoLA-M: CoLA with only the rank-r latents checkpointed (arXiv 2502.10940 §4)",
-        convert=_converter(_cola_m),
+        convert=_converter(_cola_like(CoLAMConfig)),
         options=RankOptions,
     )
 )
@@ -161,7 +153,7 @@ register_method(
     Method(
         name="lax-cola",
         help="LaX on CoLA: latent crossing between consecutive blocks (arXiv 2505.21732)",
-        convert=_converter(_lax_cola),
+        convert=_converter(_cola_like(LaXCoLAConfig)),
         options=RankOptions,
     )
 )
