@@ -35,7 +35,7 @@ class TaskData:
     Attributes:
         train: the training batches.
         validation: the fixed held-out set, in whatever form the task's :meth:`Task.evaluate` reads.
-        tokenizer: the tokenizer, when the task has one (saved beside checkpoints' books).
+        tokenizer: the tokenizer, when the task has one.
         model_overrides: what the model must be built with (``vocab_size``, ``max_seq_len``, ``n_classes``).
         tokens_per_batch: tokens (or examples) in one training batch, for throughput.
     """
