@@ -5,3 +5,18 @@ from __future__ import annotations
 from tensorslim.models.llama import LlamaConfig
 
 TINY_LLAMA = LlamaConfig(d_model=64, n_layers=2, n_heads=4, d_ff=172, vocab_size=256, max_seq_len=64)
+
+
+def train_until_interrupted(config: object, *, after_step: int) -> None:
+    """Run ``config`` and stop it with a KeyboardInterrupt once step ``after_step`` is logged (as Ctrl-C would, after
+    the step's checkpoint, if any, was written)."""
+    import pytest
+
+    from tensorslim.train.trainer import train
+
+    def stop(record: dict) -> None:
+        if record["step"] == after_step:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, on_step=stop)

@@ -10,6 +10,7 @@ import torch
 
 from tensorslim.cli.main import main
 from tensorslim.quant import QuantLinear, load_quantized
+from tests.helpers import train_until_interrupted
 
 
 def test_quantize_cli_writes_a_loadable_packed_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -98,12 +99,7 @@ def test_distill_run_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path
     full = train(config)
     interrupted = replace(config, out_dir=str(tmp_path / "cut"))
 
-    def stop_after_step_3(record: dict) -> None:
-        if record["step"] == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(interrupted, on_step=stop_after_step_3)
+    train_until_interrupted(interrupted, after_step=3)
     resumed = train(replace(interrupted, resume=True))
     assert resumed.losses == full.losses
     assert resumed.val_metrics == full.val_metrics

@@ -15,6 +15,7 @@ from tensorslim.tasks.mlm import MASK_FRACTION, mask_tokens
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
+from tests.helpers import train_until_interrupted
 
 
 def _config(out: Path, **overrides: object) -> TrainConfig:
@@ -55,12 +56,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(
     full = train(config)
     cut = replace(config, out_dir=str(tmp_path / "cut"))
 
-    def stop_after_step_4(record: dict) -> None:
-        if record["step"] == 4:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(cut, on_step=stop_after_step_4)
+    train_until_interrupted(cut, after_step=4)
     assert latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "step_0000003"
     resumed = train(replace(cut, resume=True))
     assert resumed.losses == full.losses

@@ -13,6 +13,7 @@ import torch
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
+from tests.helpers import train_until_interrupted
 
 
 def _config(corpus: Path, out: Path, **overrides: object) -> TrainConfig:
@@ -54,12 +55,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(small_corpus: Path, tmp_pa
 
     interrupted = replace(config, out_dir=str(tmp_path / "cut"))
 
-    def stop_after_step_5(record: dict) -> None:
-        if record["step"] == 5:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(interrupted, on_step=stop_after_step_5)
+    train_until_interrupted(interrupted, after_step=5)
     assert latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "step_0000003"
     resumed = train(replace(interrupted, resume=True))
     # Bit for bit: a resumed run does the same arithmetic on the same layouts, so any difference is a state the

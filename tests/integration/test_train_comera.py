@@ -19,6 +19,7 @@ from tensorslim.methods.comera.gates import tt_layers
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
+from tests.helpers import train_until_interrupted
 
 FULL_RANKS = (1, 8, 30, 30, 30, 8, 1)  # tiny preset 256x256 projections, r = 30
 
@@ -104,12 +105,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(full_run, tmp_path: Path, 
     config, full, _ = full_run
     interrupted = replace(config, out_dir=str(tmp_path / "cut"))
 
-    def stop(record: dict) -> None:
-        if record["step"] == stop_after:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(interrupted, on_step=stop)
+    train_until_interrupted(interrupted, after_step=stop_after)
     checkpoint = latest_checkpoint(tmp_path / "cut" / "checkpoints")
     state = json.loads((checkpoint / "state.json").read_text())
     attention = [tuple(r) for name, r in state["method"]["ranks"].items() if "self_attn" in name]  # 256x256

@@ -23,6 +23,7 @@ from tensorslim.methods.comera.train_hook import CoMERAHook
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
+from tests.helpers import train_until_interrupted
 
 THRESHOLD = 1e-2  # CoMERA's pruning threshold
 
@@ -180,12 +181,7 @@ def test_resume_is_exact_across_truncation(short_run, tmp_path: Path, stop_after
     config, full, _ = short_run
     interrupted = replace(config, out_dir=str(tmp_path / "cut"))
 
-    def stop(record: dict) -> None:
-        if record["step"] == stop_after:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(interrupted, on_step=stop)
+    train_until_interrupted(interrupted, after_step=stop_after)
     state = json.loads((latest_checkpoint(tmp_path / "cut" / "checkpoints") / "state.json").read_text())
     assert any(ranks != [1, 16, 1] for ranks in state["method"]["ranks"].values())  # resumed from truncated layers
     resumed = train(replace(interrupted, resume=True))
