@@ -1,0 +1,266 @@
+"""Bounded attention memory: eviction order, exactness against full attention, RoPE positions after eviction,
+decoding with eviction, wait-to-attend, bad input."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from tensorslim.memory import MemoryConfig, equip_memory_, generate, memory_stores, stream_logits, stream_nll
+from tensorslim.memory.equip import LlamaMemoryAttention
+from tensorslim.memory.policies import initial_stat, keep_indices, observe
+from tensorslim.models.llama import Attention, LlamaConfig, LlamaForCausalLM, apply_rotary, rotary_cos_sin
+
+# --- eviction order on hand-made attention maps -------------------------------------------------------------------
+
+
+def reference_keep(score: list[float], positions: list[int], *, capacity: int, protected: set[int]) -> list[int]:
+    """Plain-Python ranking: protected first, then score, then the newest position."""
+    order = sorted(range(len(score)), key=lambda j: (j in protected, score[j], positions[j]), reverse=True)
+    return sorted(order[:capacity])
+
+
+def run_policy(policy: str, maps: list[torch.Tensor], *, tau: float = 0.1) -> torch.Tensor:
+    """Entry statistic after the given attention maps ``(Q, N)``, one per step, over N entries inserted at step 0."""
+    n = maps[0].shape[-1]
+    stat = initial_stat(policy, (1, 1, n), step=0, device=torch.device("cpu"))
+    for step, probs in enumerate(maps, start=1):
+        stat = observe(policy, stat, probs[None, None], step=step, tau=tau)
+    return stat
+
+
+# Six entries; step 1 attends entries 1 and 4, step 2 attends 4 (twice) and 2, step 3 attends 0 weakly and 2.
+MAPS = [
+    torch.tensor([[0.0, 0.6, 0.0, 0.0, 0.4, 0.0], [0.0, 0.5, 0.0, 0.0, 0.5, 0.0]]),
+    torch.tensor([[0.0, 0.0, 0.3, 0.0, 0.7, 0.0], [0.0, 0.0, 0.0, 0.05, 0.95, 0.0]]),
+    torch.tensor([[0.05, 0.0, 0.95, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]]),
+]
+
+
+@pytest.mark.parametrize(
+    ("policy", "sinks", "recent", "expected"),
+    [
+        ("fifo", 0, 0, [3, 4, 5]),  # the newest
+        ("fifo", 1, 0, [0, 4, 5]),  # StreamingLLM: sink + newest
+        ("lra", 0, 0, [1, 2, 4]),  # last attended at steps 1 (entry 1), 3 (2), 2 (4); entry 0's 0.05 < tau
+        ("lfa", 0, 0, [1, 2, 4]),  # hit counts 0, 2, 3, 0, 4, 0
+        ("lfa", 0, 1, [2, 4, 5]),  # the newest is protected: entry 1 (2 hits) goes before 2 (3 hits)
+        ("h2o", 0, 1, [2, 4, 5]),  # masses 0.05, 1.1, 2.25, 0.05, 2.55, 0 with the newest protected
+    ],
+)
+def test_eviction_order_on_hand_made_maps(policy: str, sinks: int, recent: int, expected: list[int]) -> None:
+    stat = run_policy(policy, MAPS)
+    positions = torch.arange(6)[None, None]
+    kept = keep_indices(policy, stat, positions, capacity=3, sinks=sinks, recent=recent)[0, 0].tolist()
+    assert kept == expected
+    score = positions[0, 0].float().tolist() if policy == "fifo" else stat[0, 0].tolist()
+    protected = {j for j in range(6) if j < sinks or j > 5 - recent}
+    assert kept == reference_keep(score, list(range(6)), capacity=3, protected=protected)
+
+
+def test_ties_evict_the_oldest_and_random_scores_match_the_reference() -> None:
+    torch.manual_seed(0)
+    stat = torch.randint(0, 3, (2, 3, 20)).float()  # many ties
+    positions = torch.arange(100, 120).expand(2, 3, 20)
+    kept = keep_indices("lfa", stat, positions, capacity=7, sinks=0, recent=0)
+    for b in range(2):
+        for h in range(3):
+            want = reference_keep(stat[b, h].tolist(), positions[b, h].tolist(), capacity=7, protected=set())
+            assert kept[b, h].tolist() == want
+
+
+# --- exactness at full capacity -------------------------------------------------------------------------------------
+
+
+def tiny_llama(max_seq_len: int = 256) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(d_model=64, n_layers=2, n_heads=4, d_ff=128, vocab_size=97, max_seq_len=max_seq_len)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_hf_llama() -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention
+        max_position_embeddings=512,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("chunk", [1, 17, 64])
+def test_full_capacity_equals_full_attention_ours(chunk: int) -> None:
+    model = tiny_llama()
+    ids = torch.randint(0, 97, (2, 150))
+    with torch.no_grad():
+        reference = model(ids)
+    equip_memory_(model, MemoryConfig(capacity=150, chunk=chunk, policy="lra"))
+    assert torch.allclose(stream_logits(model, ids), reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "lfa"])
+def test_full_capacity_equals_full_attention_hf_llama(policy: str) -> None:
+    model = tiny_hf_llama()
+    ids = torch.randint(0, 97, (1, 130))
+    with torch.no_grad():
+        reference = model(ids).logits
+    report = equip_memory_(model, MemoryConfig(capacity=192, chunk=32, policy=policy))
+    assert report.layers == ("model.layers.0.self_attn", "model.layers.1.self_attn")
+    assert torch.allclose(stream_logits(model, ids), reference, atol=1e-5, rtol=0)
+    assert model.state_dict().keys() == tiny_hf_llama().state_dict().keys()  # same parameter names
+
+
+@pytest.mark.parametrize("policy", ["fifo", "lra", "lfa", "h2o"])
+def test_peak_entries_stay_within_capacity_plus_chunk(policy: str) -> None:
+    model = tiny_llama()
+    equip_memory_(model, MemoryConfig(capacity=40, chunk=16, policy=policy, sinks=4))
+    result = stream_nll(model, torch.randint(0, 97, (1, 300)))
+    stores = memory_stores(model)
+    assert all(s.peak == 40 + 16 for s in stores) and all(s.size == 40 for s in stores)
+    assert result.nll.shape == (1, 299) and math.isfinite(result.perplexity)
+
+
+# --- RoPE from stored positions -------------------------------------------------------------------------------------
+
+
+def test_rope_uses_stored_positions_after_eviction() -> None:
+    """After FIFO eviction with sinks, a chunk's attention equals dense attention at the tokens' absolute positions
+    restricted to the kept keys (a slot-index RoPE would rotate the kept keys by their new slots and differ)."""
+    torch.manual_seed(1)
+    attention = Attention(LlamaConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab_size=10)).eval()
+    config = MemoryConfig(capacity=12, chunk=8, policy="fifo", sinks=3)
+    layer = LlamaMemoryAttention(copy.deepcopy(attention), rope_theta=1e4, config=config)
+    x = torch.randn(1, 48, 32)
+    with torch.no_grad():
+        for start in range(0, 40, 8):
+            layer(x[:, start : start + 8], None, None)
+        kept = layer.store.positions[0, 0].tolist()
+        assert kept == [0, 1, 2, 31, 32, 33, 34, 35, 36, 37, 38, 39]
+        last = layer(x[:, 40:48], None, None)  # (1, 8, 32)
+        # Dense reference over all 48 tokens, rotated at their absolute positions, masking the evicted keys.
+        cos, sin = rotary_cos_sin(48, 16, theta=1e4, device=x.device)
+        heads = lambda t: t.view(1, 48, 2, 16).transpose(1, 2)  # noqa: E731
+        q = apply_rotary(heads(attention.q_proj(x)), cos, sin)
+        k = apply_rotary(heads(attention.k_proj(x)), cos, sin)
+        v = heads(attention.v_proj(x))
+        allowed = torch.zeros(8, 48, dtype=torch.bool)
+        allowed[:, kept] = True
+        allowed[:, 40:] = torch.ones(8, 8).tril().bool()
+        y = torch.nn.functional.scaled_dot_product_attention(q[:, :, 40:], k, v, attn_mask=allowed)
+        reference = attention.o_proj(y.transpose(1, 2).reshape(1, 8, 32))
+    assert torch.allclose(last, reference, atol=1e-5, rtol=0)
+
+
+# --- decoding keeps evicting ----------------------------------------------------------------------------------------
+
+
+def test_generate_with_full_memory_matches_kv_cache_decoding() -> None:
+    model = tiny_llama()
+    prompt = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():  # reference: greedy decoding with the model's own growing KV cache
+        cache, expected = model.new_cache(), []
+        logits = model(prompt, cache=cache)
+        for _ in range(12):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            expected.append(token)
+            logits = model(token, cache=cache)
+    equip_memory_(model, MemoryConfig(capacity=64, chunk=8, policy="lra"))
+    assert torch.equal(generate(model, prompt, max_new_tokens=12), torch.cat(expected, dim=1))
+
+
+def test_decoding_past_the_training_length_stays_bounded() -> None:
+    model = tiny_llama(max_seq_len=32)
+    equip_memory_(model, MemoryConfig(capacity=16, chunk=8, policy="lfa", sinks=2))
+    out = generate(model, torch.randint(0, 97, (1, 24)), max_new_tokens=100)  # 124 tokens > max_seq_len 32
+    assert out.shape == (1, 100)
+    stores = memory_stores(model)
+    assert all(s.seen == 124 and s.size == 16 and s.peak == 16 + 8 for s in stores)
+    assert all(set(range(2)) <= set(s.positions[0, 0].tolist()) for s in stores)  # the sinks survived
+
+
+def test_same_seed_same_stream() -> None:
+    def run() -> torch.Tensor:
+        model = tiny_llama()
+        equip_memory_(model, MemoryConfig(capacity=32, chunk=8, policy="h2o"))
+        torch.manual_seed(5)
+        return stream_nll(model, torch.randint(0, 97, (1, 100))).nll
+
+    assert torch.equal(run(), run())
+
+
+# --- wait-to-attend (bidirectional) ---------------------------------------------------------------------------------
+
+
+def tiny_bert() -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    return transformers.BertModel(config).eval()
+
+
+def test_wait_and_capacity_covering_the_input_equal_full_bidirectional_attention() -> None:
+    model = tiny_bert()
+    ids = torch.randint(0, 97, (2, 90))
+    with torch.no_grad():
+        reference = model(ids).last_hidden_state
+    equip_memory_(model, MemoryConfig(capacity=96, chunk=16, wait=90))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).last_hidden_state, reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("wait", [0, 5, 23])
+def test_each_query_sees_exactly_wait_later_tokens(wait: int) -> None:
+    """One BERT self-attention layer with an unbounded memory: query i attends keys j <= i + wait."""
+    inner = tiny_bert().encoder.layer[0].attention.self
+    x = torch.randn(1, 50, 32)
+    with torch.no_grad():
+        heads = lambda t: t.view(1, 50, 2, 16).transpose(1, 2)  # noqa: E731
+        q, k, v = heads(inner.query(x)), heads(inner.key(x)), heads(inner.value(x))
+        band = torch.arange(50)[None, :] <= torch.arange(50)[:, None] + wait
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band)
+        reference = y.transpose(1, 2).reshape(1, 50, 32)
+        holder = nn.Sequential(inner)
+        equip_memory_(holder, MemoryConfig(capacity=64, chunk=8, wait=wait))
+        out, _ = holder[0](x)
+    assert torch.allclose(out, reference, atol=1e-5, rtol=0)
+
+
+# --- bad input ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"capacity": 8, "chunk": 16}, "capacity=8 is smaller than chunk=16"),
+        ({"policy": "lru"}, "policy='lru' is unknown; allowed: ['fifo', 'lra', 'lfa', 'h2o']"),
+        ({"wait": -1}, "wait=-1 is invalid; allowed: an integer >= 0"),
+        ({"capacity": 64, "sinks": 64}, "leave no evictable entry"),
+        ({"tau": 0.0}, "tau=0.0 is invalid"),
+        ({"capacity": 0}, "capacity=0 is invalid"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_value(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")) as error:
+        MemoryConfig(**kwargs)
+    assert "\n" not in str(error.value) and "allowed" in str(error.value)
+
+
+def test_models_that_cannot_be_equipped() -> None:
+    with pytest.raises(ValueError, match="has no attention layer we can equip; allowed: tensorslim LLaMA"):
+        equip_memory_(nn.Sequential(nn.Linear(4, 4)), MemoryConfig())
+    with pytest.raises(ValueError, match="wait=4 needs a bidirectional model"):
+        equip_memory_(tiny_llama(), MemoryConfig(wait=4))
+    model = tiny_llama()
+    equip_memory_(model, MemoryConfig())
+    with pytest.raises(ValueError, match="already has a memory"):
+        equip_memory_(model, MemoryConfig())
