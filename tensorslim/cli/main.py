@@ -12,9 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tensorslim.cli import bench, convert, distill, generate, quantize, train
+from tensorslim.cli import bench, convert, distill, generate, longeval, quantize, train
 
-SUBCOMMANDS = (train, bench, convert, quantize, distill, generate)
+SUBCOMMANDS = (train, bench, convert, quantize, distill, generate, longeval)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -264,3 +264,22 @@ def test_models_that_cannot_be_equipped() -> None:
     equip_memory_(model, MemoryConfig())
     with pytest.raises(ValueError, match="already has a memory"):
         equip_memory_(model, MemoryConfig())
+
+
+# --- long documents -------------------------------------------------------------------------------------------------
+
+
+def test_needle_documents_are_deterministic_by_seed_and_hold_their_facts() -> None:
+    from tensorslim.data.longdocs import long_tokenizer, needle_documents
+
+    tokenizer = long_tokenizer()
+    first, again, other = (needle_documents(tokenizer, length=200, count=3, seed=s) for s in (7, 7, 8))
+    assert torch.equal(first.ids, again.ids) and torch.equal(first.answers, again.answers)
+    assert not torch.equal(first.ids, other.ids)
+    for n in range(3):
+        text = tokenizer.decode(first.ids[n].tolist())
+        for depth in (0.1, 0.3, 0.5, 0.7):  # each recalled value appears twice: the fact and its restatement
+            value = tokenizer.decode(first.ids[n][first.query_depth[n] == depth].tolist()).strip(" .")
+            assert value.isdigit() and text.count(f" is {value}.") == 2
+    with pytest.raises(ValueError, match=r"depths=\(1.5,\) is invalid"):
+        needle_documents(tokenizer, length=200, count=1, depths=(1.5,))
