@@ -90,13 +90,14 @@ def bbc_topic_documents(tokenizer: TextTokenizer, *, topic: str, length: int, co
 
 
 def stdlib_documents(tokenizer: TextTokenizer, *, length: int, count: int) -> torch.Tensor:
-    """``(count, length)``: the first ``length`` tokens of the longest held-out standard-library files (one file per
-    document, longest first)."""
-    docs = sorted(load_corpus("stdlib").validation, key=len, reverse=True)[: 4 * count]
-    long = [tokens[:length] for tokens in tokenizer.encode_batch(docs) if len(tokens) >= length][:count]
+    """``(count, length)``: the first ``length`` tokens of held-out standard-library files of at least that many
+    tokens (one file per document, in key order; the very largest files are mostly data tables, so none is
+    preferred for its size)."""
+    docs = [text for text in load_corpus("stdlib").validation if len(text) >= 3 * length]
+    long = [tokens[:length] for tokens in tokenizer.encode_batch(docs[: 4 * count]) if len(tokens) >= length]
     if len(long) < count:
         raise ValueError(f"count={count} is too many stdlib files of >= {length} tokens; allowed: <= {len(long)}")
-    return torch.tensor(long, dtype=torch.long)
+    return torch.tensor(long[:count], dtype=torch.long)
 
 
 def _cut(stream: torch.Tensor, *, length: int, count: int, what: str) -> torch.Tensor:

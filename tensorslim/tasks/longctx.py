@@ -26,7 +26,7 @@ _TRAIN_DEPTHS = tuple(tuple(round(d + shift, 2) for d in (0.05, 0.25, 0.45, 0.65
 
 @dataclass(frozen=True, kw_only=True)
 class LongContextOptions:
-    needles: float = option(0.5, "share of training blocks that are needle documents, in [0, 1]")
+    needles: float = option(0.5, "share of training blocks that are needle documents, in [0, 1] (at most 4,000)")
 
     def __post_init__(self) -> None:
         if isinstance(self.needles, bool) or not isinstance(self.needles, int | float) or not 0 <= self.needles <= 1:
@@ -42,22 +42,30 @@ class LongContextLM(Task):
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream, build_lm_data
-        from tensorslim.data.longdocs import long_tokenizer, needle_documents
+        from tensorslim.data.longdocs import DEPTHS, long_tokenizer, needle_documents
 
         tokenizer = long_tokenizer(config.vocab_size or 4096)
+        keys = max(1, min(4, config.seq_len // 96))  # needles per document: a short block holds fewer
         code = build_lm_data("stdlib", tokenizer=None, vocab_size=tokenizer.vocab_size, seq_len=config.seq_len)
         n_needles = round(len(code.train) * self.settings.needles / max(1e-9, 1 - self.settings.needles))
         n_needles = min(n_needles, 4000)
         per_set = max(1, n_needles // len(_TRAIN_DEPTHS)) if n_needles else 0
         needle_blocks = [
             needle_documents(
-                tokenizer, length=config.seq_len, count=per_set, depths=depths, split="train", seed=config.seed + i
+                tokenizer,
+                length=config.seq_len,
+                count=per_set,
+                depths=depths[:keys],
+                split="train",
+                seed=config.seed + i,
             ).ids
             for i, depths in enumerate(_TRAIN_DEPTHS)
             if per_set
         ]
         train = torch.cat([code.train[: max(1, len(code.train) - n_needles)], *needle_blocks])
-        held_out = needle_documents(tokenizer, length=config.seq_len, count=config.eval_blocks, seed=config.seed)
+        held_out = needle_documents(
+            tokenizer, length=config.seq_len, count=config.eval_blocks, depths=DEPTHS[:keys], seed=config.seed
+        )
         return TaskData(
             train=BatchStream(train, batch_size=config.batch_size, seed=config.seed),
             validation={"code": code.validation[: config.eval_blocks], "needles": held_out},
