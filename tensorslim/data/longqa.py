@@ -2,7 +2,7 @@
 
 Each document is ``doc_tokens`` tokens: low-entropy filler (sentences from a few templates with small slot sets)
 with ``passages`` BBC article openings of ``passage_tokens`` tokens each at random places. One passage holds the
-fact "The code word of <name> is <answer>."; the others hold distractor facts about other names. The question asks
+fact "The code word of <name> is <answer>."; ``distractors`` others hold facts about other names. The question asks
 for one name's code word, so the question, put in front of every window, says which fact counts. Facts start at a
 multiple of ``block`` tokens and are at most ``block`` tokens long, so a reader whose windows and skips are whole
 blocks (random access with ``K = block``) never cuts a fact in two; they sit at least ``lead`` tokens into their
@@ -96,6 +96,7 @@ class LongQASpec:
     doc_tokens: int = 1024
     passage_tokens: int = 192
     passages: int = 2
+    distractors: int = 1
     block: int = 16
     lead: int = 64
     answers: int = 8
@@ -105,6 +106,9 @@ class LongQASpec:
         for name in ("train_docs", "validation_docs", "doc_tokens", "passage_tokens", "passages", "block", "answers"):
             require_int(name, getattr(self, name))
         require_int("lead", self.lead, minimum=0)
+        require_int("distractors", self.distractors, minimum=0)
+        if self.distractors >= self.passages:
+            raise ValueError(f"distractors={self.distractors} is invalid; allowed: < passages={self.passages}")
         require_int("seed", self.seed, minimum=0)
         if self.doc_tokens % self.block or self.passage_tokens % self.block or self.lead % self.block:
             raise ValueError(
@@ -136,7 +140,11 @@ def build_longqa(spec: LongQASpec, tokenizer: Any) -> LongQASet:
         ("validation", test_idx, spec.validation_docs, 1),
     ):
         rng = np.random.default_rng([spec.seed, offset])
-        articles = _article_tokens([texts[i] for i in indices], tokenizer, minimum=spec.passage_tokens)
+        # A random pool of articles, a few per passage needed: tokenizing every article would dominate small sets.
+        pool = rng.permutation(indices)[: max(4 * count * spec.passages, 64)]
+        articles = _article_tokens([texts[i] for i in pool], tokenizer, minimum=spec.passage_tokens)
+        if len(articles) < spec.passages:
+            raise ValueError(f"passage_tokens={spec.passage_tokens} is invalid: too few BBC articles are that long")
         made[split] = [_document(spec, tokenizer, articles, answer_ids, rng) for _ in range(count)]
     questions = [tokenizer.encode_batch([QUESTION.format(name=name)])[0] for name in NAMES]
     return LongQASet(
@@ -179,6 +187,7 @@ def _document(
 ) -> QADocument:
     names = rng.choice(len(NAMES), size=spec.passages, replace=False)
     answers = rng.integers(len(answer_ids), size=spec.passages)
+    with_fact = set(rng.choice(spec.passages, size=1 + spec.distractors, replace=False).tolist())
     chosen = rng.choice(len(articles), size=spec.passages, replace=False)
     # Passage places: the filler blocks are cut into passages + 1 gaps at random block boundaries.
     filler_blocks = (spec.doc_tokens - spec.passages * spec.passage_tokens) // spec.block
@@ -190,23 +199,25 @@ def _document(
     for i in range(spec.passages):
         tokens += filler[len(tokens) - sum(p[1] - p[0] for p in passages) :][: gaps[i]]
         fact = tokenizer.encode_batch([FACT.format(name=NAMES[names[i]], answer=ANSWER_WORDS[answers[i]])])[0]
-        if len(fact) > spec.block:
+        if i not in with_fact:
+            fact = []
+        elif len(fact) > spec.block:
             raise ValueError(f"block={spec.block} is invalid: a fact takes {len(fact)} tokens; allowed: >= {len(fact)}")
         at = spec.block * rng.integers(spec.lead // spec.block, spec.passage_tokens // spec.block)  # within passage
         body = articles[chosen[i]]
         passage = (body[:at] + fact + body[at:])[: spec.passage_tokens]
         start = len(tokens)
         passages.append((start, start + spec.passage_tokens))
-        facts.append((start + at, start + at + len(fact)))
+        facts.append((start + at, start + at + len(fact)) if fact else None)
         tokens += passage
     used = sum(p[1] - p[0] for p in passages)
     tokens += filler[len(tokens) - used :][: gaps[-1]]
-    asked = int(rng.integers(spec.passages))
+    asked = int(rng.choice(sorted(with_fact)))
     return QADocument(
         tokens=np.asarray(tokens, dtype=np.int64),
         question=tokenizer.encode_batch([QUESTION.format(name=NAMES[names[asked]])])[0],
         answer=int(answers[asked]),
         fact=(int(facts[asked][0]), int(facts[asked][1])),
-        distractors=[(int(b), int(e)) for i, (b, e) in enumerate(facts) if i != asked],
+        distractors=[(int(f[0]), int(f[1])) for i, f in enumerate(facts) if f is not None and i != asked],
         passages=[(int(b), int(e)) for b, e in passages],
     )

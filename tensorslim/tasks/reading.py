@@ -186,6 +186,7 @@ class LongQAOptions(ReaderConfig):
     doc_tokens: int = option(1024, "longqa: tokens per document")
     passage_tokens: int = option(192, "longqa: tokens per BBC passage (two per document, one holds the fact)")
     fact_lead: int = option(64, "longqa: a fact sits at least this many tokens into its passage")
+    distractors: int = option(1, "longqa: passages holding a fact about another name")
     answer_weight: float = option(1.0, "longqa: weight of the answer's cross-entropy next to the window's LM loss")
 
     def __post_init__(self) -> None:
@@ -333,6 +334,7 @@ def build_qa_set(config: Any, options: LongQAOptions, *, model_name: str, valida
         passage_tokens=options.passage_tokens,
         block=options.skip_k,
         lead=options.fact_lead,
+        distractors=options.distractors,
         seed=config.seed,
     )
     own = config.tokenizer or model_tokenizer(model_name)
