@@ -163,16 +163,20 @@ class ReadLM(Task):
 
 
 def _fixed_validation(docs: list[np.ndarray], *, window: int, blocks: int) -> tuple[list[np.ndarray], torch.Tensor]:
-    """The first validation documents that hold ``blocks`` full windows, and those windows ``(blocks, window)``."""
+    """The fixed validation windows ``(blocks, window)``: consecutive windows of the first validation documents, and
+    the text they cover as documents (the last one cut after its last window), for the reader to read."""
     kept, rows = [], []
     for doc in docs:
-        kept.append(doc)
-        rows += [doc[s : s + window] for s in range(0, len(doc) - window + 1, window)]
-        if len(rows) >= blocks:
+        need = blocks - len(rows)
+        taken = [doc[s : s + window] for s in range(0, len(doc) - window + 1, window)][:need]
+        if taken:
+            rows += taken
+            kept.append(doc if len(rows) < blocks else doc[: len(taken) * window])
+        if len(rows) == blocks:
             break
     if not rows:
         raise ValueError(f"no validation document holds a window of seq_len={window} tokens; use a smaller seq_len")
-    return kept, torch.from_numpy(np.stack(rows[:blocks])).long()
+    return kept, torch.from_numpy(np.stack(rows)).long()
 
 
 # --- longqa --------------------------------------------------------------------------------------------------------
