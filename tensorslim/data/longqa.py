@@ -23,8 +23,6 @@ import numpy as np
 from tensorslim._checks import require_int
 
 NAMES = ("John", "David", "James", "Peter", "Paul", "Mark", "Tom", "Simon", "Maria", "Anna", "Clara", "Sarah")
-# Tried in order; the first ``answers`` that are one token (with a leading space) under the tokenizer are used.
-ANSWER_WORDS = ("red", "black", "gold", "music", "money", "night", "film", "school", "bank", "club", "party", "house")
 QUESTION = "Question: what is the code word of {name}?"
 FACT = " The code word of {name} is {answer}."
 ANSWER_PROMPT = " Answer:"
@@ -51,7 +49,7 @@ class QADocument:
     Attributes:
         tokens: ``(|X|,)`` int64 token ids of the document.
         question: token ids of the question (put in front of every window).
-        answer: index of the answer in :attr:`LongQASet.answer_ids`.
+        answer: index of the answer in :attr:`LongQASet.answer_ids` and :attr:`LongQASet.answer_words`.
         fact: ``(begin, end)`` tokens of the fact that answers the question.
         distractors: ``(begin, end)`` of each other fact.
         passages: ``(begin, end)`` of each BBC passage.
@@ -72,6 +70,7 @@ class LongQASet:
     Attributes:
         train, validation: the documents.
         tokenizer: the tokenizer that made them.
+        answer_words: the possible answers: the tokenizer's rarest whole-word tokens in the training articles.
         answer_ids: the token id of each answer word.
         none_id: the target of a window that does not hold the asked fact (the tokenizer's eos, also the padding).
         prompt: token ids of " Answer:", after every window.
@@ -81,6 +80,7 @@ class LongQASet:
     train: list[QADocument]
     validation: list[QADocument]
     tokenizer: Any
+    answer_words: list[str]
     answer_ids: list[int]
     none_id: int
     prompt: list[int]
@@ -96,7 +96,7 @@ class LongQASpec:
     doc_tokens: int = 1024
     passage_tokens: int = 192
     passages: int = 2
-    distractors: int = 1
+    distractors: int = 0
     block: int = 16
     lead: int = 64
     answers: int = 8
@@ -119,25 +119,23 @@ class LongQASpec:
             raise ValueError(f"lead={self.lead} is invalid; allowed: <= passage_tokens - block")
         if self.passages * self.passage_tokens > self.doc_tokens:
             raise ValueError(f"passages={self.passages} x passage_tokens={self.passage_tokens} exceed doc_tokens")
-        if self.passages > len(NAMES) or self.answers > len(ANSWER_WORDS):
-            raise ValueError(f"passages={self.passages}, answers={self.answers}: allowed: <= 12 each")
+        if self.passages > len(NAMES):
+            raise ValueError(f"passages={self.passages} is invalid; allowed: <= {len(NAMES)}")
 
 
 def build_longqa(spec: LongQASpec, tokenizer: Any) -> LongQASet:
     """The set of ``spec``, tokenized with ``tokenizer`` (a :class:`tensorslim.data.TextTokenizer`).
 
     Raises:
-        ValueError: fewer than ``spec.answers`` answer words are one token, or a fact is longer than ``spec.block``.
+        ValueError: too few articles of ``spec.passage_tokens`` tokens, or a fact longer than ``spec.block``.
     """
     from tensorslim.data import bbcnews_labelled, bbcnews_split
 
-    answer_ids = _answer_ids(tokenizer, spec.answers)
     texts, _, _ = bbcnews_labelled()
-    train_idx, test_idx = bbcnews_split()
-    made = {}
+    pools = {}
     for split, indices, count, offset in (
-        ("train", train_idx, spec.train_docs, 0),
-        ("validation", test_idx, spec.validation_docs, 1),
+        ("train", bbcnews_split()[0], spec.train_docs, 0),
+        ("validation", bbcnews_split()[1], spec.validation_docs, 1),
     ):
         rng = np.random.default_rng([spec.seed, offset])
         # A random pool of articles, a few per passage needed: tokenizing every article would dominate small sets.
@@ -145,12 +143,18 @@ def build_longqa(spec: LongQASpec, tokenizer: Any) -> LongQASet:
         articles = _article_tokens([texts[i] for i in pool], tokenizer, minimum=spec.passage_tokens)
         if len(articles) < spec.passages:
             raise ValueError(f"passage_tokens={spec.passage_tokens} is invalid: too few BBC articles are that long")
-        made[split] = [_document(spec, tokenizer, articles, answer_ids, rng) for _ in range(count)]
+        pools[split] = (rng, articles, count)
+    words, answer_ids = _answers(tokenizer, pools["train"][1], spec.answers)
+    made = {
+        split: [_document(spec, tokenizer, articles, words, rng) for _ in range(count)]
+        for split, (rng, articles, count) in pools.items()
+    }
     questions = [tokenizer.encode_batch([QUESTION.format(name=name)])[0] for name in NAMES]
     return LongQASet(
         train=made["train"],
         validation=made["validation"],
         tokenizer=tokenizer,
+        answer_words=words,
         answer_ids=answer_ids,
         none_id=tokenizer.eos_id,
         prompt=tokenizer.encode_batch([ANSWER_PROMPT])[0],
@@ -158,12 +162,18 @@ def build_longqa(spec: LongQASpec, tokenizer: Any) -> LongQASet:
     )
 
 
-def _answer_ids(tokenizer: Any, count: int) -> list[int]:
-    encoded = tokenizer.encode_batch([" " + word for word in ANSWER_WORDS])
-    ids = [ids[0] for ids in encoded if len(ids) == 1]
-    if len(ids) < count:
-        raise ValueError(f"answers={count} is invalid for tokenizer {tokenizer.name}; allowed: <= {len(ids)}")
-    return ids[:count]
+def _answers(tokenizer: Any, articles: list[list[int]], count: int) -> tuple[list[str], list[int]]:
+    """The ``count`` whole-word tokens (lowercase letters, 4 or more, one token with a leading space) that the
+    training articles use least: an answer word then rarely appears in a window without its fact."""
+    counts = np.bincount(np.concatenate([np.asarray(a) for a in articles]), minlength=tokenizer.vocab_size)
+    words = {i: tokenizer.decode([i]).strip() for i in range(tokenizer.vocab_size)}
+    candidates = sorted(i for i, w in words.items() if len(w) >= 4 and w.isascii() and w.isalpha() and w.islower())
+    encoded = tokenizer.encode_batch([f" {words[i]}" for i in candidates])
+    whole = [i for i, ids in zip(candidates, encoded, strict=True) if ids == [i]]
+    if len(whole) < count:
+        raise ValueError(f"answers={count} is invalid for tokenizer {tokenizer.name}; allowed: <= {len(whole)}")
+    chosen = sorted(whole, key=lambda i: (counts[i], i))[:count]
+    return [words[i] for i in chosen], chosen
 
 
 def _article_tokens(texts: list[str], tokenizer: Any, *, minimum: int) -> list[list[int]]:
@@ -183,10 +193,10 @@ def _filler(tokenizer: Any, rng: np.random.Generator, count: int) -> list[int]:
 
 
 def _document(
-    spec: LongQASpec, tokenizer: Any, articles: list[list[int]], answer_ids: list[int], rng: np.random.Generator
+    spec: LongQASpec, tokenizer: Any, articles: list[list[int]], words: list[str], rng: np.random.Generator
 ) -> QADocument:
     names = rng.choice(len(NAMES), size=spec.passages, replace=False)
-    answers = rng.integers(len(answer_ids), size=spec.passages)
+    answers = rng.integers(len(words), size=spec.passages)
     with_fact = set(rng.choice(spec.passages, size=1 + spec.distractors, replace=False).tolist())
     chosen = rng.choice(len(articles), size=spec.passages, replace=False)
     # Passage places: the filler blocks are cut into passages + 1 gaps at random block boundaries.
@@ -198,7 +208,7 @@ def _document(
     passages, facts = [], []
     for i in range(spec.passages):
         tokens += filler[len(tokens) - sum(p[1] - p[0] for p in passages) :][: gaps[i]]
-        fact = tokenizer.encode_batch([FACT.format(name=NAMES[names[i]], answer=ANSWER_WORDS[answers[i]])])[0]
+        fact = tokenizer.encode_batch([FACT.format(name=NAMES[names[i]], answer=words[answers[i]])])[0]
         if i not in with_fact:
             fact = []
         elif len(fact) > spec.block:

@@ -190,7 +190,7 @@ class LongQAOptions(ReaderConfig):
     doc_tokens: int = option(1024, "longqa: tokens per document")
     passage_tokens: int = option(192, "longqa: tokens per BBC passage (two per document, one holds the fact)")
     fact_lead: int = option(64, "longqa: a fact sits at least this many tokens into its passage")
-    distractors: int = option(1, "longqa: passages holding a fact about another name")
+    distractors: int = option(0, "longqa: passages holding a fact about another name (0 or 1)")
     answer_weight: float = option(1.0, "longqa: weight of the answer's cross-entropy next to the window's LM loss")
 
     def __post_init__(self) -> None:

@@ -10,13 +10,15 @@ import torch
 
 from tensorslim.data import load_tokenizer
 from tensorslim.data.corpus import Corpus
-from tensorslim.data.longqa import ANSWER_WORDS, NAMES, LongQASpec, build_longqa
+from tensorslim.data.longqa import NAMES, LongQASpec, build_longqa
 from tensorslim.models.gpt2 import GPT2Config, GPT2ForCausalLM
 from tensorslim.reading import Reader, ReaderConfig, Span, pool_losses, skip_length
 from tensorslim.tasks.base import model_tokenizer
 from tensorslim.tasks.reading import QAFormat, read_and_answer
 
-SPEC = LongQASpec(train_docs=6, validation_docs=12, doc_tokens=512, passage_tokens=128, block=16, lead=32, seed=3)
+SPEC = LongQASpec(
+    train_docs=6, validation_docs=12, doc_tokens=512, passage_tokens=128, distractors=1, block=16, lead=32, seed=3
+)
 
 
 def words(text: str) -> list[str]:
@@ -45,7 +47,7 @@ def test_documents_hold_the_asked_fact_whole_block_aligned_inside_a_passage(qa, 
         fact = tokenizer.decode(doc.tokens[begin:end].tolist())
         question = tokenizer.decode(doc.question)
         asked = next(name for name in NAMES if name.lower() in words(question))
-        assert ["code", "word", "of", asked.lower(), "is", ANSWER_WORDS[doc.answer]] == words(fact)[1:7]
+        assert ["code", "word", "of", asked.lower(), "is", qa.answer_words[doc.answer]] == words(fact)[1:7]
         for b, e in doc.distractors:  # other names, so only the question tells the facts apart
             assert asked.lower() not in words(tokenizer.decode(doc.tokens[b:e].tolist()))
 
