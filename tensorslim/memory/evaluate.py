@@ -4,7 +4,6 @@ memory entries and the time per token (the harness of ``tensorslim longeval`` an
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -100,8 +99,3 @@ def evaluate(model: nn.Module, docs: object, config: MemoryConfig, *, batch_size
         tokens=ids.numel(),
         seconds_per_token=seconds / ids.numel(),
     )
-
-
-def with_budget(config: MemoryConfig, *, capacity: int) -> MemoryConfig:
-    """``config`` at another capacity (the chunk shrinks to fit a small budget)."""
-    return dataclasses.replace(config, capacity=capacity, chunk=min(config.chunk, capacity))
