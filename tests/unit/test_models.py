@@ -118,7 +118,10 @@ def test_unknown_names_tasks_and_bad_overrides_are_one_line_errors() -> None:
         (lambda: build_model("gpt5"), "model='gpt5' is unknown"),
         (lambda: build_model("tiny", task="mlm"), "task='mlm' is not supported by model='tiny'; allowed: ['lm']"),
         (lambda: build_model("minilm", task="mlm"), "task='mlm' is not supported by model='minilm'"),
-        (lambda: model_names("translate"), "task='translate' is unknown; allowed: ['lm', 'mlm', 'classify', 'embed', 'segment']"),
+        (
+            lambda: model_names("translate"),
+            "task='translate' is unknown; allowed: ['lm', 'mlm', 'classify', 'embed', 'segment']",
+        ),
         (lambda: build_model("bert-tiny", task="mlm", n_classes=3), "n_classes=3 is invalid for task='mlm'"),
         (lambda: build_model("minilm", vocab_size=4096), "vocab_size=4096 is invalid for pretrained model='minilm'"),
         (lambda: build_model("minilm", max_seq_len=1024), "max_seq_len=1024 is invalid for pretrained model='minilm'"),
