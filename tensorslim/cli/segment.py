@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             tensorboard=False,
         )
 
+    from tensorslim.train.trainer import Interrupted
+
     rows: list[dict[str, Any]] = []
     shown: dict[str, Any] = {}
     try:
@@ -115,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
                     shown.setdefault("test", trainer.task.held_out("test"))
                     shown["constant"] = [trainer.task.prior] * args.overlay_cases
                 print(_progress_line(row), flush=True)
+    except Interrupted as stop:
+        print(f"tensorslim segment: interrupted after {len(rows)} rows; nothing written", flush=True)
+        return 128 + stop.signal_number
     finally:
         if not args.keep_runs:
             shutil.rmtree(runs_dir, ignore_errors=True)
@@ -229,7 +234,8 @@ def _write_results(args: argparse.Namespace, rows: list[dict[str, Any]], shown: 
     if gains:
         text += ["Image + mask vs image only:", "", gains, ""]
     (out / f"{stem}.md").write_text("\n".join(text))
-    plot_dice_curves([r for r in rows if r["inputs"] != "constant"], out / f"{stem}_dice.png", title=command)
+    curves = [r for r in rows if r["inputs"] != "constant"]
+    plot_dice_curves(curves, out / f"{stem}_dice.png", title=f"{args.dataset}: test Dice vs training cases")
     test = shown.pop("test", None)
     if test is not None and args.overlay_cases > 0:
         k = args.overlay_cases
