@@ -3,13 +3,14 @@
 MONAI (``pip install monai``; the optional extra ``tensorslim[monai]``) is the reference implementation users would
 reach for; segmentation_models_pytorch and nnU-Net import torchvision, which does not import beside our torch.
 MONAI's model joins the model registry for this script only (preset ``monai-unet``: ``monai.networks.nets.UNet``
-with residual units, the same channels) and its loss through a task subclass (``segment-monai``: MONAI's
-``DiceLoss(sigmoid=True)`` + BCE), so data, augmentation, optimizer, schedule and scoring are the same code.
+with MONAI's defaults, i.e. strided convolutions and no residual units, at the same channels 8-64) and its loss
+through a task subclass (``segment-monai``: MONAI's ``DiceLoss(sigmoid=True)`` + BCE), so data, augmentation,
+optimizer, schedule and scoring are the same code.
 
     python benchmarks/segment_monai.py --dataset heart --inputs mask --train-cases 8 --seeds 1 --steps 200
 
 writes ``benchmarks/results/segment_monai_<dataset>.md`` and ``.json``. Run times are from a shared, loaded CPU
-machine and are only comparable within one run.
+machine whose load changes from run to run: they are not a speed comparison.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tensorslim.train.trainer import Trainer
 
 
 class MonaiUNet(nn.Module):
-    """MONAI's 2-D UNet (residual units) behind our books' ``example_input``."""
+    """MONAI's 2-D UNet (its defaults: strided convolutions, no residual units) behind our books' ``example_input``."""
 
     def __init__(self, config: UNetConfig) -> None:
         from monai.networks.nets import UNet
@@ -140,7 +141,8 @@ def main() -> None:
         f"Command: `{command}`",
         "",
         "Same split, augmentation, AdamW schedule and scoring (intensity-shifted test cases); mean over seeds. "
-        "Seconds: wall time per run on a shared, loaded 2-core CPU machine, comparable only within this table.",
+        "Seconds: wall time per run on a shared 2-core CPU machine whose load (other users' jobs) changed between "
+        "the runs, so they are not a speed comparison.",
         "",
         "| model | params | Dice | HD95 (mm) | CoM (mm) | seconds/run |",
         "|---|---|---|---|---|---|",
