@@ -54,7 +54,15 @@ def count_flops(model: nn.Module, input_ids: torch.Tensor, *, backward: bool = F
 
 
 def flops_per_token(model: nn.Module, *, seq_len: int, batch: int = 1, backward: bool = False) -> float:
-    """Forward (or forward+backward) FLOPs per token at sequence length ``seq_len``."""
+    """Forward (or forward+backward) FLOPs per token at sequence length ``seq_len``.
+
+    A model whose input is not token ids (the U-Net) says what to count on with ``example_input(batch=, seq_len=)``;
+    its FLOPs are then per element of that input's last two dimensions (per pixel).
+    """
+    example = getattr(model, "example_input", None)
+    if callable(example):
+        inputs = example(batch=batch, seq_len=seq_len)
+        return count_flops(model, inputs, backward=backward) / (batch * inputs.shape[-1] * inputs.shape[-2])
     device = next(model.parameters()).device
     ids = torch.zeros(batch, seq_len, dtype=torch.long, device=device)
     return count_flops(model, ids, backward=backward) / (batch * seq_len)

@@ -1,4 +1,4 @@
-"""``tensorslim train | bench | convert | quantize | distill``: one module per subcommand, one flag builder.
+"""``tensorslim train | bench | convert | quantize | distill | generate | segment``: one module per subcommand.
 
 Each subcommand module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> exit code`` (and
 optionally ``description()``). User errors (``ValueError``/``TypeError`` raised while validating or running) are
@@ -12,9 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tensorslim.cli import bench, convert, distill, generate, longeval, quantize, train
+from tensorslim.cli import bench, convert, distill, generate, longeval, quantize, segment, train
 
-SUBCOMMANDS = (train, bench, convert, quantize, distill, generate, longeval)
+SUBCOMMANDS = (train, bench, convert, quantize, distill, generate, longeval, segment)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Model families and named models; importing this package registers them all (see :mod:`.registry`)."""
 
-from tensorslim.models import bert, gpt2, hf_bert, llama
+from tensorslim.models import bert, gpt2, hf_bert, llama, unet
 from tensorslim.models.registry import (
     MODELS,
     TASKS,
@@ -29,4 +29,5 @@ __all__ = [
     "model_names",
     "register_model",
     "resolve_task",
+    "unet",
 ]

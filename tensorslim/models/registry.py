@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 # What a model can be built for: causal LM (logits (B, T, V)), masked LM (logits (B, T, V)), sequence
-# classification (logits (B, n_classes)) and sentence embedding (the bare encoder's hidden states).
-TASKS = ("lm", "mlm", "classify", "embed")
+# classification (logits (B, n_classes)), sentence embedding (the bare encoder's hidden states) and image
+# segmentation (logits (B, 1, H, W)).
+TASKS = ("lm", "mlm", "classify", "embed", "segment")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +130,7 @@ def model_config(
     vocab_size: int | None = None,
     max_seq_len: int | None = None,
     n_classes: int | None = None,
+    **fields: Any,
 ) -> Any:
     """The config :func:`build_model` builds model ``name`` with, after the overrides (see there)."""
     preset = get_model(name)
@@ -151,6 +153,12 @@ def model_config(
         if task != "classify":
             raise ValueError(f"n_classes={n_classes} is invalid for task={task!r}; allowed: None (only 'classify')")
         changes["n_classes"] = n_classes
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(config)})
+    if unknown or (fields and preset.pretrained):
+        raise ValueError(
+            f"model overrides {sorted(fields)} are invalid for model={name!r}; allowed: fields of its config"
+        )
+    changes.update(fields)
     return dataclasses.replace(config, **changes) if changes else config
 
 
@@ -162,6 +170,7 @@ def build_model(
     max_seq_len: int | None = None,
     n_classes: int | None = None,
     device: torch.device | str | None = None,
+    **fields: Any,
 ) -> nn.Module:
     """Build the registered model ``name`` for ``task``.
 
@@ -174,10 +183,13 @@ def build_model(
         n_classes: the classifier's number of classes (``task="classify"`` only).
         device: where to build; ``"meta"`` builds without allocating (for books and plans) and never reads
             pretrained weights. Pretrained weights are loaded on the CPU and then moved.
+        fields: other fields of a from-scratch model's config that the task fixes (a U-Net's ``in_channels``).
     """
     preset = get_model(name)
     task = resolve_task(name, task)
-    config = model_config(name, task=task, vocab_size=vocab_size, max_seq_len=max_seq_len, n_classes=n_classes)
+    config = model_config(
+        name, task=task, vocab_size=vocab_size, max_seq_len=max_seq_len, n_classes=n_classes, **fields
+    )
     device = torch.device(device or "cpu")
     if preset.pretrained and device.type != "meta":
         return preset.family.load(config, task=task, folder=preset.weights_folder()).to(device)

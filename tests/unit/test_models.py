@@ -39,8 +39,11 @@ EXPECTED = {
     "minilm": "hf-bert",
     "gpt2-tiny": "gpt2",
     "gpt2-small": "gpt2",
+    "unet": "unet",
+    "unet-small": "unet",
 }
-CASES = [(name, task) for name in EXPECTED for task in get_model(name).tasks]
+# Token-input models; the U-Net (task segment, images in) is tested in test_segment_unet.py.
+CASES = [(name, task) for name in EXPECTED for task in get_model(name).tasks if task != "segment"]
 
 
 def _logits(output: object) -> torch.Tensor:
@@ -115,7 +118,10 @@ def test_unknown_names_tasks_and_bad_overrides_are_one_line_errors() -> None:
         (lambda: build_model("gpt5"), "model='gpt5' is unknown"),
         (lambda: build_model("tiny", task="mlm"), "task='mlm' is not supported by model='tiny'; allowed: ['lm']"),
         (lambda: build_model("minilm", task="mlm"), "task='mlm' is not supported by model='minilm'"),
-        (lambda: model_names("translate"), "task='translate' is unknown; allowed: ['lm', 'mlm', 'classify', 'embed']"),
+        (
+            lambda: model_names("translate"),
+            "task='translate' is unknown; allowed: ['lm', 'mlm', 'classify', 'embed', 'segment']",
+        ),
         (lambda: build_model("bert-tiny", task="mlm", n_classes=3), "n_classes=3 is invalid for task='mlm'"),
         (lambda: build_model("minilm", vocab_size=4096), "vocab_size=4096 is invalid for pretrained model='minilm'"),
         (lambda: build_model("minilm", max_seq_len=1024), "max_seq_len=1024 is invalid for pretrained model='minilm'"),
@@ -169,7 +175,7 @@ def test_registry_imports_no_family_module() -> None:
     imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     assert not [module for module in imported if module and module.startswith("tensorslim")]
-    assert set(TASKS) == {"lm", "mlm", "classify", "embed"}
+    assert set(TASKS) == {"lm", "mlm", "classify", "embed", "segment"}
 
 
 def test_minilm_preset_matches_its_folder_and_loads() -> None:

@@ -1,0 +1,187 @@
+"""Binary segmentation with global binary masks (arXiv 2205.09107): a U-Net on the image, the mask, or both.
+
+The paper gives a U-Net either a global binary mask alone (scenario 1: it must find the structure from shape and
+position) or the mask as a second channel beside the image (scenario 2: a shape/position clue when training cases
+are few). This task trains either on our offline data (:mod:`tensorslim.segment.data`): ``train_cases`` cases drawn
+by the run's seed from the training pool, augmented by small random affine moves of input and target together;
+loss = soft Dice + binary cross-entropy (the paper's loss is not stated). The validation set is clean; the test set
+(:meth:`Segmentation.held_out`) carries the intensity shift, so the image channel feels it and the mask does not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorslim._checks import require_int
+from tensorslim.options import option
+from tensorslim.tasks.base import Autocast, Task, TaskData, register_task
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentOptions:
+    """What :class:`Segmentation` trains on."""
+
+    dataset: str = option("heart", "segmentation data: brain (warped MNI152, ventricles) or heart (thorax phantoms)")
+    inputs: str = option("mask", "U-Net input: mask, image, image+mask, prior or image+prior")
+    train_cases: int = option(8, "training cases drawn from the pool (brain 26, heart 12)")
+    image_size: int = option(96, "image side in pixels (a multiple of the U-Net's 2 ** (levels - 1))")
+    augment: bool = option(True, "random small affine moves of input and target together")
+
+    def __post_init__(self) -> None:
+        from tensorslim.segment.data import check_dataset, check_inputs
+
+        pool = check_dataset(self.dataset).sizes["train"]
+        check_inputs(self.inputs)
+        require_int("image_size", self.image_size, minimum=8)
+        if (
+            isinstance(self.train_cases, bool)
+            or not isinstance(self.train_cases, int)
+            or not 1 <= self.train_cases <= pool
+        ):
+            raise ValueError(
+                f"train_cases={self.train_cases!r} is invalid; allowed: 1..{pool} for dataset {self.dataset!r}"
+            )
+
+
+@dataclass(frozen=True)
+class SegmentSplit:
+    """Network inputs ``(N, C, H, W)``, targets ``(N, H, W)`` bool, images ``(N, H, W)`` and pixel mm."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    images: np.ndarray
+    spacing: tuple[float, float]
+
+
+def segment_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Soft Dice (per image, then averaged) + binary cross-entropy; ``logits``/``targets`` ``(B, 1, H, W)``."""
+    probs = torch.sigmoid(logits).flatten(1)
+    flat = targets.flatten(1)
+    soft_dice = (2 * (probs * flat).sum(1) + 1) / (probs.sum(1) + flat.sum(1) + 1)
+    return (1 - soft_dice).mean() + F.binary_cross_entropy_with_logits(logits, targets)
+
+
+class AugmentedStream:
+    """Resumable batches ``(inputs (B, C, H, W), targets (B, 1, H, W))`` drawn with replacement from a few cases.
+
+    Batch ``k`` depends only on ``(seed, k)``. With ``augment``, each sample moves by a random affine (rotation
+    ±8°, scale 0.92-1.08, shift ±4 % of the side) applied to input and target alike; binary channels (masks) and
+    the target are re-thresholded after the bilinear resampling.
+    """
+
+    def __init__(self, split: SegmentSplit, *, batch_size: int, seed: int, augment: bool, binary: tuple[int, ...]):
+        self.inputs = split.inputs
+        self.targets = split.targets.float().unsqueeze(1)
+        self.batch_size, self.seed, self.augment, self.binary = batch_size, seed, augment, binary
+        self.step = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        self.step += 1
+        index = torch.randint(len(self.inputs), (self.batch_size,), generator=generator)
+        inputs, targets = self.inputs[index], self.targets[index]
+        if not self.augment:
+            return inputs, targets
+        theta = random_affine(self.batch_size, generator)
+        grid = F.affine_grid(theta, list(inputs.shape), align_corners=False)
+        inputs = F.grid_sample(inputs, grid, align_corners=False)
+        targets = (F.grid_sample(targets, grid, align_corners=False) > 0.5).float()
+        for channel in self.binary:
+            inputs[:, channel] = (inputs[:, channel] > 0.5).float()
+        return inputs, targets
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+def random_affine(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` random 2 × 3 affine matrices in ``affine_grid``'s normalized coordinates."""
+    uniform = torch.rand(n, 4, generator=generator) * 2 - 1
+    angle, scale = uniform[:, 0] * math.radians(8), 1 + 0.08 * uniform[:, 1]
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
+    shift = 0.08 * uniform[:, 2:]  # ±4 % of the side: normalized coordinates span 2
+    return torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, inputs: torch.Tensor, *, batch_size: int = 16) -> torch.Tensor:
+    """Foreground where the logit is > 0: bool ``(N, H, W)`` for inputs ``(N, C, H, W)``."""
+    device = next(model.parameters()).device
+    out = [model(inputs[i : i + batch_size].to(device))[:, 0] > 0 for i in range(0, len(inputs), batch_size)]
+    return torch.cat(out).cpu()
+
+
+@register_task
+class Segmentation(Task):
+    name = "segment"
+    help = "binary segmentation from image / global binary mask (built-in data: brain, heart; arXiv 2205.09107)"
+    options = SegmentOptions
+
+    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+        from tensorslim.segment.data import input_channels, load_split, train_prior
+
+        settings = self.settings
+        pool = load_split(settings.dataset, "train", size=settings.image_size)
+        chosen = np.random.default_rng(config.seed).permutation(len(pool))[: settings.train_cases]
+        train = pool.subset(np.sort(chosen))
+        self.prior = train_prior(train)
+        self.train_split = self._split(train)
+        binary = () if settings.inputs == "image" else (input_channels(settings.inputs) - 1,)  # mask channel
+        return TaskData(
+            train=AugmentedStream(
+                self.train_split,
+                batch_size=config.batch_size,
+                seed=config.seed,
+                augment=settings.augment,
+                binary=binary,
+            ),
+            validation=self.held_out("val"),
+            model_overrides={"in_channels": input_channels(settings.inputs), "image_size": settings.image_size},
+            tokens_per_batch=config.batch_size * settings.image_size**2,  # "tokens" are pixels
+        )
+
+    def held_out(self, split: str) -> SegmentSplit:
+        """The ``val`` (clean) or ``test`` (intensity-shifted) cases, with inputs built like the training ones."""
+        from tensorslim.segment.data import IntensityShift, load_split
+
+        shift = IntensityShift() if split == "test" else None
+        return self._split(load_split(self.settings.dataset, split, size=self.settings.image_size, shift=shift))
+
+    def _split(self, cases: Any) -> SegmentSplit:
+        from tensorslim.segment.data import network_inputs
+
+        inputs = network_inputs(cases, self.settings.inputs, prior=self.prior)
+        return SegmentSplit(torch.from_numpy(inputs), torch.from_numpy(cases.targets), cases.images, cases.spacing)
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        inputs, targets = batch
+        return segment_loss(model(inputs).float(), targets)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
+        from tensorslim.segment.metrics import dice
+
+        split: SegmentSplit = data.validation
+        device = next(model.parameters()).device
+        losses, dices = [], []
+        for start in range(0, len(split.inputs), batch_size):
+            inputs = split.inputs[start : start + batch_size].to(device)
+            targets = split.targets[start : start + batch_size].float().unsqueeze(1).to(device)
+            with autocast():
+                logits = model(inputs).float()
+            losses.append(segment_loss(logits, targets).item() * len(inputs))
+            dices += [
+                dice(p, t)
+                for p, t in zip((logits[:, 0] > 0).cpu().numpy(), targets[:, 0].bool().cpu().numpy(), strict=True)
+            ]
+        return {"val_loss": sum(losses) / len(split.inputs), "val_dice": float(np.mean(dices))}

@@ -1,0 +1,101 @@
+"""The U-Net model family and the segment task: shapes, registry overrides, books, loss, stream, overfitting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tensorslim.books import flops_per_token
+from tensorslim.models.registry import build_model, get_model
+from tensorslim.models.unet import UNet, UNetConfig
+from tensorslim.segment.metrics import dice
+from tensorslim.tasks.segment import SegmentOptions, predict, segment_loss
+
+
+def test_unet_shapes_and_registry_overrides() -> None:
+    model = build_model("unet-small", in_channels=2, image_size=32)
+    assert get_model("unet-small").tasks == ("segment",)
+    assert model(torch.zeros(3, 2, 32, 48)).shape == (3, 1, 32, 48)
+    with pytest.raises(ValueError, match=r"allowed: \(B, 2, H, W\)"):
+        model(torch.zeros(1, 1, 32, 32))
+    with pytest.raises(ValueError, match="allowed: multiples of 8"):
+        model(torch.zeros(1, 2, 36, 36))
+    with pytest.raises(ValueError, match="in_channels=3 is invalid"):
+        UNetConfig(in_channels=3)
+    with pytest.raises(ValueError, match="are invalid for model='unet-small'"):
+        build_model("unet-small", depth=3)
+
+
+def test_books_count_a_unet_per_pixel() -> None:
+    # FLOPs per pixel are independent of the image side (convolutions cost the same per pixel at every size).
+    small, large = (UNet(UNetConfig(channels=(4, 8), image_size=side)) for side in (16, 32))
+    per_pixel = flops_per_token(small, seq_len=1)
+    assert per_pixel == pytest.approx(flops_per_token(large, seq_len=1))
+    # Hand count of the first 3 × 3 convolution alone (1 → 4 channels): 2 * 9 * 1 * 4 FLOPs per pixel.
+    assert per_pixel > 2 * 9 * 4
+
+
+def test_loss_is_small_for_confident_right_logits() -> None:
+    target = torch.zeros(2, 1, 8, 8)
+    target[:, :, 2:6, 2:6] = 1
+    assert segment_loss(20 * (2 * target - 1), target).item() < 1e-3
+    assert segment_loss(-20 * (2 * target - 1), target).item() > 1.5
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"dataset": "lung"}, "dataset='lung' is unknown"),
+        ({"inputs": "edges"}, "inputs='edges' is unknown"),
+        ({"train_cases": 0}, "train_cases=0 is invalid; allowed: 1..12"),
+        ({"train_cases": 13}, "train_cases=13 is invalid; allowed: 1..12"),
+        ({"dataset": "brain", "train_cases": 27}, "allowed: 1..26"),
+    ],
+)
+def test_bad_options(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SegmentOptions(**fields)
+
+
+def test_tiny_unet_overfits_one_case_through_the_trainer(tmp_path: object) -> None:
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import Trainer
+
+    config = TrainConfig(
+        preset="unet-small",
+        task="segment",
+        method="dense",
+        task_options={"dataset": "heart", "inputs": "image+mask", "train_cases": 1, "image_size": 32, "augment": False},
+        steps=60,
+        batch_size=2,
+        lr=1e-2,
+        eval_every=60,
+        checkpoint_every=60,
+        out_dir=str(tmp_path),
+        progress=False,
+        tensorboard=False,
+    )
+    trainer = Trainer(config)
+    result = trainer.run()
+    split = trainer.task.train_split
+    predicted = predict(trainer.model.eval(), split.inputs).numpy()
+    assert dice(predicted[0], split.targets[0].numpy()) > 0.95
+    assert result.losses[-1] < 0.5 * result.losses[0]
+    assert set(result.val_metrics) == {"val_loss", "val_dice"}
+
+
+def test_stream_is_deterministic_and_resumes() -> None:
+    from tensorslim.tasks.segment import AugmentedStream, SegmentSplit
+
+    inputs = torch.rand(3, 2, 16, 16)
+    inputs[:, 1] = (inputs[:, 1] > 0.5).float()
+    split = SegmentSplit(inputs, torch.rand(3, 16, 16) > 0.5, np.zeros((3, 16, 16)), (1.0, 1.0))
+    first = AugmentedStream(split, batch_size=4, seed=1, augment=True, binary=(1,))
+    batches = [first.next_batch() for _ in range(3)]
+    again = AugmentedStream(split, batch_size=4, seed=1, augment=True, binary=(1,))
+    again.load_state_dict(first.state_dict() | {"step": 2})
+    x, y = again.next_batch()
+    assert torch.equal(x, batches[2][0]) and torch.equal(y, batches[2][1])
+    assert set(x[:, 1].unique().tolist()) <= {0.0, 1.0} and set(y.unique().tolist()) <= {0.0, 1.0}
+    assert not torch.equal(batches[0][0], batches[1][0])
