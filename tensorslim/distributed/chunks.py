@@ -1,0 +1,200 @@
+"""Which rectangle of each single-process (TP=1) tensor a rank holds: the index of a sharded checkpoint.
+
+A parameter of the parallel model is one :class:`~tensorslim.distributed.sharding.ShardSpec` (its TP=1 sources,
+how they are grouped, the dimension TP splits), possibly split again along dim 0 by FSDP2 over the data-parallel
+ranks. Whatever the layout, the part of every TP=1 source that one rank holds is a single rectangle (or nothing):
+
+- TP cuts the grouped tensor into ``p`` equal slabs along ``spec.dim``;
+- FSDP2 cuts this slab into ``ceil(n / dp)``-row pieces along dim 0;
+- a ``cat`` group (sources stacked along dim 0) meets a row range in one row range per source, a ``stack`` group
+  (a new leading dim) in whole sources.
+
+:class:`Chunk` presents such a rectangle to ``torch.distributed.checkpoint`` (DCP) with its offsets in the TP=1
+tensor, so every rank writes only what it holds and DCP reads back any other layout's rectangles: a checkpoint
+written at ``(dp, tp) = (2, 2)`` loads at ``(2, 1)``, ``(1, 2)`` or into one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+from tensorslim.distributed.sharding import ShardSpec
+
+
+class Chunk(torch.Tensor):
+    """A view of this rank's rectangle of a TP=1 tensor, with its offsets there (DCP's ``_Checkpointable``
+    protocol). Writes through the view (DCP's load) land in the parameter or optimizer moment it views."""
+
+    offsets: tuple[int, ...]
+    global_shape: torch.Size
+
+    @staticmethod
+    def of(data: torch.Tensor, offsets: tuple[int, ...], global_shape: torch.Size) -> Chunk:
+        chunk = torch.Tensor._make_subclass(Chunk, data)  # shares data's storage
+        chunk.offsets, chunk.global_shape = tuple(offsets), torch.Size(global_shape)
+        return chunk
+
+    def size(self, dim: int | None = None) -> torch.Size | int:  # noqa: D102 - DCP's load planner compares the
+        # *global* size with the checkpoint's; the rectangle's own shape stays in ``.shape``
+        return self.global_shape if dim is None else self.global_shape[dim]
+
+    def _storage_chunk(self) -> ChunkStorageMetadata:
+        return ChunkStorageMetadata(offsets=torch.Size(self.offsets), sizes=self.shape)
+
+    def __create_write_items__(self, fqn: str, _obj: object) -> list[WriteItem]:
+        local = self.as_subclass(torch.Tensor)
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, torch.Size(self.offsets)),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=self._storage_chunk(),
+                    properties=TensorProperties.create_from_tensor(local),
+                    size=self.global_shape,
+                ),
+            )
+        ]
+
+    def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
+        return [self._storage_chunk()]
+
+    def __get_tensor_shard__(self, _index: MetadataIndex) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor)
+
+
+@dataclass(frozen=True)
+class Rectangle:
+    """One TP=1 source's part held by this rank: ``data`` (a view) sits at ``offsets`` of a ``shape`` tensor."""
+
+    source: str
+    offsets: tuple[int, ...]
+    shape: torch.Size
+    data: torch.Tensor
+
+    def chunk(self) -> Chunk:
+        return Chunk.of(self.data, self.offsets, self.shape)
+
+
+def grouped_shape(spec: ShardSpec, shapes: dict[str, torch.Size]) -> torch.Size:
+    """The shape of the grouped TP=1 tensor of ``spec`` (see :func:`tensorslim.distributed.sharding.group`)."""
+    first = shapes[spec.sources[0]]
+    count = len(spec.sources)
+    if spec.grouping == "cat":
+        return torch.Size([first[0] * count, *first[1:]])
+    if spec.grouping == "stack":
+        return torch.Size([count, *first])
+    return torch.Size(first)
+
+
+def rectangles(
+    local: torch.Tensor,
+    spec: ShardSpec,
+    shapes: dict[str, torch.Size],
+    *,
+    rows: tuple[int, int],
+    tp_rank: int,
+    tp_size: int,
+) -> list[Rectangle]:
+    """The rectangles of ``spec``'s sources that ``local`` holds.
+
+    Args:
+        local: this rank's tensor (a parameter's or a moment's local shard), rows ``rows`` of its TP slab.
+        spec: where the parameter comes from in the TP=1 state dict.
+        shapes: TP=1 shapes by name.
+        rows: the dim-0 range of the TP slab that ``local`` holds (FSDP2's shard; the whole slab otherwise).
+        tp_rank, tp_size: this rank's TP coordinate.
+    """
+    full = grouped_shape(spec, shapes)
+    if not full:  # a 0-dim tensor: whole on every rank
+        return [Rectangle(spec.sources[0], (), full, local)]
+    start = [0] * len(full)
+    if spec.dim is not None:
+        start[spec.dim] = tp_rank * (full[spec.dim] // tp_size)
+    start[0] += rows[0]
+    top, bottom = start[0], start[0] + rows[1] - rows[0]  # grouped rows held
+    if top == bottom:
+        return []
+    if spec.grouping == "none":
+        return [Rectangle(spec.sources[0], tuple(start), full, local)]
+    out = []
+    if spec.grouping == "cat":
+        size = full[0] // len(spec.sources)
+        for i, source in enumerate(spec.sources):
+            lo, hi = max(top, i * size), min(bottom, (i + 1) * size)
+            if lo < hi:
+                out.append(Rectangle(source, (lo - i * size, *start[1:]), shapes[source], local[lo - top : hi - top]))
+        return out
+    for i in range(top, bottom):  # stack: whole sources along the new leading dim
+        out.append(Rectangle(spec.sources[i], tuple(start[1:]), shapes[spec.sources[i]], local[i - top]))
+    return out
+
+
+ADAMW_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One local parameter and where it sits: its spec, its FSDP rows, this rank's TP coordinate."""
+
+    param: torch.nn.Parameter
+    spec: ShardSpec
+    rows: tuple[int, int]
+    tp_rank: int = 0
+    tp_size: int = 1
+
+
+def prepare_adamw_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter of an AdamW its (zero) moments and step before a checkpoint loads into them, as
+    ``torch.optim.AdamW`` creates them at its first step."""
+    if type(optimizer) is not torch.optim.AdamW:
+        raise ValueError(f"sharded checkpoints hold AdamW state only; this run trains with {type(optimizer).__name__}")
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.requires_grad and not optimizer.state[param]:
+                optimizer.state[param] = {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+                }
+
+
+def sharded_state(
+    holdings: list[Holding], optimizer: torch.optim.Optimizer, shapes: dict[str, torch.Size]
+) -> dict[str, torch.Tensor]:
+    """The DCP state dict of this rank: ``model.<TP=1 name>`` and ``optim.<moment>.<TP=1 name>`` as
+    :class:`Chunk` views of what it holds, and AdamW's ``optim.step``.
+
+    Raises:
+        ValueError: the optimizer is not AdamW, or holds a state this format does not know.
+    """
+    from tensorslim.distributed.fsdp import local
+
+    if type(optimizer) is not torch.optim.AdamW:
+        raise ValueError(f"sharded checkpoints hold AdamW state only; this run trains with {type(optimizer).__name__}")
+    out: dict[str, torch.Tensor] = {}
+    step = None
+    for holding in holdings:
+        tensors = {"model": holding.param}
+        state = optimizer.state.get(holding.param, {})
+        unknown = set(state) - {"step", *ADAMW_MOMENTS}
+        if unknown:
+            raise ValueError(f"sharded checkpoints hold AdamW state only; found {sorted(unknown)}")
+        tensors.update({f"optim.{key}": state[key] for key in ADAMW_MOMENTS if key in state})
+        step = state.get("step", step)
+        for prefix, tensor in tensors.items():
+            for rect in rectangles(
+                local(tensor).detach(),
+                holding.spec,
+                shapes,
+                rows=holding.rows,
+                tp_rank=holding.tp_rank,
+                tp_size=holding.tp_size,
+            ):
+                out[f"{prefix}.{rect.source}"] = rect.chunk()
+    if step is not None:
+        out["optim.step"] = step
+    return out
