@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tensorslim.distributed import fsdp
 from tensorslim.distributed.chunks import Holding, prepare_adamw_state, sharded_state
-from tensorslim.distributed.comm import CommLog
+from tensorslim.distributed.comm import CommLog, TPGroup
 from tensorslim.distributed.parallelize import STYLES, TPCausalLM, build_mesh, check_world, parallelize
 from tensorslim.distributed.sharding import ShardSpec
 from tensorslim.train.checkpoint import (
@@ -59,8 +59,9 @@ _TP_FAMILIES = ("llama",)
 def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
     """Raise a one-line ValueError for a bad parallel setup, before any process group, data or model exists.
 
-    The method must list ``config.tp_style`` among the styles that can shard it (the method registry's
-    ``tensor_parallel``); only LLaMA causal-LM models are sharded.
+    With ``tp > 1`` the method must list ``config.tp_style`` among the styles that can shard it (the method
+    registry's ``tensor_parallel``); data parallelism alone needs ``ddp`` or ``fsdp`` (``dp_shard > 1``) in its
+    ``data_parallel``. Only LLaMA causal-LM models run in parallel.
     """
     from tensorslim.methods import METHODS, get_method
     from tensorslim.models.registry import get_model
@@ -76,15 +77,23 @@ def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
         )
     if config.batch_size % dp:
         raise ValueError(f"batch_size={config.batch_size} must be divisible by the data-parallel size {dp}")
-    if config.tp_style not in get_method(config.method).tensor_parallel:
-        allowed = [name for name, method in METHODS.items() if config.tp_style in method.tensor_parallel]
-        raise ValueError(f"method={config.method!r} does not fit tp_style={config.tp_style!r}; allowed: {allowed}")
+    method = get_method(config.method)
+    note = f" ({method.parallel_note})" if method.parallel_note else ""
+    if config.tp > 1 and config.tp_style not in method.tensor_parallel:
+        allowed = [name for name, m in METHODS.items() if config.tp_style in m.tensor_parallel]
+        raise ValueError(
+            f"method={config.method!r} does not fit tp_style={config.tp_style!r}{note}; allowed: {allowed}"
+        )
+    kind = "fsdp" if config.dp_shard > 1 else "ddp"
+    if config.tp == 1 and kind not in method.data_parallel:
+        allowed = [name for name, m in METHODS.items() if kind in m.data_parallel]
+        raise ValueError(f"method={config.method!r} cannot train data-parallel with {kind}{note}; allowed: {allowed}")
     if config.task not in _TP_TASKS:
-        raise ValueError(f"task={config.task!r} cannot run tensor-parallel; allowed: {list(_TP_TASKS)}")
+        raise ValueError(f"task={config.task!r} cannot run in parallel; allowed: {list(_TP_TASKS)}")
     family = get_model(config.preset).family.name
     if family not in _TP_FAMILIES:
         raise ValueError(
-            f"preset={config.preset!r} (family {family!r}) cannot run tensor-parallel; allowed families: "
+            f"preset={config.preset!r} (family {family!r}) cannot run in parallel; allowed families: "
             f"{list(_TP_FAMILIES)}"
         )
 
@@ -127,7 +136,7 @@ def exit_on_peer_failure(rank: int) -> Iterator[None]:
 
 
 def _logged_allreduce(state: tuple[dist.ProcessGroup, CommLog], bucket):
-    """DDP's own all-reduce hook, plus an entry in the TP model's communication log.
+    """DDP's own all-reduce hook, plus an entry in the communication log.
 
     ``bucket`` (a ``dist.GradBucket``) and the returned future stay unannotated: DDP inspects the annotations and
     rejects the string form that ``from __future__ import annotations`` gives them.
@@ -137,15 +146,15 @@ def _logged_allreduce(state: tuple[dist.ProcessGroup, CommLog], bucket):
     return default_hooks.allreduce_hook(group, bucket)
 
 
-def data_parallel(model: TPCausalLM, group: dist.ProcessGroup | None, *, size: int) -> nn.Module:
-    """Wrap ``model`` in DDP over the data-parallel axis of the mesh (the TP model itself when ``size`` is 1).
+def data_parallel(model: nn.Module, group: dist.ProcessGroup | None, *, size: int, log: CommLog) -> nn.Module:
+    """Wrap ``model`` in DDP over the data-parallel axis of the mesh (the model itself when ``size`` is 1).
 
     DDP's bucketed gradient all-reduces run on the dp group during backward, next to the TP collectives.
     """
     if size == 1:
         return model
-    ddp = DistributedDataParallel(model, process_group=group)  # the model has no buffers
-    ddp.register_comm_hook((group, model.tp.log), _logged_allreduce)
+    ddp = DistributedDataParallel(model, process_group=group)
+    ddp.register_comm_hook((group, log), _logged_allreduce)
     return ddp
 
 
@@ -311,9 +320,10 @@ class TensorParallel:
         self.model: TPCausalLM | None = None
         self.runner: nn.Module | None = None  # the TP model (FSDP2-sharded or not), or its DDP wrapper
         self.full_shapes: dict[str, torch.Size] = {}
+        self.log = CommLog()
 
     @classmethod
-    def launch(cls, config: TrainConfig, *, world_size: int) -> TensorParallel:
+    def launch(cls, config: TrainConfig, *, world_size: int) -> TensorParallel:  # or the subclass
         """Join the process group ``torchrun`` describes in the environment and build the mesh."""
         cuda = config.device == "cuda"
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
@@ -342,17 +352,20 @@ class TensorParallel:
         """This rank's slices of ``model`` (every rank built the same TP=1 weights from the same seed)."""
         self.full_shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
         self.model = parallelize(model, self.mesh, self.style)
-        if self.fsdp:
-            fsdp.shard_blocks(
-                self.model, self.mesh["dp"], blocks=self.model.layers, precision=self.precision, log=self.model.tp.log
-            )
-            self.runner = self.model
-        else:
-            self.runner = data_parallel(self.model, self.dp_group, size=self.dp_size)
+        self.log = self.model.tp.log  # one log for the TP and the dp collectives
+        self._wrap(self.model)
         return self.model
 
+    def _wrap(self, model: nn.Module) -> None:
+        """FSDP2 or DDP on the dp axis; ``self.runner`` is what the forward calls."""
+        if self.fsdp:
+            fsdp.shard_blocks(model, self.mesh["dp"], blocks=model.layers, precision=self.precision, log=self.log)
+            self.runner = model
+        else:
+            self.runner = data_parallel(model, self.dp_group, size=self.dp_size, log=self.log)
+
     def micro_batches(self, stream: Stream, count: int) -> Iterator[tuple[Any, contextlib.AbstractContextManager]]:
-        self.model.tp.log.reset()  # a step starts: tally its collectives alone (not the evaluation's)
+        self.log.reset()  # a step starts: tally its collectives alone (not the evaluation's)
         for i in range(count):
             batch = _dp_slice(stream.next_batch(), self.dp_rank, self.dp_size)
             # DDP and FSDP2 reduce gradients once, on the last micro-batch
@@ -383,7 +396,7 @@ class TensorParallel:
         return int(flag.item())
 
     def step_metrics(self) -> dict[str, float]:
-        return {"comm_bytes": self.model.tp.log.total().bytes}
+        return {"comm_bytes": self.log.total().bytes}
 
     def evaluation_model(self, model: nn.Module) -> nn.Module:
         return _GatheredLogits(self.model)
@@ -442,7 +455,57 @@ class TensorParallel:
         dist.destroy_process_group()
 
 
-Layout = SingleProcess | TensorParallel
+class DataParallel(TensorParallel):
+    """Data parallelism alone (``tp = 1``) on the method's own model, DDP or FSDP2: for the methods whose layers the
+    TP blocks do not know (CoLA-M, LaX, TT, GaLore under DDP; the method registry's ``data_parallel``)."""
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        self.full_shapes = {name: p.shape for name, p in model.named_parameters()}
+        self.model = model
+        self._wrap(model)
+        return model
+
+    def loss(self, task: Task, model: nn.Module, batch: Any) -> torch.Tensor:
+        return task.loss(self.runner, batch)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        params = [(param, False) for param in self.model.parameters() if param.requires_grad]
+        return fsdp.clip_grad_norm(params, max_norm, tp=TPGroup.single(), dp_group=self.dp_group if self.fsdp else None)
+
+    def evaluation_model(self, model: nn.Module) -> nn.Module:
+        return self.model
+
+    def holdings(self) -> list[Holding]:
+        return [
+            Holding(param, ShardSpec(sources=(name,)), fsdp.dp_rows(param))
+            for name, param in self.model.named_parameters()
+        ]
+
+    def save_checkpoint(
+        self, root: Path, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> Path:
+        """Sharded for AdamW; another optimizer (GaLore, DDP only) is replicated, so rank 0 writes the
+        single-process format."""
+        if type(optimizer) is torch.optim.AdamW:
+            return super().save_checkpoint(root, step=step, model=model, optimizer=optimizer, state=state)
+        return self.on_main(
+            lambda: save_checkpoint(root, step=step, model=self.model, optimizer=optimizer, state=state)
+        )
+
+    def load_checkpoint(
+        self,
+        path: Path,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        prepare: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        if not is_sharded_checkpoint(path) and not self.fsdp:  # DDP replicas load the whole state each
+            return load_checkpoint(path, model=self.model, optimizer=optimizer, prepare=prepare)
+        return super().load_checkpoint(path, model=model, optimizer=optimizer, prepare=prepare)
+
+
+Layout = SingleProcess | TensorParallel | DataParallel
 
 
 def parallel_layout(config: TrainConfig) -> Layout:
@@ -456,4 +519,8 @@ def parallel_layout(config: TrainConfig) -> Layout:
             f"tp={config.tp} needs one process per rank: torchrun --nproc-per-node {config.tp} -m tensorslim train ..."
         )
     check_parallel_config(config, world_size=world_size)
+    from tensorslim.methods import get_method
+
+    if config.tp == 1 and config.tp_style not in get_method(config.method).tensor_parallel:
+        return DataParallel.launch(config, world_size=world_size)
     return TensorParallel.launch(config, world_size=world_size)

@@ -44,6 +44,24 @@ def resumed2(fsdp4: dict, tmp_path_factory: pytest.TempPathFactory, worker_id: s
     return out
 
 
+@pytest.fixture(scope="session")
+def methods2(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict:
+    return _spawn_once(workers.methods_worker, 2, tmp_path_factory, f"methods2-{_run_id(tmp_path_factory, worker_id)}")
+
+
+@pytest.mark.parametrize("method", workers.DATA_PARALLEL_METHODS)
+def test_methods_tp_cannot_shard_train_fsdp2_sharded_like_one_process(methods2: dict, method: str) -> None:
+    # CoLA-M (latent checkpointing inside the blocks), LaX (a latent crossing from block to block), TT cores
+    result = methods2[method]
+    assert _gap(result["dp"], result["ref"]) < TOLERANCE
+    ops = {(row["tag"], row["op"], row["phase"]) for row in result["log"]}
+    assert ops == {
+        ("dp.params", "all_gather", "fwd"),
+        ("dp.params", "all_gather", "bwd"),
+        ("dp.grads", "reduce_scatter", "bwd"),
+    }
+
+
 def test_fsdp2_with_tp_and_alone_match_one_process_for_20_steps(fsdp4: dict) -> None:
     assert len(fsdp4["ref"]) == 20
     assert _gap(fsdp4["dp2tp2"], fsdp4["ref"]) < TOLERANCE

@@ -106,7 +106,7 @@ def layout_steps(layout, model, optimizer, data: list[torch.Tensor], *, grad_acc
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(layout.mean(total / grad_accum))
-        dp_elements += model.tp.log.total(prefix="dp.").elements  # the layout restarts the tally at each step
+        dp_elements += layout.log.total(prefix="dp.").elements  # the layout restarts the tally at each step
     return losses, dp_elements
 
 
@@ -334,4 +334,50 @@ def resume2_worker(checkpoint: str, rank: int, world: int, port: int, path: str)
     layout.save_checkpoint(checkpoints(path), step=15, model=model, optimizer=optimizer, state={})
     second = layout_steps(layout, model, optimizer, data[15:])[0]
     _write(path, {"losses": first + second, "note": state["note"], "step": state["step"]})
+    dist.destroy_process_group()
+
+
+DATA_PARALLEL_METHODS = ("cola-m", "lax-cola", "tt")
+
+
+def method_model(method: str, *, seed: int = 0):
+    """The ``tiny`` preset (vocabulary 256) built for ``method``, as the Trainer builds it."""
+    from tensorslim.methods import build_for_method
+
+    torch.manual_seed(seed)
+    return build_for_method("tiny", method, vocab_size=TINY["vocab_size"])[0]
+
+
+def method_reference(method: str, data: list[torch.Tensor]) -> list[float]:
+    from tensorslim.tasks.lm import causal_lm_loss
+
+    model = method_model(method)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    losses = []
+    for batch in data:
+        loss = causal_lm_loss(model(batch), batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def methods_worker(rank: int, world: int, port: int, path: str) -> None:
+    """The methods TP cannot shard, FSDP2-sharded on their own models over 2 ranks, against one process."""
+    from tensorslim.distributed import build_mesh
+    from tensorslim.distributed.layout import DataParallel
+
+    init(rank, world, port)
+    data = batches(5)
+    mesh = build_mesh(1, world_size=world)
+    out = {}
+    for method in DATA_PARALLEL_METHODS:
+        layout = DataParallel(mesh, style="btp", device=torch.device("cpu"), dp_shard=True)
+        model = layout.shard(method_model(method))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+        losses = layout_steps(layout, model, optimizer, data)[0]
+        out[method] = {"dp": losses, "ref": method_reference(method, data), "log": layout.log.as_rows()}
+    _write(path, out)
     dist.destroy_process_group()
