@@ -81,8 +81,15 @@ def shard_blocks(
     return model
 
 
-def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+def reshard(model: nn.Module) -> None:
+    """Put every FSDP2 group of ``model`` back to its sharded parameters.
+
+    The root group keeps its parameters gathered after a forward without backward (an evaluation), and meanwhile
+    ``named_parameters()`` yields the gathered tensors, not the sharded ones AdamW updates.
+    """
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

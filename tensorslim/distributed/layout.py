@@ -403,6 +403,7 @@ class TensorParallel:
 
     def holdings(self) -> list[Holding]:
         """Every local parameter with its TP=1 sources, its FSDP2 rows and this rank's TP coordinate."""
+        fsdp.reshard(self.model)
         tp = self.model.tp
         return [
             Holding(param, self.model.specs[name], fsdp.dp_rows(param), tp.rank, tp.size)
@@ -476,6 +477,7 @@ class DataParallel(TensorParallel):
         return self.model
 
     def holdings(self) -> list[Holding]:
+        fsdp.reshard(self.model)
         return [
             Holding(param, ShardSpec(sources=(name,)), fsdp.dp_rows(param))
             for name, param in self.model.named_parameters()

@@ -54,6 +54,7 @@ def test_methods_tp_cannot_shard_train_fsdp2_sharded_like_one_process(methods2: 
     # CoLA-M (latent checkpointing inside the blocks), LaX (a latent crossing from block to block), TT cores
     result = methods2[method]
     assert _gap(result["dp"], result["ref"]) < TOLERANCE
+    assert result["moments_saved"] == result["trainable"]  # also right after an evaluation
     ops = {(row["tag"], row["op"], row["phase"]) for row in result["log"]}
     assert ops == {
         ("dp.params", "all_gather", "fwd"),

@@ -367,6 +367,7 @@ def method_reference(method: str, data: list[torch.Tensor]) -> list[float]:
 def methods_worker(rank: int, world: int, port: int, path: str) -> None:
     """The methods TP cannot shard, FSDP2-sharded on their own models over 2 ranks, against one process."""
     from tensorslim.distributed import build_mesh
+    from tensorslim.distributed.chunks import sharded_state
     from tensorslim.distributed.layout import DataParallel
 
     init(rank, world, port)
@@ -379,5 +380,10 @@ def methods_worker(rank: int, world: int, port: int, path: str) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
         losses = layout_steps(layout, model, optimizer, data)[0]
         out[method] = {"dp": losses, "ref": method_reference(method, data), "log": layout.log.as_rows()}
+        with torch.no_grad():  # an evaluation leaves FSDP2's root group gathered; a checkpoint must still see shards
+            layout.evaluation_model(model)(data[0])
+        state = sharded_state(layout.holdings(), optimizer, layout.full_shapes)
+        out[method]["moments_saved"] = sum(key.startswith("optim.exp_avg.") for key in state)
+        out[method]["trainable"] = sum(p.requires_grad for p in model.parameters())
     _write(path, out)
     dist.destroy_process_group()
