@@ -5,9 +5,10 @@ how they are grouped, the dimension TP splits), possibly split again along dim 0
 ranks. Whatever the layout, the part of every TP=1 source that one rank holds is a single rectangle (or nothing):
 
 - TP cuts the grouped tensor into ``p`` equal slabs along ``spec.dim``;
-- FSDP2 cuts this slab into ``ceil(n / dp)``-row pieces along dim 0;
-- a ``cat`` group (sources stacked along dim 0) meets a row range in one row range per source, a ``stack`` group
-  (a new leading dim) in whole sources.
+- FSDP2 cuts this slab into ``ceil(n / dp)``-wide pieces along one dimension
+  (:func:`tensorslim.distributed.fsdp.even_split`);
+- a ``cat`` group (sources concatenated along dim 0) meets a range of dim 0 in one range per source, a ``stack``
+  group (a new leading dim) in whole sources; a range of another dimension cuts every source alike.
 
 :class:`Chunk` presents such a rectangle to ``torch.distributed.checkpoint`` (DCP) with its offsets in the TP=1
 tensor, so every rank writes only what it holds and DCP reads back any other layout's rectangles: a checkpoint
@@ -95,38 +96,43 @@ def rectangles(
     spec: ShardSpec,
     shapes: dict[str, torch.Size],
     *,
-    rows: tuple[int, int],
+    split: tuple[int, int, int],
     tp_rank: int,
     tp_size: int,
 ) -> list[Rectangle]:
     """The rectangles of ``spec``'s sources that ``local`` holds.
 
     Args:
-        local: this rank's tensor (a parameter's or a moment's local shard), rows ``rows`` of its TP slab.
+        local: this rank's tensor (a parameter's or a moment's local shard).
         spec: where the parameter comes from in the TP=1 state dict.
         shapes: TP=1 shapes by name.
-        rows: the dim-0 range of the TP slab that ``local`` holds (FSDP2's shard; the whole slab otherwise).
+        split: ``(dim, start, stop)``: the range of the TP slab's dimension ``dim`` that ``local`` holds (FSDP2's
+            shard; the whole slab otherwise).
         tp_rank, tp_size: this rank's TP coordinate.
     """
     full = grouped_shape(spec, shapes)
     if not full:  # a 0-dim tensor: whole on every rank
         return [Rectangle(spec.sources[0], (), full, local)]
-    start = [0] * len(full)
+    start, size = [0] * len(full), list(full)
     if spec.dim is not None:
-        start[spec.dim] = tp_rank * (full[spec.dim] // tp_size)
-    start[0] += rows[0]
-    top, bottom = start[0], start[0] + rows[1] - rows[0]  # grouped rows held
-    if top == bottom:
+        size[spec.dim] = full[spec.dim] // tp_size
+        start[spec.dim] = tp_rank * size[spec.dim]
+    dim, lo, hi = split
+    start[dim] += lo
+    size[dim] = hi - lo
+    if not all(size):
         return []
     if spec.grouping == "none":
         return [Rectangle(spec.sources[0], tuple(start), full, local)]
+    top, bottom = start[0], start[0] + size[0]  # dim 0 of the group: which sources, which of their rows
     out = []
     if spec.grouping == "cat":
-        size = full[0] // len(spec.sources)
+        rows = full[0] // len(spec.sources)
         for i, source in enumerate(spec.sources):
-            lo, hi = max(top, i * size), min(bottom, (i + 1) * size)
-            if lo < hi:
-                out.append(Rectangle(source, (lo - i * size, *start[1:]), shapes[source], local[lo - top : hi - top]))
+            first, last = max(top, i * rows), min(bottom, (i + 1) * rows)
+            if first < last:
+                data = local[first - top : last - top]
+                out.append(Rectangle(source, (first - i * rows, *start[1:]), shapes[source], data))
         return out
     for i in range(top, bottom):  # stack: whole sources along the new leading dim
         out.append(Rectangle(spec.sources[i], tuple(start[1:]), shapes[spec.sources[i]], local[i - top]))
@@ -138,11 +144,11 @@ ADAMW_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 @dataclass(frozen=True)
 class Holding:
-    """One local parameter and where it sits: its spec, its FSDP rows, this rank's TP coordinate."""
+    """One local parameter and where it sits: its spec, its FSDP2 split, this rank's TP coordinate."""
 
     param: torch.nn.Parameter
     spec: ShardSpec
-    rows: tuple[int, int]
+    split: tuple[int, int, int]  # (dim, start, stop) of the TP slab held here
     tp_rank: int = 0
     tp_size: int = 1
 
@@ -190,7 +196,7 @@ def sharded_state(
                 local(tensor).detach(),
                 holding.spec,
                 shapes,
-                rows=holding.rows,
+                split=holding.split,
                 tp_rank=holding.tp_rank,
                 tp_size=holding.tp_size,
             ):

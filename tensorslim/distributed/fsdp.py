@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from tensorslim.distributed.comm import CommLog, TPGroup
 
@@ -73,12 +73,22 @@ def shard_blocks(
             logical size of the gathered parameters / the reduced gradients.
     """
     policy = mixed_precision(precision)
+    size = dp_mesh.size()
     for module in [*blocks, model]:
-        fully_shard(module, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(module, mesh=dp_mesh, mp_policy=policy, shard_placement_fn=lambda p: even_split(p, size))
         if log is not None:
             module.set_custom_all_gather(_LoggedAllGather(log))
             module.set_custom_reduce_scatter(_LoggedReduceScatter(log))
     return model
+
+
+def even_split(param: torch.Tensor, size: int) -> Shard:
+    """The first dimension that ``size`` ranks split evenly (dim 0 when none does).
+
+    FSDP2 splits dim 0 by default, but BTP's batched B factors have a leading dim of 3 (q, k, v) or 2 (gate, up):
+    over 4 ranks, one rank would hold a third of the q/k/v factors instead of a quarter.
+    """
+    return Shard(next((dim for dim, n in enumerate(param.shape) if n % size == 0), 0))
 
 
 def reshard(model: nn.Module) -> None:
@@ -97,18 +107,20 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def dp_rows(tensor: torch.Tensor) -> tuple[int, int]:
-    """The dim-0 range ``[start, stop)`` of the full (TP-local) tensor that this rank holds.
+def dp_split(tensor: torch.Tensor) -> tuple[int, int, int]:
+    """``(dim, start, stop)``: the range of dimension ``dim`` of the full (TP-local) tensor that this rank holds.
 
-    FSDP2 splits dim 0 like ``torch.chunk``: ``ceil(n / dp)`` rows per rank, the last ranks possibly fewer or none.
+    FSDP2 splits its shard dimension like ``torch.chunk``: ``ceil(n / dp)`` per rank, the last ranks possibly fewer
+    or none. A tensor that is not a DTensor is held whole.
     """
     if not isinstance(tensor, DTensor):
-        return 0, tensor.shape[0] if tensor.dim() else 1
-    mesh = tensor.device_mesh
-    rows, size = tensor.shape[0], mesh.size()
-    step = math.ceil(rows / size)
-    start = min(mesh.get_local_rank() * step, rows)
-    return start, min(start + step, rows)
+        return 0, 0, tensor.shape[0] if tensor.dim() else 1
+    (placement,) = tensor.placements
+    dim, mesh = placement.dim, tensor.device_mesh
+    n = tensor.shape[dim]
+    step = math.ceil(n / mesh.size())
+    start = min(mesh.get_local_rank() * step, n)
+    return dim, start, min(start + step, n)
 
 
 @torch.no_grad()

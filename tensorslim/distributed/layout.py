@@ -247,7 +247,7 @@ class SingleProcess:
 
         def views() -> dict[str, torch.Tensor]:
             holdings = [
-                Holding(param, ShardSpec(sources=(name,)), (0, len(param) if param.dim() else 1))
+                Holding(param, ShardSpec(sources=(name,)), fsdp.dp_split(param))
                 for name, param in model.named_parameters()
             ]
             prepare_adamw_state(optimizer)
@@ -406,7 +406,7 @@ class TensorParallel:
         fsdp.reshard(self.model)
         tp = self.model.tp
         return [
-            Holding(param, self.model.specs[name], fsdp.dp_rows(param), tp.rank, tp.size)
+            Holding(param, self.model.specs[name], fsdp.dp_split(param), tp.rank, tp.size)
             for name, param in self.model.named_parameters()
         ]
 
@@ -479,7 +479,7 @@ class DataParallel(TensorParallel):
     def holdings(self) -> list[Holding]:
         fsdp.reshard(self.model)
         return [
-            Holding(param, ShardSpec(sources=(name,)), fsdp.dp_rows(param))
+            Holding(param, ShardSpec(sources=(name,)), fsdp.dp_split(param))
             for name, param in self.model.named_parameters()
         ]
 

@@ -148,3 +148,15 @@ def test_guard_reports_lost_peers_only(capsys: pytest.CaptureFixture) -> None:
         raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
     assert exit_info.value.code == 1
     assert "rank 1 lost contact with a peer process" in capsys.readouterr().err
+
+
+def test_mixed_precision_policies() -> None:
+    import torch
+
+    from tensorslim.distributed.fsdp import mixed_precision
+
+    policy = mixed_precision("bf16")
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    assert mixed_precision("fp32").param_dtype is None
+    with pytest.raises(ValueError, match="mixed_precision='fp16' is unknown; allowed: \\['fp32', 'bf16'\\]"):
+        mixed_precision("fp16")

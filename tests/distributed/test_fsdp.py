@@ -63,6 +63,13 @@ def test_methods_tp_cannot_shard_train_fsdp2_sharded_like_one_process(methods2: 
     }
 
 
+def test_fsdp2_bf16_policy_computes_in_bf16_and_keeps_fp32_masters(methods2: dict) -> None:
+    result = methods2["bf16"]
+    assert result["master_dtypes"] == ["torch.float32"]
+    gap = _gap(result["dp"], result["ref"])
+    assert 1e-5 < gap < 5e-2  # bf16 rounding shows (so the policy is on) but stays small over 5 steps
+
+
 def test_fsdp2_with_tp_and_alone_match_one_process_for_20_steps(fsdp4: dict) -> None:
     assert len(fsdp4["ref"]) == 20
     assert _gap(fsdp4["dp2tp2"], fsdp4["ref"]) < TOLERANCE

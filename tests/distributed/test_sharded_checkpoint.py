@@ -26,17 +26,18 @@ SPECS = [
 ]
 
 
-@pytest.mark.parametrize(("spec", "tp", "dp"), list(itertools.product(SPECS, (1, 2), (1, 2, 4))))
-def test_rectangles_are_the_slices_each_rank_holds(spec: ShardSpec, tp: int, dp: int) -> None:
+@pytest.mark.parametrize(("spec", "tp", "dp", "dim"), list(itertools.product(SPECS, (1, 2), (1, 2, 4), (0, 1))))
+def test_rectangles_are_the_slices_each_rank_holds(spec: ShardSpec, tp: int, dp: int, dim: int) -> None:
     shapes = {name: t.shape for name, t in SOURCES.items()}
     covered = {name: torch.zeros_like(t) for name, t in SOURCES.items()}
     for tp_rank in range(tp):
         slab = group(SOURCES, spec) if spec.dim is None else group(SOURCES, spec).chunk(tp, dim=spec.dim)[tp_rank]
-        step = -(-slab.shape[0] // dp)  # FSDP2 splits dim 0 like torch.chunk
+        step = -(-slab.shape[dim] // dp)  # FSDP2 splits its shard dim like torch.chunk
         for dp_rank in range(dp):
-            start = min(dp_rank * step, slab.shape[0])
-            rows = (start, min(start + step, slab.shape[0]))
-            for rect in rectangles(slab[rows[0] : rows[1]], spec, shapes, rows=rows, tp_rank=tp_rank, tp_size=tp):
+            start = min(dp_rank * step, slab.shape[dim])
+            split = (dim, start, min(start + step, slab.shape[dim]))
+            held = slab.narrow(dim, start, split[2] - start)
+            for rect in rectangles(held, spec, shapes, split=split, tp_rank=tp_rank, tp_size=tp):
                 where = tuple(slice(o, o + n) for o, n in zip(rect.offsets, rect.data.shape, strict=True))
                 assert torch.equal(SOURCES[rect.source][where], rect.data)
                 covered[rect.source][where] += 1
@@ -55,7 +56,7 @@ def _trained() -> tuple[torch.nn.Module, torch.optim.AdamW]:
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    holdings = [Holding(p, ShardSpec(sources=(n,)), (0, len(p))) for n, p in model.named_parameters()]
+    holdings = [Holding(p, ShardSpec(sources=(n,)), (0, 0, len(p))) for n, p in model.named_parameters()]
     return sharded_state(holdings, optimizer, {n: p.shape for n, p in model.named_parameters()})
 
 

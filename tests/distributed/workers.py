@@ -89,8 +89,11 @@ def tp_curve(style: str, mesh, data: list[torch.Tensor], *, grad_accum: int = 1,
     return layout_steps(layout, model, optimizer, data, grad_accum=grad_accum)
 
 
-def layout_steps(layout, model, optimizer, data: list[torch.Tensor], *, grad_accum: int = 1):
-    """The steps of :func:`tp_curve` on a built layout, model and optimizer."""
+def layout_steps(layout, model, optimizer, data: list[torch.Tensor], *, grad_accum: int = 1, bf16: bool = False):
+    """The steps of :func:`tp_curve` on a built layout, model and optimizer (``bf16``: under autocast, as the
+    Trainer runs ``dtype='bf16'``)."""
+    import contextlib
+
     from tensorslim.tasks.lm import CausalLM
 
     task, stream = CausalLM(), ListStream(data)
@@ -99,7 +102,8 @@ def layout_steps(layout, model, optimizer, data: list[torch.Tensor], *, grad_acc
         total = 0.0
         for batch, sync in layout.micro_batches(stream, grad_accum):
             with sync:
-                loss = layout.loss(task, model, batch)
+                with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+                    loss = layout.loss(task, model, batch)
                 (loss / grad_accum).backward()
             total += loss.item()
         layout.clip_grad_norm(model, 0.5)
@@ -368,7 +372,7 @@ def methods_worker(rank: int, world: int, port: int, path: str) -> None:
     """The methods TP cannot shard, FSDP2-sharded on their own models over 2 ranks, against one process."""
     from tensorslim.distributed import build_mesh
     from tensorslim.distributed.chunks import sharded_state
-    from tensorslim.distributed.layout import DataParallel
+    from tensorslim.distributed.layout import DataParallel, TensorParallel
 
     init(rank, world, port)
     data = batches(5)
@@ -385,5 +389,14 @@ def methods_worker(rank: int, world: int, port: int, path: str) -> None:
         state = sharded_state(layout.holdings(), optimizer, layout.full_shapes)
         out[method]["moments_saved"] = sum(key.startswith("optim.exp_avg.") for key in state)
         out[method]["trainable"] = sum(p.requires_grad for p in model.parameters())
+    # FSDP2's bf16 policy on the TP model: gathered weights in bf16, gradients reduced and AdamW kept in fp32
+    layout = TensorParallel(mesh, style="btp", device=torch.device("cpu"), dp_shard=True, precision="bf16")
+    model = layout.shard(tiny_model("btp"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    out["bf16"] = {
+        "dp": layout_steps(layout, model, optimizer, data, bf16=True)[0],
+        "ref": reference_curve("btp", data),
+        "master_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+    }
     _write(path, out)
     dist.destroy_process_group()
