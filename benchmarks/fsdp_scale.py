@@ -16,7 +16,9 @@ State memory is the bytes of the tensors each process holds (parameters, gradien
 two moments), summed from the local shards, largest over the ranks: a count, not an RSS reading. Bytes are the
 logical payload of each collective of the last step on rank 0 (``tensorslim.distributed.comm``; FSDP2's all-gathers
 and reduce-scatters are logged through its custom-collective hooks). Step time is the slowest rank's, median of the
-measured steps after one warm-up step, on a shared 2-core machine: indicative only.
+measured steps after one warm-up step, on a shared 2-core machine: indicative only. "In TP collectives" is the wall
+time the slowest rank spent blocked inside BOOST's TP collectives in the last step (gloo runs them synchronously):
+the most that overlapping them with computation could hide.
 
 The projection at the end is a model, not a measurement (see ``project``).
 """
@@ -135,6 +137,7 @@ def bench_layout(label: str, args: argparse.Namespace, data: list[torch.Tensor])
         "bytes_by_collective": by_kind,
         "bytes_total": log.total().bytes,
         "tp_layer_elements_per_token_layer": log.total(prefix="layers.").elements / max(tokens * config.n_layers, 1),
+        "tp_blocked_s": _max(log.total(prefix="layers.").seconds + log.total(prefix="head.").seconds),
         "dp_gather_bytes": log.total(prefix="dp.params").bytes,
         "dp_reduce_bytes": log.total(prefix="dp.grads").bytes,
         "tp_local_param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
@@ -244,8 +247,9 @@ def markdown(report: dict) -> str:
         "",
         "## Per-process state (largest rank; bytes of the local tensors, MB)",
         "",
-        "| layout | params | grads | AdamW moments | total | vs DDP same tp | step time (s) | final loss |",
-        "|---|---|---|---|---|---|---|---|",
+        "| layout | params | grads | AdamW moments | total | vs DDP same tp | step time (s) | in TP collectives (s) "
+        "| final loss |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         state = r["state_bytes_max_rank"]
@@ -253,7 +257,8 @@ def markdown(report: dict) -> str:
         ratio = f"{state['total'] / twin['state_bytes_max_rank']['total']:.3f}" if twin else "–"
         lines.append(
             f"| {r['layout']} | {_mb(state['params'])} | {_mb(state['grads'])} | {_mb(state['moments'])} "
-            f"| {_mb(state['total'])} | {ratio} | {r['step_time_s_median']:.2f} | {r['losses'][-1]:.5f} |"
+            f"| {_mb(state['total'])} | {ratio} | {r['step_time_s_median']:.2f} | {r['tp_blocked_s']:.2f} "
+            f"| {r['losses'][-1]:.5f} |"
         )
     lines += ["", "## Bytes per step by collective (rank 0, logical payload, MB; count in brackets)", ""]
     kinds = sorted({k for r in results for k in r["bytes_by_collective"]})

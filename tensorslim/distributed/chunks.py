@@ -158,11 +158,15 @@ def prepare_adamw_state(optimizer: torch.optim.Optimizer) -> None:
     ``torch.optim.AdamW`` creates them at its first step."""
     if type(optimizer) is not torch.optim.AdamW:
         raise ValueError(f"sharded checkpoints hold AdamW state only; this run trains with {type(optimizer).__name__}")
+    from tensorslim.distributed.fsdp import local
+
     for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable")  # where torch.optim.AdamW puts its step count
         for param in group["params"]:
             if param.requires_grad and not optimizer.state[param]:
+                device = local(param).device if on_device else torch.device("cpu")
                 optimizer.state[param] = {
-                    "step": torch.tensor(0.0),
+                    "step": torch.zeros((), dtype=torch.float32, device=device),
                     "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
                     "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
                 }
