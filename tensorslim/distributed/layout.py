@@ -351,18 +351,12 @@ class TensorParallel:
     def shard(self, model: nn.Module) -> TPCausalLM:
         """This rank's slices of ``model`` (every rank built the same TP=1 weights from the same seed)."""
         self.full_shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
-        self.model = parallelize(model, self.mesh, self.style)
+        self.model = parallelize(model, self.mesh, self.style, dp_shard=self.fsdp, precision=self.precision)
         self.log = self.model.tp.log  # one log for the TP and the dp collectives
-        self._wrap(self.model)
+        self.runner = (
+            self.model if self.fsdp else data_parallel(self.model, self.dp_group, size=self.dp_size, log=self.log)
+        )
         return self.model
-
-    def _wrap(self, model: nn.Module) -> None:
-        """FSDP2 or DDP on the dp axis; ``self.runner`` is what the forward calls."""
-        if self.fsdp:
-            fsdp.shard_blocks(model, self.mesh["dp"], blocks=model.layers, precision=self.precision, log=self.log)
-            self.runner = model
-        else:
-            self.runner = data_parallel(model, self.dp_group, size=self.dp_size, log=self.log)
 
     def micro_batches(self, stream: Stream, count: int) -> Iterator[tuple[Any, contextlib.AbstractContextManager]]:
         self.log.reset()  # a step starts: tally its collectives alone (not the evaluation's)
@@ -463,7 +457,11 @@ class DataParallel(TensorParallel):
     def shard(self, model: nn.Module) -> nn.Module:
         self.full_shapes = {name: p.shape for name, p in model.named_parameters()}
         self.model = model
-        self._wrap(model)
+        if self.fsdp:
+            fsdp.shard_blocks(model, self.mesh["dp"], blocks=model.layers, precision=self.precision, log=self.log)
+            self.runner = model
+        else:
+            self.runner = data_parallel(model, self.dp_group, size=self.dp_size, log=self.log)
         return model
 
     def loss(self, task: Task, model: nn.Module, batch: Any) -> torch.Tensor:

@@ -64,6 +64,8 @@ def test_bad_style_norm_or_model_is_refused_before_any_work() -> None:
         parallelize(workers.tiny_model("btp"), None, "btp", norm="sync", recompute="latent")
     with pytest.raises(ValueError, match="recompute='all' is unknown"):
         parallelize(workers.tiny_model("btp"), None, "btp", recompute="all")
+    with pytest.raises(ValueError, match=r"dp_shard=True needs a \(dp, tp\) mesh from build_mesh\(\)"):
+        parallelize(workers.tiny_model("btp"), None, "btp", dp_shard=True)
 
 
 def test_train_config_checks_style_method_and_batch_split() -> None:
