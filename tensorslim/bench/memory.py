@@ -38,7 +38,9 @@ class SavedTensorTally:
 @contextmanager
 def count_saved_tensors(model: nn.Module) -> Iterator[SavedTensorTally]:
     """Count the bytes of activations saved for backward during the block (parameters excluded)."""
-    tally = SavedTensorTally(exclude={p.untyped_storage().data_ptr() for p in model.parameters()})
+    # an FSDP2 parameter is a DTensor: its storage is its local shard's
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    tally = SavedTensorTally(exclude={p.untyped_storage().data_ptr() for p in local})
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         tally.record(tensor)

@@ -10,13 +10,15 @@ tensor entering sharded computation), ``g`` is all-reduce forward / identity bac
 computation into replicated computation). BOOST's latents are produced *and* consumed by sharded computation, so
 their collective is ``g`` followed by ``f``: all-reduce in both directions (:func:`reduce_latent`).
 
-Every call records ``(tag, op, phase)`` with the number of collectives and the elements/bytes of the *result*
-tensor (for an all-reduce the size of the reduced tensor, for an all-gather the gathered tensor). This logical
-payload is what the §5.2 model counts; a ring algorithm moves ``2(p-1)/p`` of it per rank.
+Every call records ``(tag, op, phase)`` with the number of collectives, the wall time spent blocked in them (what
+overlapping them with computation could hide at most) and the elements/bytes of the *result* tensor (for an
+all-reduce the size of the reduced tensor, for an all-gather the gathered tensor). This logical payload is what the
+§5.2 model counts; a ring algorithm moves ``2(p-1)/p`` of it per rank.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -31,6 +33,7 @@ class Tally:
     count: int = 0
     elements: int = 0
     bytes: int = 0
+    seconds: float = 0.0  # wall time this rank spent inside the (blocking) calls
 
 
 @dataclass
@@ -40,13 +43,14 @@ class CommLog:
     tallies: dict[tuple[str, str, str], Tally] = field(default_factory=lambda: defaultdict(Tally))
     enabled: bool = True
 
-    def add(self, tag: str, op: str, phase: str, tensor: torch.Tensor) -> None:
+    def add(self, tag: str, op: str, phase: str, tensor: torch.Tensor, *, seconds: float = 0.0) -> None:
         if not self.enabled:
             return
         tally = self.tallies[(tag, op, phase)]
         tally.count += 1
         tally.elements += tensor.numel()
         tally.bytes += tensor.numel() * tensor.element_size()
+        tally.seconds += seconds
 
     def reset(self) -> None:
         self.tallies.clear()
@@ -59,6 +63,7 @@ class CommLog:
                 out.count += tally.count
                 out.elements += tally.elements
                 out.bytes += tally.bytes
+                out.seconds += tally.seconds
         return out
 
     def as_rows(self) -> list[dict[str, object]]:
@@ -88,8 +93,9 @@ def _all_reduce(x: torch.Tensor, tp: TPGroup, tag: str, phase: str, op: dist.Red
     """In place; a no-op for a group of one."""
     if tp.size == 1:
         return
-    tp.log.add(tag, "all_reduce", phase, x)
+    start = time.perf_counter()
     dist.all_reduce(x, op=op, group=tp.group)
+    tp.log.add(tag, "all_reduce", phase, x, seconds=time.perf_counter() - start)
 
 
 class _ReduceForward(torch.autograd.Function):
@@ -147,9 +153,10 @@ class _GatherLast(torch.autograd.Function):
         if tp.size == 1:
             return x.clone()
         parts = [torch.empty_like(x) for _ in range(tp.size)]
+        start = time.perf_counter()
         dist.all_gather(parts, x.contiguous(), group=tp.group)
         out = torch.cat(parts, dim=-1)
-        tp.log.add(tag, "all_gather", "fwd", out)
+        tp.log.add(tag, "all_gather", "fwd", out, seconds=time.perf_counter() - start)
         return out
 
     @staticmethod

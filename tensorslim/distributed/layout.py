@@ -7,19 +7,21 @@ default); :class:`TensorParallel` runs the same loop on the processes ``torchrun
 (BOOST, Wang et al., 2025, arXiv 2512.12131, §3 for the TP styles and §4 for the deterministic sharded init).
 
 Every rank draws the same global batch and keeps its data-parallel slice, so the math does not depend on the mesh.
-Checkpoints hold the full, unsharded model and optimizer in the single-process layout (the sharded init run in
-reverse), so a run may resume with another TP degree or on one process.
+The data-parallel axis is DDP (replicas) or FSDP2 (``dp_shard``: parameters, gradients and AdamW state split over
+it; :mod:`tensorslim.distributed.fsdp`). Checkpoints are sharded (``torch.distributed.checkpoint``): each process
+writes its rectangles of the single-process tensors (:mod:`tensorslim.distributed.chunks`), so a run may resume at
+another world size, TP degree or on one process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,9 +31,18 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from tensorslim.distributed.comm import CommLog, all_reduce_stat
+from tensorslim.distributed import fsdp
+from tensorslim.distributed.chunks import Holding, prepare_adamw_state, sharded_state
+from tensorslim.distributed.comm import CommLog, TPGroup
 from tensorslim.distributed.parallelize import STYLES, TPCausalLM, build_mesh, check_world, parallelize
-from tensorslim.distributed.sharding import full_tensors, local_shard
+from tensorslim.distributed.sharding import ShardSpec
+from tensorslim.train.checkpoint import (
+    is_sharded_checkpoint,
+    load_checkpoint,
+    load_sharded_checkpoint,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 
 if TYPE_CHECKING:
     from tensorslim.tasks.base import Stream, Task
@@ -48,8 +59,9 @@ _TP_FAMILIES = ("llama",)
 def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
     """Raise a one-line ValueError for a bad parallel setup, before any process group, data or model exists.
 
-    The method must list ``config.tp_style`` among the styles that can shard it (the method registry's
-    ``tensor_parallel``); only LLaMA causal-LM models are sharded.
+    With ``tp > 1`` the method must list ``config.tp_style`` among the styles that can shard it (the method
+    registry's ``tensor_parallel``); data parallelism alone needs ``ddp`` or ``fsdp`` (``dp_shard > 1``) in its
+    ``data_parallel``. Only LLaMA causal-LM models run in parallel.
     """
     from tensorslim.methods import METHODS, get_method
     from tensorslim.models.registry import get_model
@@ -58,17 +70,30 @@ def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
         raise ValueError(f"tp_style={config.tp_style!r} is unknown; allowed: {list(STYLES)}")
     check_world(config.tp, world_size=world_size)
     dp = world_size // config.tp
+    if config.dp_shard not in (1, dp):
+        raise ValueError(
+            f"dp_shard={config.dp_shard} must be 1 (DDP) or the whole data-parallel size {dp} (world {world_size} / "
+            f"tp {config.tp}) for FSDP2"
+        )
     if config.batch_size % dp:
         raise ValueError(f"batch_size={config.batch_size} must be divisible by the data-parallel size {dp}")
-    if config.tp_style not in get_method(config.method).tensor_parallel:
-        allowed = [name for name, method in METHODS.items() if config.tp_style in method.tensor_parallel]
-        raise ValueError(f"method={config.method!r} does not fit tp_style={config.tp_style!r}; allowed: {allowed}")
+    method = get_method(config.method)
+    note = f" ({method.parallel_note})" if method.parallel_note else ""
+    if config.tp > 1 and config.tp_style not in method.tensor_parallel:
+        allowed = [name for name, m in METHODS.items() if config.tp_style in m.tensor_parallel]
+        raise ValueError(
+            f"method={config.method!r} does not fit tp_style={config.tp_style!r}{note}; allowed: {allowed}"
+        )
+    kind = "fsdp" if config.dp_shard > 1 else "ddp"
+    if config.tp == 1 and kind not in method.data_parallel:
+        allowed = [name for name, m in METHODS.items() if kind in m.data_parallel]
+        raise ValueError(f"method={config.method!r} cannot train data-parallel with {kind}{note}; allowed: {allowed}")
     if config.task not in _TP_TASKS:
-        raise ValueError(f"task={config.task!r} cannot run tensor-parallel; allowed: {list(_TP_TASKS)}")
+        raise ValueError(f"task={config.task!r} cannot run in parallel; allowed: {list(_TP_TASKS)}")
     family = get_model(config.preset).family.name
     if family not in _TP_FAMILIES:
         raise ValueError(
-            f"preset={config.preset!r} (family {family!r}) cannot run tensor-parallel; allowed families: "
+            f"preset={config.preset!r} (family {family!r}) cannot run in parallel; allowed families: "
             f"{list(_TP_FAMILIES)}"
         )
 
@@ -111,7 +136,7 @@ def exit_on_peer_failure(rank: int) -> Iterator[None]:
 
 
 def _logged_allreduce(state: tuple[dist.ProcessGroup, CommLog], bucket):
-    """DDP's own all-reduce hook, plus an entry in the TP model's communication log.
+    """DDP's own all-reduce hook, plus an entry in the communication log.
 
     ``bucket`` (a ``dist.GradBucket``) and the returned future stay unannotated: DDP inspects the annotations and
     rejects the string form that ``from __future__ import annotations`` gives them.
@@ -121,37 +146,23 @@ def _logged_allreduce(state: tuple[dist.ProcessGroup, CommLog], bucket):
     return default_hooks.allreduce_hook(group, bucket)
 
 
-def data_parallel(model: TPCausalLM, group: dist.ProcessGroup | None, *, size: int) -> nn.Module:
-    """Wrap ``model`` in DDP over the data-parallel axis of the mesh (the TP model itself when ``size`` is 1).
+def data_parallel(model: nn.Module, group: dist.ProcessGroup | None, *, size: int, log: CommLog) -> nn.Module:
+    """Wrap ``model`` in DDP over the data-parallel axis of the mesh (the model itself when ``size`` is 1).
 
     DDP's bucketed gradient all-reduces run on the dp group during backward, next to the TP collectives.
     """
     if size == 1:
         return model
-    ddp = DistributedDataParallel(model, process_group=group)  # the model has no buffers
-    ddp.register_comm_hook((group, model.tp.log), _logged_allreduce)
+    ddp = DistributedDataParallel(model, process_group=group)
+    ddp.register_comm_hook((group, log), _logged_allreduce)
     return ddp
 
 
-@torch.no_grad()
-def clip_grad_norm_tp(model: TPCausalLM, max_norm: float) -> float:
-    """``torch.nn.utils.clip_grad_norm_`` over the *unsharded* model: sharded parameters add their squares over
-    the TP group, replicated ones (identical on every rank) count once."""
-    device = next(model.parameters()).device
-    sharded = torch.zeros(1, dtype=torch.float32, device=device)
-    replicated = torch.zeros((), dtype=torch.float32, device=device)
-    for name, param in model.named_parameters():
-        square = param.grad.float().pow(2).sum()
-        if model.specs[name].sharded:
-            sharded += square
-        else:
-            replicated += square
-    total = (all_reduce_stat(sharded, model.tp, tag="optim.grad_norm")[0] + replicated).sqrt()
-    if math.isfinite(max_norm):
-        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for param in model.parameters():
-            param.grad.mul_(scale)
-    return total.item()
+def clip_grad_norm_tp(model: TPCausalLM, max_norm: float, *, dp_group: dist.ProcessGroup | None = None) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` over the *unsharded* model: TP-sharded parameters add their squares over
+    the TP group, replicated ones count once; FSDP2 shards add over ``dp_group`` first."""
+    params = [(param, model.specs[name].sharded) for name, param in model.named_parameters()]
+    return fsdp.clip_grad_norm(params, max_norm, tp=model.tp, dp_group=dp_group)
 
 
 def _dp_slice(batch: Any, rank: int, size: int) -> Any:
@@ -215,13 +226,34 @@ class SingleProcess:
         """What the task's evaluation calls: full logits for every rank."""
         return model
 
-    def full_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """Objects whose ``state_dict()`` is the single-process state (a collective; rank 0 saves them)."""
-        return model, optimizer
+    def save_checkpoint(
+        self, root: Path, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> Path:
+        """Write checkpoint ``step`` (one process: the single-process safetensors format)."""
+        return save_checkpoint(root, step=step, model=model, optimizer=optimizer, state=state)
 
-    def resume_views(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        """What ``load_checkpoint`` loads a single-process checkpoint into."""
-        return model, optimizer
+    def load_checkpoint(
+        self,
+        path: Path,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        prepare: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        """Load either format; a sharded one (written under ``torchrun``) is read whole into this process."""
+        if not is_sharded_checkpoint(path):
+            return load_checkpoint(path, model=model, optimizer=optimizer, prepare=prepare)
+        shapes = {name: p.shape for name, p in model.named_parameters()}
+
+        def views() -> dict[str, torch.Tensor]:
+            holdings = [
+                Holding(param, ShardSpec(sources=(name,)), fsdp.dp_split(param))
+                for name, param in model.named_parameters()
+            ]
+            prepare_adamw_state(optimizer)
+            return sharded_state(holdings, optimizer, shapes)
+
+        return _load_sharded(path, optimizer, views, prepare)
 
     def on_main(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` run on rank 0 alone; every rank gets its result once it is done."""
@@ -229,6 +261,26 @@ class SingleProcess:
 
     def close(self, *, ok: bool) -> None:
         """End of the run (``ok``: it finished, so every rank reaches this point)."""
+
+
+def _load_sharded(
+    path: Path,
+    optimizer: torch.optim.Optimizer,
+    views: Callable[[], dict[str, torch.Tensor]],
+    prepare: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """:func:`load_sharded_checkpoint`, then AdamW's one step count copied to every parameter's state."""
+    step: list[torch.Tensor] = []
+
+    def collect() -> dict[str, torch.Tensor]:
+        tensors = views()
+        step.append(tensors["optim.step"])
+        return tensors
+
+    state = load_sharded_checkpoint(path, tensors=collect, prepare=prepare)
+    for entry in optimizer.state.values():
+        entry["step"].copy_(step[0])
+    return state
 
 
 class _GatheredLogits(nn.Module):
@@ -242,72 +294,6 @@ class _GatheredLogits(nn.Module):
         return self.inner.full_logits(input_ids)
 
 
-class _Frozen:
-    """``state_dict()`` of something already gathered (``save_checkpoint`` reads it on rank 0 only)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self._state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._state
-
-
-class _FullModelView:
-    """The TP model seen as the single-process model by ``load_checkpoint``."""
-
-    def __init__(self, model: TPCausalLM, shapes: dict[str, torch.Size]) -> None:
-        self.model, self.shapes = model, shapes
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        # load_checkpoint compares names and shapes only; the local slices would have the wrong shapes.
-        return {name: torch.empty(shape, device="meta") for name, shape in self.shapes.items()}
-
-    def load_state_dict(self, full: dict[str, torch.Tensor]) -> None:
-        self.model.load_full_state_dict(full)
-
-
-class _FullOptimizerView:
-    """The TP AdamW seen as the single-process AdamW (same parameter order, unsharded moments)."""
-
-    def __init__(self, model: TPCausalLM, optimizer: torch.optim.Optimizer, full_names: list[str]) -> None:
-        self.model, self.optimizer, self.full_names = model, optimizer, full_names
-
-    def gather(self) -> dict[str, Any]:
-        """A collective: the single-process ``state_dict()``."""
-        local = dict(self.model.named_parameters())
-        per_key = {}
-        for key in ("exp_avg", "exp_avg_sq"):
-            moments = {n: self.optimizer.state[p][key] for n, p in local.items() if p in self.optimizer.state}
-            per_key[key] = full_tensors(moments, self.model.specs, self.model.tp)
-        state = {}
-        if per_key["exp_avg"]:
-            step = next(iter(self.optimizer.state.values()))["step"]
-            for i, name in enumerate(self.full_names):
-                state[i] = {
-                    "step": step.clone(),
-                    "exp_avg": per_key["exp_avg"][name],
-                    "exp_avg_sq": per_key["exp_avg_sq"][name],
-                }
-        group = {k: v for k, v in self.optimizer.param_groups[0].items() if k != "params"}
-        return {"state": state, "param_groups": [{**group, "params": list(range(len(self.full_names)))}]}
-
-    def load_state_dict(self, full: dict[str, Any]) -> None:
-        by_name = {name: full["state"][i] for i, name in enumerate(self.full_names) if i in full["state"]}
-        state = {}
-        for i, (name, _) in enumerate(self.model.named_parameters()):
-            spec = self.model.specs[name]
-            if spec.sources[0] not in by_name:
-                continue
-            entry = {"step": by_name[spec.sources[0]]["step"]}
-            for key in ("exp_avg", "exp_avg_sq"):
-                tensors = {src: by_name[src][key] for src in spec.sources}
-                entry[key] = local_shard(tensors, spec, rank=self.model.tp.rank, size=self.model.tp.size)
-            state[i] = entry
-        group = {k: v for k, v in full["param_groups"][0].items() if k != "params"}
-        params = list(range(len(list(self.model.parameters()))))
-        self.optimizer.load_state_dict({"state": state, "param_groups": [{**group, "params": params}]})
-
-
 class TensorParallel:
     """``tp``-way tensor parallelism × data parallelism over the rest of the world, on an initialized process group.
 
@@ -315,21 +301,29 @@ class TensorParallel:
         mesh: a ``(dp, tp)`` mesh (:func:`tensorslim.distributed.parallelize.build_mesh`).
         style: ``btp``, ``vanilla`` or ``megatron`` (see :func:`tensorslim.distributed.parallelize.parallelize`).
         device: where this rank's shards live.
+        dp_shard: FSDP2 (``fully_shard``) on the dp axis instead of DDP: parameters, gradients and optimizer state
+            split over it.
+        precision: FSDP2's mixed-precision policy, ``fp32`` or ``bf16`` (:func:`tensorslim.distributed.fsdp.
+            mixed_precision`).
     """
 
-    def __init__(self, mesh: DeviceMesh, *, style: str, device: torch.device) -> None:
+    def __init__(
+        self, mesh: DeviceMesh, *, style: str, device: torch.device, dp_shard: bool = False, precision: str = "fp32"
+    ) -> None:
         self.mesh, self.style, self.device = mesh, style, device
         self.rank = dist.get_rank()
         self.is_main = self.rank == 0
         dp = mesh["dp"]
         self.dp_group, self.dp_rank, self.dp_size = dp.get_group(), dp.get_local_rank(), dp.size()
+        self.fsdp = dp_shard and self.dp_size > 1
+        self.precision = precision
         self.model: TPCausalLM | None = None
-        self.runner: nn.Module | None = None  # the TP model, or its DDP wrapper when dp > 1
-        self.full_names: list[str] = []
+        self.runner: nn.Module | None = None  # the TP model (FSDP2-sharded or not), or its DDP wrapper
         self.full_shapes: dict[str, torch.Size] = {}
+        self.log = CommLog()
 
     @classmethod
-    def launch(cls, config: TrainConfig, *, world_size: int) -> TensorParallel:
+    def launch(cls, config: TrainConfig, *, world_size: int) -> TensorParallel:  # or the subclass
         """Join the process group ``torchrun`` describes in the environment and build the mesh."""
         cuda = config.device == "cuda"
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
@@ -339,7 +333,8 @@ class TensorParallel:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
         with exit_on_peer_failure(dist.get_rank()):
             mesh = build_mesh(config.tp, world_size=world_size, device_type=device.type)
-        return cls(mesh, style=config.tp_style, device=device)
+        precision = "bf16" if config.dtype == "bf16" else "fp32"
+        return cls(mesh, style=config.tp_style, device=device, dp_shard=config.dp_shard > 1, precision=precision)
 
     def guarded(self) -> contextlib.AbstractContextManager:
         return exit_on_peer_failure(self.rank)
@@ -355,26 +350,32 @@ class TensorParallel:
 
     def shard(self, model: nn.Module) -> TPCausalLM:
         """This rank's slices of ``model`` (every rank built the same TP=1 weights from the same seed)."""
-        self.full_names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.full_shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
-        self.model = parallelize(model, self.mesh, self.style)
-        self.runner = data_parallel(self.model, self.dp_group, size=self.dp_size)
+        self.model = parallelize(model, self.mesh, self.style, dp_shard=self.fsdp, precision=self.precision)
+        self.log = self.model.tp.log  # one log for the TP and the dp collectives
+        self.runner = (
+            self.model if self.fsdp else data_parallel(self.model, self.dp_group, size=self.dp_size, log=self.log)
+        )
         return self.model
 
     def micro_batches(self, stream: Stream, count: int) -> Iterator[tuple[Any, contextlib.AbstractContextManager]]:
-        self.model.tp.log.reset()  # a step starts: tally its collectives alone (not the evaluation's)
+        self.log.reset()  # a step starts: tally its collectives alone (not the evaluation's)
         for i in range(count):
             batch = _dp_slice(stream.next_batch(), self.dp_rank, self.dp_size)
-            # DDP reduces gradients once, on the last micro-batch
+            # DDP and FSDP2 reduce gradients once, on the last micro-batch
             last = i == count - 1
-            yield batch, contextlib.nullcontext() if last or self.runner is self.model else self.runner.no_sync()
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(last)
+                yield batch, contextlib.nullcontext()
+            else:
+                yield batch, contextlib.nullcontext() if last or self.runner is self.model else self.runner.no_sync()
 
     def loss(self, task: Task, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         # The vocabulary-parallel cross-entropy of the causal-LM task (the only one allowed): full logits never exist.
         return self.model.loss_from_logits(self.runner(batch), batch)
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
-        return clip_grad_norm_tp(self.model, max_norm)
+        return clip_grad_norm_tp(self.model, max_norm, dp_group=self.dp_group if self.fsdp else None)
 
     def mean(self, value: float) -> float:
         if self.dp_size == 1:
@@ -389,18 +390,49 @@ class TensorParallel:
         return int(flag.item())
 
     def step_metrics(self) -> dict[str, float]:
-        return {"comm_bytes": self.model.tp.log.total().bytes}
+        return {"comm_bytes": self.log.total().bytes}
 
     def evaluation_model(self, model: nn.Module) -> nn.Module:
         return _GatheredLogits(self.model)
 
-    def full_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        weights = self.model.full_state_dict()  # collectives: every rank takes part
-        moments = _FullOptimizerView(self.model, optimizer, self.full_names).gather()
-        return _Frozen(weights), _Frozen(moments)
+    def holdings(self) -> list[Holding]:
+        """Every local parameter with its TP=1 sources, its FSDP2 rows and this rank's TP coordinate."""
+        fsdp.reshard(self.model)
+        tp = self.model.tp
+        return [
+            Holding(param, self.model.specs[name], fsdp.dp_split(param), tp.rank, tp.size)
+            for name, param in self.model.named_parameters()
+        ]
 
-    def resume_views(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
-        return _FullModelView(self.model, self.full_shapes), _FullOptimizerView(self.model, optimizer, self.full_names)
+    def save_checkpoint(
+        self, root: Path, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> Path:
+        """Every rank writes its own rectangles (a collective)."""
+        tensors = sharded_state(self.holdings(), optimizer, self.full_shapes)
+        return save_sharded_checkpoint(
+            root, step=step, tensors=tensors, state=state, is_main=self.is_main, barrier=dist.barrier
+        )
+
+    def load_checkpoint(
+        self,
+        path: Path,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        prepare: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        """Read this rank's rectangles of a sharded checkpoint written by any layout (a collective)."""
+        if not is_sharded_checkpoint(path):
+            raise ValueError(
+                f"checkpoint {path} was written by one process; a parallel run resumes from the sharded checkpoints "
+                "parallel runs write (resume it on one process, or start the parallel run from --init)"
+            )
+
+        def views() -> dict[str, torch.Tensor]:
+            prepare_adamw_state(optimizer)
+            return sharded_state(self.holdings(), optimizer, self.full_shapes)
+
+        return _load_sharded(path, optimizer, views, prepare)
 
     def on_main(self, fn: Callable[[], Any]) -> Any:
         result = [fn() if self.is_main else None]
@@ -418,7 +450,62 @@ class TensorParallel:
         dist.destroy_process_group()
 
 
-Layout = SingleProcess | TensorParallel
+class DataParallel(TensorParallel):
+    """Data parallelism alone (``tp = 1``) on the method's own model, DDP or FSDP2: for the methods whose layers the
+    TP blocks do not know (CoLA-M, LaX, TT, GaLore under DDP; the method registry's ``data_parallel``)."""
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        self.full_shapes = {name: p.shape for name, p in model.named_parameters()}
+        self.model = model
+        if self.fsdp:
+            fsdp.shard_blocks(model, self.mesh["dp"], blocks=model.layers, precision=self.precision, log=self.log)
+            self.runner = model
+        else:
+            self.runner = data_parallel(model, self.dp_group, size=self.dp_size, log=self.log)
+        return model
+
+    def loss(self, task: Task, model: nn.Module, batch: Any) -> torch.Tensor:
+        return task.loss(self.runner, batch)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
+        params = [(param, False) for param in self.model.parameters() if param.requires_grad]
+        return fsdp.clip_grad_norm(params, max_norm, tp=TPGroup.single(), dp_group=self.dp_group if self.fsdp else None)
+
+    def evaluation_model(self, model: nn.Module) -> nn.Module:
+        return self.model
+
+    def holdings(self) -> list[Holding]:
+        fsdp.reshard(self.model)
+        return [
+            Holding(param, ShardSpec(sources=(name,)), fsdp.dp_split(param))
+            for name, param in self.model.named_parameters()
+        ]
+
+    def save_checkpoint(
+        self, root: Path, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> Path:
+        """Sharded for AdamW; another optimizer (GaLore, DDP only) is replicated, so rank 0 writes the
+        single-process format."""
+        if type(optimizer) is torch.optim.AdamW:
+            return super().save_checkpoint(root, step=step, model=model, optimizer=optimizer, state=state)
+        return self.on_main(
+            lambda: save_checkpoint(root, step=step, model=self.model, optimizer=optimizer, state=state)
+        )
+
+    def load_checkpoint(
+        self,
+        path: Path,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        prepare: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        if not is_sharded_checkpoint(path) and not self.fsdp:  # DDP replicas load the whole state each
+            return load_checkpoint(path, model=self.model, optimizer=optimizer, prepare=prepare)
+        return super().load_checkpoint(path, model=model, optimizer=optimizer, prepare=prepare)
+
+
+Layout = SingleProcess | TensorParallel | DataParallel
 
 
 def parallel_layout(config: TrainConfig) -> Layout:
@@ -432,4 +519,8 @@ def parallel_layout(config: TrainConfig) -> Layout:
             f"tp={config.tp} needs one process per rank: torchrun --nproc-per-node {config.tp} -m tensorslim train ..."
         )
     check_parallel_config(config, world_size=world_size)
+    from tensorslim.methods import get_method
+
+    if config.tp == 1 and config.tp_style not in get_method(config.method).tensor_parallel:
+        return DataParallel.launch(config, world_size=world_size)
     return TensorParallel.launch(config, world_size=world_size)

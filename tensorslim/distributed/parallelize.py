@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tensorslim.distributed.blocks import BlockShape, BTPBlock, MegatronBlock, VanillaBlock
 from tensorslim.distributed.comm import TPGroup, copy_to_tp, gather_last, gather_untracked
+from tensorslim.distributed.fsdp import shard_blocks
 from tensorslim.distributed.head import vocab_parallel_cross_entropy
 from tensorslim.distributed.sharding import ShardSpec, full_tensors, local_shard
 from tensorslim.layers.lowrank import LowRankLinear
@@ -177,8 +178,11 @@ def parallelize(
     *,
     norm: str = "online",
     recompute: str = "none",
+    dp_shard: bool = False,
+    precision: str = "fp32",
 ) -> TPCausalLM:
-    """Shard ``model`` over the ``tp`` axis of ``mesh`` in ``style``; ``model`` is left untouched.
+    """Shard ``model`` over the ``tp`` axis of ``mesh`` in ``style`` (and, with ``dp_shard``, over its ``dp`` axis
+    with FSDP2); ``model`` is left untouched.
 
     Args:
         model: a built ``LlamaForCausalLM``: converted to CoLA/SVD for ``btp``/``vanilla``, dense for ``megatron``.
@@ -188,6 +192,11 @@ def parallelize(
         recompute: activation recomputation in backward. ``"latent"`` (BTP only, BOOST §3.4): keep the
             all-reduced latents and residual shards, recompute the communication-free chunks between them.
             ``"layer"``: classic whole-block recomputation, which re-runs the block's forward collectives.
+        dp_shard: then ``fully_shard`` every block and the root over ``mesh["dp"]`` (torchtitan's order: TP, then
+            FSDP2; :func:`tensorslim.distributed.fsdp.shard_blocks`), its all-gathers and reduce-scatters logged in
+            the model's communication log.
+        precision: FSDP2's mixed-precision policy, ``fp32`` or ``bf16`` (:func:`tensorslim.distributed.fsdp.
+            mixed_precision`).
 
     Raises:
         ValueError: an unknown style or norm, a model the style cannot shard, or a TP size that does not divide
@@ -203,6 +212,8 @@ def parallelize(
         raise ValueError(f"norm and recompute='latent' apply to style='btp' only, got style={style!r}")
     if recompute == "latent" and norm != "online":
         raise ValueError("recompute='latent' needs norm='online' (sync norm has a collective inside a chunk)")
+    if dp_shard and (mesh is None or "dp" not in (mesh.mesh_dim_names or ())):
+        raise ValueError("dp_shard=True needs a (dp, tp) mesh from build_mesh()")
     plan = _inspect(model, style)
     tp = tp_group(mesh)
     check_divisibility(plan.config, tp=tp.size, style=style, rank=plan.rank)
@@ -228,4 +239,6 @@ def parallelize(
     device = next(model.parameters()).device
     tp_model.to(device)
     tp_model.load_full_state_dict(dict(model.state_dict()))
+    if dp_shard:
+        shard_blocks(tp_model, mesh["dp"], blocks=tp_model.layers, precision=precision, log=tp.log)
     return tp_model

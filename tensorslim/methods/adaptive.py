@@ -73,5 +73,8 @@ register_method(
         convert=_convert,
         hook=_hook,
         options=AdaptiveOptions,
+        data_parallel=(),
+        parallel_note="its stages slice dead ranks out of A and B between steps, which DDP's buckets and FSDP2's "
+        "shards (fixed when the model is wrapped) cannot follow",
     )
 )

@@ -40,5 +40,7 @@ register_method(
         optimizer="galore",
         options=GaLoreOptions,
         lr=0.01,
+        data_parallel=("ddp",),
+        parallel_note="GaLore's projector is an SVD of each whole gradient matrix; FSDP2 and TP hold only blocks of it",
     )
 )

@@ -123,6 +123,18 @@ def _convert_lax_tt(model: nn.Module, context: MethodContext) -> list:
 
 
 _LOW_RANK_TP = ("btp", "vanilla")
+# Why these methods run data-parallel only (DDP or FSDP2), not tensor-parallel.
+_LAX_NOTE = (
+    "TP: the BTP/vanilla blocks have no latent crossing between blocks (LaX §3); data parallelism runs LaX itself"
+)
+_COLA_M_NOTE = (
+    "TP: --method cola with --tp-style btp recomputes the latents the same way (BOOST §3.4); data parallelism runs "
+    "CoLA-M itself"
+)
+_TT_NOTE = (
+    "TP: a TT layer contracts its cores in sequence and has no r-wide latent to cut at (BOOST §3.1 needs one); "
+    "data parallelism runs the TT model itself"
+)
 register_method(
     Method(
         name="cola",
@@ -147,6 +159,7 @@ register_method(
         help="CoLA-M: CoLA with only the rank-r latents checkpointed (arXiv 2502.10940 §4)",
         convert=_converter(_cola_like(CoLAMConfig)),
         options=RankOptions,
+        parallel_note=_COLA_M_NOTE,
     )
 )
 register_method(
@@ -155,6 +168,7 @@ register_method(
         help="LaX on CoLA: latent crossing between consecutive blocks (arXiv 2505.21732)",
         convert=_converter(_cola_like(LaXCoLAConfig)),
         options=RankOptions,
+        parallel_note=_LAX_NOTE,
     )
 )
 register_method(
@@ -163,6 +177,7 @@ register_method(
         help="LaX on SVD layers (arXiv 2505.21732)",
         convert=_converter(lambda c: LaXSVDConfig(rank=_rank(c), init=_init(c))),
         options=RankOptions,
+        parallel_note=_LAX_NOTE,
     )
 )
 register_method(
@@ -171,6 +186,7 @@ register_method(
         help="plain TT layers: CoMERA's init and max rank, no rank gates or stages (arXiv 2405.14377)",
         convert=_converter(_tt),
         options=TTOptions,
+        parallel_note=_TT_NOTE,
     )
 )
 register_method(
@@ -180,5 +196,6 @@ register_method(
         convert=_convert_lax_tt,
         options=LaXTTOptions,
         families=("llama",),  # its intra-layer residuals name LLaMA's attention projections
+        parallel_note=_TT_NOTE,
     )
 )

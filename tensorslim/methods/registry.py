@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 OPTIMIZERS = ("adamw", "galore")
+DATA_PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +65,9 @@ class Method:
         hook: builds the training hook (:class:`tensorslim.train.hooks.TrainHook`) from the context; None: no hook.
         options: the frozen dataclass of the method's own options.
         tensor_parallel: the ``--tp-style`` values that can shard this method's model.
+        data_parallel: how its model may be trained data-parallel: ``ddp`` (replicas) and/or ``fsdp`` (FSDP2,
+            ``--dp-shard``); empty: one process only.
+        parallel_note: why a kind of parallelism is missing (shown in the error that refuses it).
         lr: peak learning rate when the user gives none; None takes the model's recipe.
         families: the model families it applies to (``llama``, ``bert``, ``gpt2``, ``hf-bert``); None: any.
     """
@@ -75,12 +79,16 @@ class Method:
     hook: Callable[[MethodContext], Any] | None = None
     options: type = NoOptions
     tensor_parallel: tuple[str, ...] = ()
+    data_parallel: tuple[str, ...] = DATA_PARALLEL
+    parallel_note: str = ""
     lr: float | None = None
     families: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r} is unknown; allowed: {list(OPTIMIZERS)}")
+        if not set(self.data_parallel) <= set(DATA_PARALLEL):
+            raise ValueError(f"data_parallel={self.data_parallel!r} is invalid; allowed: a subset of {DATA_PARALLEL}")
         if not dataclasses.is_dataclass(self.options):
             raise TypeError(f"options={self.options!r} must be a dataclass type")
 

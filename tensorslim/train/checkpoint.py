@@ -11,23 +11,32 @@ same arithmetic as an uninterrupted one, and BLAS picks its kernel by layout. Ga
 the SVD's column-major output (``Vh[:rank]`` or ``U[:, :rank]``); a contiguous copy of it makes ``grad @ P.T`` an
 MKL ``sgemm`` with a transposed operand instead of a plain one, which sums in another order and changes the low bits
 of every step that reuses the projector.
+
+Parallel runs (``torchrun``) write *sharded* checkpoints with ``torch.distributed.checkpoint`` (DCP) instead: every
+process writes the rectangles of the single-process tensors it holds (:mod:`tensorslim.distributed.chunks`), rank 0
+adds ``state.json``, and the folder is committed the same way (temporary folder, rename, ``latest``). DCP reads any
+other layout's rectangles back, so a run resumes at another world size, TP degree or on one process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 _TENSOR = "__tensor__"
+_DCP_METADATA = ".metadata"  # what torch.distributed.checkpoint's coordinator writes last
 _PROJECTOR = "__galore_projector__"
 
 
@@ -138,7 +147,14 @@ def save_checkpoint(
         json.dump({"format": 1, "step": step, "optimizer": optimizer_tree, "aliases": aliases, **state}, f)
         f.flush()
         os.fsync(f.fileno())
+    _commit(tmp, final, keep=keep)
+    return final
+
+
+def _commit(tmp: Path, final: Path, *, keep: int) -> None:
+    """Rename a complete checkpoint folder into place, then point ``latest`` at it; drop all but ``keep``."""
     _fsync_dir(tmp)
+    root = final.parent
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     pointer = root / ".latest.tmp"
@@ -147,7 +163,100 @@ def save_checkpoint(
     _fsync_dir(root)
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _single_process_is_meant() -> Iterator[None]:
+    """Silence DCP's warning that it runs without a process group: one process reading or writing is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """Whether ``path`` was written by :func:`save_sharded_checkpoint` (DCP) rather than :func:`save_checkpoint`."""
+    return (path / _DCP_METADATA).is_file()
+
+
+def save_sharded_checkpoint(
+    root: Path,
+    *,
+    step: int,
+    tensors: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    is_main: bool,
+    barrier: Callable[[], None],
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``step`` with every process writing its own shards; a collective, called by every rank.
+
+    All ranks write into one temporary folder with ``torch.distributed.checkpoint.save`` (on a file system they
+    share); once every rank is done, rank 0 adds ``state.json`` and renames the folder into place. A crash before
+    the rename leaves only the temporary folder, and ``latest`` still names the previous, complete checkpoint.
+
+    Args:
+        root: the run's ``checkpoints`` folder.
+        step: optimizer steps completed.
+        tensors: this rank's DCP state dict (:func:`tensorslim.distributed.chunks.sharded_state`).
+        state: JSON-serializable run state, written by rank 0.
+        is_main: this is rank 0.
+        barrier: waits for every rank.
+        keep: how many checkpoints to keep.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    final = root / f"step_{step:07d}"
+    tmp = root / f".tmp-{final.name}"
+    if is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    with _single_process_is_meant():
+        dcp.save({**tensors, "rng.torch": torch.get_rng_state()}, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+    barrier()  # every rank's shards are on disk
+    if is_main:
+        with open(tmp / "state.json", "w") as f:
+            json.dump({"format": "dcp", "step": step, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _commit(tmp, final, keep=keep)
+    barrier()
     return final
+
+
+def load_sharded_checkpoint(
+    path: Path,
+    *,
+    tensors: Callable[[], dict[str, torch.Tensor]],
+    prepare: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Read this rank's part of a sharded checkpoint into the views ``tensors()`` returns; returns its JSON state.
+
+    ``prepare`` receives the JSON state first (as in :func:`load_checkpoint`); ``tensors`` is called after it.
+
+    Raises:
+        ValueError: the checkpoint is incomplete or does not hold what ``tensors()`` asks for.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import CheckpointException
+
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
+    if prepare is not None:
+        prepare(state)
+    wanted = {**tensors(), "rng.torch": torch.get_rng_state()}
+    try:
+        with _single_process_is_meant():
+            dcp.load(wanted, checkpoint_id=path, no_dist=not dist.is_initialized())
+    except (CheckpointException, RuntimeError, ValueError) as error:
+        if isinstance(error, CheckpointException):  # one failure per rank; rank order, first one
+            error = next(iter(error.failures.values()))[0]
+        first = str(error).strip().splitlines()[0][:300]
+        raise ValueError(f"checkpoint {path} does not match this run's model/optimizer: {first}") from None
+    torch.set_rng_state(wanted["rng.torch"])
+    return state
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -18,7 +18,18 @@ _DTYPES = ("fp32", "bf16")
 # Fields that may differ between an interrupted run and its resumption without changing the math. ``out_dir`` is
 # where the checkpoint was found, so naming it (or leaving the default that names the same folder) changes nothing.
 RESUMABLE_CHANGES = frozenset(
-    {"resume", "progress", "eval_every", "checkpoint_every", "tensorboard", "tp", "tp_style", "out_dir", "cuda_graphs"}
+    {
+        "resume",
+        "progress",
+        "eval_every",
+        "checkpoint_every",
+        "tensorboard",
+        "tp",
+        "tp_style",
+        "dp_shard",
+        "out_dir",
+        "cuda_graphs",
+    }
 )
 
 
@@ -84,6 +95,9 @@ class TrainConfig:
     # Tensor parallelism (tensorslim.distributed; launch with torchrun, one process per rank).
     tp: int = field(default=1, metadata=_help("tensor-parallel size; the rest of the world is data parallel"))
     tp_style: str = field(default="btp", metadata=_help("btp (BOOST), vanilla (low-rank TP) or megatron (dense)"))
+    dp_shard: int = field(
+        default=1, metadata=_help("FSDP2 over the data-parallel axis: its size (world / tp); 1 keeps DDP")
+    )
 
     def __post_init__(self) -> None:
         check_preset(self.preset)
@@ -100,6 +114,7 @@ class TrainConfig:
             require_int(name, getattr(self, name))
         if self.vocab_size is not None:
             require_int("vocab_size", self.vocab_size)
+        require_int("dp_shard", self.dp_shard)
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr={self.lr} is invalid; allowed: a number > 0")
         if self.weight_decay < 0 or self.grad_clip < 0:

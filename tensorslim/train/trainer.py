@@ -41,7 +41,7 @@ from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import TaskData, to_device
-from tensorslim.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.cuda_graph import GraphedStep
 from tensorslim.train.hooks import TrainHook
@@ -255,8 +255,9 @@ class Trainer:
         path = latest_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise ValueError(f"resume=True but {self.run_dir / 'checkpoints'} holds no checkpoint")
-        model, optimizer = self.layout.resume_views(self.model, self.optimizer)
-        state = load_checkpoint(path, model=model, optimizer=optimizer, prepare=self._prepare_resume)
+        state = self.layout.load_checkpoint(
+            path, model=self.model, optimizer=self.optimizer, prepare=self._prepare_resume
+        )
         changed = self.config.differences(state.get("config", {}))
         if changed:
             raise ValueError(f"checkpoint {path} was written with a different config: {', '.join(changed)}")
@@ -361,17 +362,14 @@ class Trainer:
                 f"step {self.step}: {len(bad)} weights are not finite (first: {bad[0]}); no checkpoint written, the "
                 "last one is the last good one"
             )
-        model, optimizer = self.layout.full_state(self.model, self.optimizer)
         state = {
             "config": self.config.to_dict(),
             "data": self.stream.state_dict(),
             "method": self.hook.state_dict(),
             "skipped_steps": self.skipped_steps,
         }
-        return self.layout.on_main(
-            lambda: save_checkpoint(
-                self.run_dir / "checkpoints", step=self.step, model=model, optimizer=optimizer, state=state
-            )
+        return self.layout.save_checkpoint(
+            self.run_dir / "checkpoints", step=self.step, model=self.model, optimizer=self.optimizer, state=state
         )
 
     def validate(self) -> dict[str, float]:

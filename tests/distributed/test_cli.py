@@ -62,9 +62,14 @@ def test_torchrun_tp2_matches_one_process_and_resumes_there(
 @pytest.mark.slow
 def test_data_parallel_runs_with_backward_exit_cleanly(small_corpus: Path, tmp_path: Path) -> None:
     # Teardown once aborted some runs (SIGABRT, "terminate called without an active exception") after training
-    # had finished; a run must leave the process group after a barrier and exit 0. Pure data parallelism (DDP's
-    # reducer) twice, TP=2 once (the test above runs it too).
-    for i, tp in enumerate(["1", "2", "1"]):
-        done = _torchrun([*_flags(small_corpus, tmp_path / f"run{i}", steps=2), "--tp", tp])
+    # had finished; a run must leave the process group after a barrier and exit 0. Pure data parallelism with
+    # DDP's reducer and with FSDP2 (--dp-shard 2), TP=2 once (the test above runs it too).
+    for i, parallel in enumerate([["--tp", "1"], ["--tp", "2"], ["--tp", "1", "--dp-shard", "2"]]):
+        done = _torchrun([*_flags(small_corpus, tmp_path / f"run{i}", steps=2), *parallel])
         assert done.returncode == 0, done.stderr[-3000:]
         assert "terminate called" not in done.stderr
+    # the FSDP2 run wrote sharded checkpoints, one shard file per process
+    assert sorted(p.name for p in (tmp_path / "run2" / "checkpoints" / "step_0000002").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]

@@ -64,6 +64,8 @@ def test_bad_style_norm_or_model_is_refused_before_any_work() -> None:
         parallelize(workers.tiny_model("btp"), None, "btp", norm="sync", recompute="latent")
     with pytest.raises(ValueError, match="recompute='all' is unknown"):
         parallelize(workers.tiny_model("btp"), None, "btp", recompute="all")
+    with pytest.raises(ValueError, match=r"dp_shard=True needs a \(dp, tp\) mesh from build_mesh\(\)"):
+        parallelize(workers.tiny_model("btp"), None, "btp", dp_shard=True)
 
 
 def test_train_config_checks_style_method_and_batch_split() -> None:
@@ -73,12 +75,30 @@ def test_train_config_checks_style_method_and_batch_split() -> None:
         check_parallel_config(TrainConfig(tp=2, tp_style="megatron"), world_size=2)
     with pytest.raises(ValueError, match="batch_size=3 must be divisible by the data-parallel size 2"):
         check_parallel_config(TrainConfig(tp=2, batch_size=3), world_size=4)
-    with pytest.raises(ValueError, match=r"method='galore' does not fit tp_style='btp'; allowed: \['cola', 'svd'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"method='galore' does not fit tp_style='btp' \(GaLore's projector .*\); allowed: \['cola', 'svd'\]",
+    ):
         check_parallel_config(TrainConfig(tp=2, method="galore"), world_size=2)
-    with pytest.raises(ValueError, match="task='mlm' cannot run tensor-parallel"):
+    with pytest.raises(ValueError, match="task='mlm' cannot run in parallel"):
         check_parallel_config(TrainConfig(preset="bert-tiny", tp=2), world_size=2)
     with pytest.raises(ValueError, match="family 'gpt2'"):
         check_parallel_config(TrainConfig(preset="gpt2-tiny", tp=2), world_size=2)
+
+
+def test_the_method_registry_says_which_methods_shard_and_why_not() -> None:
+    check_parallel_config(TrainConfig(method="galore"), world_size=2)  # DDP: the projector sees whole gradients
+    check_parallel_config(TrainConfig(method="tt", dp_shard=2), world_size=2)  # FSDP2 on the TT model itself
+    with pytest.raises(ValueError, match=r"method='galore' cannot train data-parallel with fsdp \(GaLore's projector"):
+        check_parallel_config(TrainConfig(method="galore", dp_shard=2), world_size=2)
+    with pytest.raises(ValueError, match=r"method='comera' cannot train data-parallel with ddp \(its stages slice"):
+        check_parallel_config(TrainConfig(method="comera"), world_size=2)
+    with pytest.raises(ValueError, match=r"method='lax-cola' does not fit tp_style='btp' \(TP: the BTP/vanilla"):
+        check_parallel_config(TrainConfig(method="lax-cola", tp=2), world_size=4)
+    with pytest.raises(ValueError, match=r"method='tt' does not fit tp_style='vanilla' \(TP: a TT layer"):
+        check_parallel_config(TrainConfig(method="tt", tp=2, tp_style="vanilla"), world_size=2)
+    with pytest.raises(ValueError, match="dp_shard=3 must be 1 \\(DDP\\) or the whole data-parallel size 2"):
+        check_parallel_config(TrainConfig(tp=2, dp_shard=3), world_size=4)
 
 
 def test_one_process_gets_the_single_process_layout_and_tp_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,3 +150,15 @@ def test_guard_reports_lost_peers_only(capsys: pytest.CaptureFixture) -> None:
         raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
     assert exit_info.value.code == 1
     assert "rank 1 lost contact with a peer process" in capsys.readouterr().err
+
+
+def test_mixed_precision_policies() -> None:
+    import torch
+
+    from tensorslim.distributed.fsdp import mixed_precision
+
+    policy = mixed_precision("bf16")
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    assert mixed_precision("fp32").param_dtype is None
+    with pytest.raises(ValueError, match="mixed_precision='fp16' is unknown; allowed: \\['fp32', 'bf16'\\]"):
+        mixed_precision("fp16")

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -76,30 +77,40 @@ class ListStream:
         return self.data[self.position - 1]
 
 
-def tp_curve(style: str, mesh, data: list[torch.Tensor], *, grad_accum: int = 1):
+def tp_curve(style: str, mesh, data: list[torch.Tensor], *, grad_accum: int = 1, dp_shard: bool = False):
     """Losses of ``len(data) // grad_accum`` AdamW steps through the tensor-parallel layout, making the calls the
     Trainer makes in each step (micro-batches cut to this rank, loss, backward, global clipping, dp mean), and the
     elements DDP all-reduced over the dp axis in all steps together."""
     from tensorslim.distributed.layout import TensorParallel
+
+    layout = TensorParallel(mesh, style=style, device=torch.device("cpu"), dp_shard=dp_shard)
+    model = layout.shard(tiny_model(style))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    return layout_steps(layout, model, optimizer, data, grad_accum=grad_accum)
+
+
+def layout_steps(layout, model, optimizer, data: list[torch.Tensor], *, grad_accum: int = 1, bf16: bool = False):
+    """The steps of :func:`tp_curve` on a built layout, model and optimizer (``bf16``: under autocast, as the
+    Trainer runs ``dtype='bf16'``)."""
+    import contextlib
+
     from tensorslim.tasks.lm import CausalLM
 
-    layout = TensorParallel(mesh, style=style, device=torch.device("cpu"))
-    model = layout.shard(tiny_model(style))
     task, stream = CausalLM(), ListStream(data)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     losses, dp_elements = [], 0
     for _ in range(len(data) // grad_accum):
         total = 0.0
         for batch, sync in layout.micro_batches(stream, grad_accum):
             with sync:
-                loss = layout.loss(task, model, batch)
+                with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+                    loss = layout.loss(task, model, batch)
                 (loss / grad_accum).backward()
             total += loss.item()
         layout.clip_grad_norm(model, 0.5)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(layout.mean(total / grad_accum))
-        dp_elements += model.tp.log.total(prefix="dp.").elements  # the layout restarts the tally at each step
+        dp_elements += layout.log.total(prefix="dp.").elements  # the layout restarts the tally at each step
     return losses, dp_elements
 
 
@@ -262,3 +273,130 @@ def fault_main(rank: str, port: str, corpus: str, out_dir: str) -> None:
             os._exit(3)
 
     train(config, on_step=die)
+
+
+def local_numel(model, optimizer) -> dict[str, int]:
+    """Elements this rank holds of parameters and AdamW moments (FSDP2 shards count locally; gradients, freed
+    after each step, have the parameters' shapes)."""
+    from tensorslim.distributed.fsdp import local
+
+    params = list(model.parameters())
+    moments = [local(t) for p in params for k, t in optimizer.state.get(p, {}).items() if k != "step"]
+    return {"params": sum(local(p).numel() for p in params), "moments": sum(t.numel() for t in moments)}
+
+
+def checkpoints(path: str) -> Path:
+    """The checkpoint folder of the worker that writes its results to ``path`` (next to it, named after it)."""
+    return Path(path).parent / f"{Path(path).name.split('.')[0]}-checkpoints"
+
+
+def fsdp4_worker(rank: int, world: int, port: int, path: str) -> None:
+    """FSDP2 on (dp 2, tp 2) and (dp 4, tp 1) against one process; DDP's memory next to FSDP2's; a sharded
+    checkpoint of the (2, 2) run after 10 of its 20 steps (in ``path``'s folder)."""
+    from tensorslim.distributed import build_mesh
+    from tensorslim.distributed.layout import TensorParallel
+
+    init(rank, world, port)
+    data = batches(20)
+    out: dict = {"ref": reference_curve("btp", data)}
+    mesh = build_mesh(2, world_size=world)
+    memory = {}
+    for name, shard in (("ddp", False), ("fsdp", True)):
+        layout = TensorParallel(mesh, style="btp", device=torch.device("cpu"), dp_shard=shard)
+        model = layout.shard(tiny_model("btp"))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+        first = layout_steps(layout, model, optimizer, data[: 10 if shard else 1])[0]  # DDP: for its memory only
+        memory[name] = local_numel(model, optimizer)
+        if shard:
+            log = model.tp.log
+            out["fsdp_dp_log"] = {
+                "gathered": log.total(prefix="dp.params").elements,
+                "reduced": log.total(prefix="dp.grads").elements,
+            }
+            layout.save_checkpoint(checkpoints(path), step=10, model=model, optimizer=optimizer, state={"note": "test"})
+            second = layout_steps(layout, model, optimizer, data[10:])[0]
+            out["dp2tp2"] = first + second
+            out["tp_local_params"] = sum(p.numel() for p in model.parameters())
+    out["memory"] = memory
+    out["dp4"] = tp_curve("btp", build_mesh(1, world_size=world), data, dp_shard=True)[0]
+    _write(path, out)
+    dist.destroy_process_group()
+
+
+def resume2_worker(checkpoint: str, rank: int, world: int, port: int, path: str) -> None:
+    """Resume the (dp 2, tp 2) checkpoint at (dp 2 FSDP2, tp 1) for steps 11-15, write a checkpoint at 15, finish."""
+    from tensorslim.distributed import build_mesh
+    from tensorslim.distributed.layout import TensorParallel
+
+    init(rank, world, port)
+    data = batches(20)
+    layout = TensorParallel(build_mesh(1, world_size=world), style="btp", device=torch.device("cpu"), dp_shard=True)
+    model = layout.shard(tiny_model("btp", seed=7))  # other weights: everything must come from the checkpoint
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    state = layout.load_checkpoint(Path(checkpoint), model=model, optimizer=optimizer, prepare=lambda _: None)
+    first = layout_steps(layout, model, optimizer, data[10:15])[0]
+    layout.save_checkpoint(checkpoints(path), step=15, model=model, optimizer=optimizer, state={})
+    second = layout_steps(layout, model, optimizer, data[15:])[0]
+    _write(path, {"losses": first + second, "note": state["note"], "step": state["step"]})
+    dist.destroy_process_group()
+
+
+DATA_PARALLEL_METHODS = ("cola-m", "lax-cola", "tt")
+
+
+def method_model(method: str, *, seed: int = 0):
+    """The ``tiny`` preset (vocabulary 256) built for ``method``, as the Trainer builds it."""
+    from tensorslim.methods import build_for_method
+
+    torch.manual_seed(seed)
+    return build_for_method("tiny", method, vocab_size=TINY["vocab_size"])[0]
+
+
+def method_reference(method: str, data: list[torch.Tensor]) -> list[float]:
+    from tensorslim.tasks.lm import causal_lm_loss
+
+    model = method_model(method)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    losses = []
+    for batch in data:
+        loss = causal_lm_loss(model(batch), batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def methods_worker(rank: int, world: int, port: int, path: str) -> None:
+    """The methods TP cannot shard, FSDP2-sharded on their own models over 2 ranks, against one process."""
+    from tensorslim.distributed import build_mesh
+    from tensorslim.distributed.chunks import sharded_state
+    from tensorslim.distributed.layout import DataParallel, TensorParallel
+
+    init(rank, world, port)
+    data = batches(5)
+    mesh = build_mesh(1, world_size=world)
+    out = {}
+    for method in DATA_PARALLEL_METHODS:
+        layout = DataParallel(mesh, style="btp", device=torch.device("cpu"), dp_shard=True)
+        model = layout.shard(method_model(method))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+        losses = layout_steps(layout, model, optimizer, data)[0]
+        out[method] = {"dp": losses, "ref": method_reference(method, data), "log": layout.log.as_rows()}
+        with torch.no_grad():  # an evaluation leaves FSDP2's root group gathered; a checkpoint must still see shards
+            layout.evaluation_model(model)(data[0])
+        state = sharded_state(layout.holdings(), optimizer, layout.full_shapes)
+        out[method]["moments_saved"] = sum(key.startswith("optim.exp_avg.") for key in state)
+        out[method]["trainable"] = sum(p.requires_grad for p in model.parameters())
+    # FSDP2's bf16 policy on the TP model: gathered weights in bf16, gradients reduced and AdamW kept in fp32
+    layout = TensorParallel(mesh, style="btp", device=torch.device("cpu"), dp_shard=True, precision="bf16")
+    model = layout.shard(tiny_model("btp"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    out["bf16"] = {
+        "dp": layout_steps(layout, model, optimizer, data, bf16=True)[0],
+        "ref": reference_curve("btp", data),
+        "master_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+    }
+    _write(path, out)
+    dist.destroy_process_group()

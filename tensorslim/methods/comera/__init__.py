@@ -122,5 +122,9 @@ register_method(
         convert=_convert,
         hook=stage_hook,
         options=CoMERAOptions,
+        data_parallel=(),
+        parallel_note="its stages slice dead ranks out of the TT cores between steps, which DDP's buckets and FSDP2's "
+        "shards (fixed when the model is wrapped) cannot follow; the plain TT layers ('tt', 'lax-tt') run "
+        "data-parallel",
     )
 )
