@@ -43,6 +43,7 @@ def test_quantize_cli_writes_a_loadable_packed_file(tmp_path: Path, capsys: pyte
         (["--bits", "1"], "bits=1 is not supported"),
         (["--method", "awq"], "method='awq' is not supported"),
         (["--order", "random"], "order='random' is not supported"),
+        (["--init", "zeros"], "init='zeros' is not supported"),
         (["--model", "/nonexistent"], "is neither 'minilm' nor"),
     ],
 )
