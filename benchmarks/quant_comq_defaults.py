@@ -73,9 +73,11 @@ def timing(weights: dict, grams: dict, bits: int, reps: int, variants: list[str]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 3])
-    parser.add_argument("--variants", nargs="+", default=["gptq", "comq-default", "comq-old-default"])
+    parser.add_argument(
+        "--variants", nargs="*", default=["gptq", "comq-default", "comq-old-default"], help="none: timing only"
+    )
     parser.add_argument("--timed", nargs="+", default=["gptq", "comq-default", "comq-old-default"])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="0: no timing")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     from transformers import AutoTokenizer, BertModel
@@ -92,9 +94,11 @@ def main() -> None:
         "fresh": calibration_batches(tok, corpus.train[-128:], seq_len=128),
     }
     layers = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and "pooler" not in n}
+    if not args.variants:  # timing only: the Gram matrices of the timed layers suffice
+        layers = {n: layers[n] for n in TIMED}
     grams = {n: s.gram for n, s in collect_grams(model, layers, calib).items()}
     weights = {n: weight_matrix(m).clone() for n, m in layers.items()}
-    reference = {k: last_hidden(model, b) for k, b in held.items()}
+    reference = {k: last_hidden(model, b) for k, b in held.items()} if args.variants else {}
     result = {"summary": [], "timing": []}
     meta = {
         "command": "python " + " ".join(sys.argv),
@@ -123,7 +127,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, **result}, f, indent=1)
-    for bits in args.bits:
+    for bits in args.bits if args.reps else []:
         result["timing"] += timing(weights, grams, bits, args.reps, args.timed)
     meta["loadavg_at_end"] = os.getloadavg()
     with open(args.out, "w") as f:
