@@ -41,7 +41,7 @@ from tensorslim.quant.hf_inputs import calibration_batches, model_folder
 QUANT = {
     "rtn": lambda bits: RTNConfig(bits=bits),
     "gptq": lambda bits: GPTQConfig(bits=bits),
-    "comq": lambda bits: COMQConfig(bits=bits, sweeps=3),
+    "comq": lambda bits: COMQConfig(init="float", order="greedy", bits=bits, sweeps=3),
 }
 FACTORED = {"svd": SVDConfig, "cola": CoLAConfig}
 

@@ -28,11 +28,14 @@ METHODS = {
     "rtn": (rtn_quantize, lambda b: RTNConfig(bits=b)),
     "gptq": (gptq_quantize, lambda b: GPTQConfig(bits=b)),
     "gptq-act": (gptq_quantize, lambda b: GPTQConfig(bits=b, act_order=True)),
-    "comq-cyclic1": (comq_quantize, lambda b: COMQConfig(bits=b, order="cyclic", update_scale=False)),
-    "comq-cyclic3": (comq_quantize, lambda b: COMQConfig(bits=b, order="cyclic", sweeps=3)),
-    "comq-greedy1-release": (comq_quantize, lambda b: COMQConfig(bits=b, update_scale=False)),
-    "comq-greedy1": (comq_quantize, lambda b: COMQConfig(bits=b)),
-    "comq-greedy3": (comq_quantize, lambda b: COMQConfig(bits=b, sweeps=3)),
+    "comq-cyclic1": (comq_quantize, lambda b: COMQConfig(init="float", bits=b, order="cyclic", update_scale=False)),
+    "comq-cyclic3": (comq_quantize, lambda b: COMQConfig(init="float", bits=b, order="cyclic", sweeps=3)),
+    "comq-greedy1-release": (
+        comq_quantize,
+        lambda b: COMQConfig(init="float", order="greedy", bits=b, update_scale=False),
+    ),
+    "comq-greedy1": (comq_quantize, lambda b: COMQConfig(init="float", order="greedy", bits=b)),
+    "comq-greedy3": (comq_quantize, lambda b: COMQConfig(init="float", order="greedy", bits=b, sweeps=3)),
 }
 
 

@@ -22,6 +22,8 @@ def _meta(meta: dict) -> list[str]:
     out = [f"- command: `{meta['command']}`", f"- date (UTC): {meta['date']}", f"- machine: {meta['machine']}"]
     if "loadavg_at_end" in meta:
         out.append(f"- load average (1/5/15 min) at the end: {' / '.join(f'{x:.2f}' for x in meta['loadavg_at_end'])}")
+    if "note" in meta:
+        out.append(f"- note: {meta['note']}")
     return out
 
 
@@ -145,6 +147,68 @@ def distill(runs: list[tuple[str, dict]]) -> list[str]:
     return out
 
 
+def comq_defaults(d: dict) -> list[str]:
+    """End-to-end error of the COMQ defaults vs GPTQ, and the interleaved solver time per layer."""
+    out = ["## COMQ defaults vs GPTQ: end-to-end error on held-out text, solver time per layer", "", *_meta(d["meta"])]
+    out += [
+        "- end-to-end error: ‖Y_q − Y‖_F / ‖Y‖_F of the last hidden state over non-padding tokens, all 36 encoder "
+        "linear layers quantized; `validation`: 111 BBC validation articles, `fresh`: the last 128 BBC training "
+        "articles (neither used for calibration: first 128 training articles, 128 tokens each)",
+        "",
+        "| bits | variant | e2e err validation | × GPTQ | e2e err fresh | × GPTQ | mean layer err (calib) | × GPTQ "
+        "| solver s, 36 layers (not interleaved: the load varied) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    gptq = {r["bits"]: r for r in d["summary"] if r["variant"] == "gptq"}
+    for r in d["summary"]:
+        g = gptq[r["bits"]]
+        out.append(
+            f"| W{r['bits']} | {r['variant']} | {r['e2e_err_validation']:.4f} | "
+            f"{r['e2e_err_validation'] / g['e2e_err_validation']:.3f} | {r['e2e_err_fresh']:.4f} | "
+            f"{r['e2e_err_fresh'] / g['e2e_err_fresh']:.3f} | {r['mean_layer_err_calib']:.4f} | "
+            f"{r['mean_layer_err_calib'] / g['mean_layer_err_calib']:.3f} | {r['solver_s_all_layers']:.1f} |"
+        )
+    out += [
+        "",
+        "Solver time per layer, one run (interleaved, min of reps):",
+        "",
+        *_meta(d.get("timing_meta", d["meta"])),
+    ]
+    out += ["", "| bits | layer | shape (out, in) | " + " | ".join(f"{v} s" for v in d["timing"][0]["min_s"])]
+    out[-1] += " | " + " | ".join(f"{v} / GPTQ" for v in d["timing"][0]["min_s"] if v != "gptq") + " |"
+    out.append("|---" * (3 + 2 * len(d["timing"][0]["min_s"]) - 1) + "|")
+    for r in d["timing"]:
+        t = r["min_s"]
+        out.append(
+            f"| W{r['bits']} | {r['layer']} | {tuple(r['shape'])} | "
+            + " | ".join(f"{s:.3f}" for s in t.values())
+            + " | "
+            + " | ".join(f"{s / t['gptq']:.2f}" for v, s in t.items() if v != "gptq")
+            + " |"
+        )
+    return out + [""]
+
+
+def distill_curve(d: dict) -> list[str]:
+    """Compression of the encoder (params and bits) vs BBC accuracy, one row per TT rank."""
+    out = ["## QAT-TT distillation at several TT ranks: compression vs BBC accuracy", "", *_meta(d["meta"]), ""]
+    out += [
+        "| TT rank | steps | s | encoder params | × | encoder bits × | model bits × | cos mean | "
+        "BBC acc teacher / student | student − teacher (points) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(d["runs"], key=lambda r: -r["config"]["rank"]):
+        before, after = r["encoder_params"]
+        gap = 100 * (r["bbc_acc_student"] - r["bbc_acc_teacher"])
+        out.append(
+            f"| {r['config']['rank']} | {r['steps']} | {r['distill_seconds']:.0f} | {before:,} → {after:,} | "
+            f"{r['compression_encoder_params']:.2f} | {r['compression_encoder_bits']:.1f} | "
+            f"{r['compression_model_bits']:.2f} | {r['cos_mean']:.4f} | {r['bbc_acc_teacher']:.4f} / "
+            f"{r['bbc_acc_student']:.4f} | {gap:+.1f} |"
+        )
+    return out + [""]
+
+
 def main() -> None:
     lines = [
         "# Quantization results (issue 6)",
@@ -158,6 +222,10 @@ def main() -> None:
         lines += minilm(d, title="MiniLM, cyclic-order COMQ after the dense-GEMM cyclic path (same protocol)")
     if d := _load("quant_timing.json"):
         lines += timing(d)
+    if d := _load("quant_comq_defaults.json"):
+        lines += comq_defaults(d)
+    if d := _load("qat_distill_curve.json"):
+        lines += distill_curve(d)
     if d := _load("quant_bbc.json"):
         lines += task(d, "BBC News topics: frozen MiniLM + logistic head (fixed split, 444 test articles)", "acc")
     for name in ("quant_bbc_finetune.json", "quant_bbc_finetune_epoch.json"):

@@ -35,8 +35,8 @@ from tensorslim.quant import COMQConfig, GPTQConfig, RTNConfig, quantize_
 CONFIGS = {
     "rtn": lambda b: RTNConfig(bits=b),
     "gptq": lambda b: GPTQConfig(bits=b),
-    "comq-greedy1-release": lambda b: COMQConfig(bits=b, update_scale=False),
-    "comq-greedy3": lambda b: COMQConfig(bits=b, sweeps=3),
+    "comq-greedy1-release": lambda b: COMQConfig(init="float", order="greedy", bits=b, update_scale=False),
+    "comq-greedy3": lambda b: COMQConfig(init="float", order="greedy", bits=b, sweeps=3),
 }
 
 

@@ -24,8 +24,8 @@ from tensorslim.quant.calibration import collect_grams, weight_matrix
 
 SOLVERS = {
     "gptq": (gptq_quantize, GPTQConfig(bits=4)),
-    "comq-greedy1": (comq_quantize, COMQConfig(bits=4)),
-    "comq-cyclic1": (comq_quantize, COMQConfig(bits=4, order="cyclic")),
+    "comq-greedy1": (comq_quantize, COMQConfig(init="float", order="greedy", bits=4)),
+    "comq-cyclic1": (comq_quantize, COMQConfig(init="float", bits=4, order="cyclic")),
 }
 LAYERS = ("encoder.layer.0.attention.self.query", "encoder.layer.0.intermediate.dense", "encoder.layer.0.output.dense")
 

@@ -121,8 +121,13 @@ def run_distill(run: DistillRunConfig, *, options: Any = None, task_options: Any
         "model_bits": [teacher_params * 32, student_bits],
         "student_float_bits": float_bits,
     }
-    report["compression_params"] = report["model_params"][0] / report["model_params"][1]
-    report["compression_bits"] = report["model_bits"][0] / report["model_bits"][1]
+    encoder_params = sum(p.numel() for p in teacher.encoder.parameters())  # layers, LayerNorms, biases
+    report["encoder_params"] = [encoder_params, sum(p.numel() for p in student.encoder.parameters())]
+    report["encoder_bits"] = [encoder_params * 32, qat_bits(student.encoder)[0]]
+    for what in ("model_params", "model_bits", "encoder_params", "encoder_bits"):
+        report[f"compression_{what}"] = report[what][0] / report[what][1]
+    report["compression_params"] = report["compression_model_params"]  # the names of earlier reports
+    report["compression_bits"] = report["compression_model_bits"]
     if run.eval_bbc:
         report.update(_bbc_accuracy(teacher, student, trainer.data.tokenizer, run))
     print(json.dumps(report, indent=1))

@@ -22,7 +22,8 @@ class QuantizeRunConfig:
     method: str = field(default="comq", metadata={"help": f"one of {QUANT_METHODS}"})
     bits: int = field(default=4, metadata={"help": "code width, 2..8"})
     granularity: str = field(default="channel", metadata={"help": "'channel' or 'layer'"})
-    order: str = field(default="greedy", metadata={"help": "COMQ coordinate order: 'greedy' or 'cyclic'"})
+    init: str = field(default="gptq", metadata={"help": "COMQ start: 'gptq', 'rtn' or 'float' (the release)"})
+    order: str = field(default="cyclic", metadata={"help": "COMQ coordinate order: 'cyclic' or 'greedy' (paper)"})
     sweeps: int = field(default=1, metadata={"help": "COMQ sweeps"})
     update_scale: bool = field(default=True, metadata={"help": "COMQ least-squares scale update"})
     act_order: bool = field(default=False, metadata={"help": "GPTQ: columns by decreasing diag(H)"})
@@ -46,7 +47,9 @@ class QuantizeRunConfig:
 
         common = {"bits": self.bits, "granularity": self.granularity}
         if self.method == "comq":
-            return COMQConfig(**common, order=self.order, sweeps=self.sweeps, update_scale=self.update_scale)
+            return COMQConfig(
+                **common, init=self.init, order=self.order, sweeps=self.sweeps, update_scale=self.update_scale
+            )
         if self.method == "gptq":
             return GPTQConfig(**common, act_order=self.act_order)
         return RTNConfig(**common)

@@ -43,6 +43,7 @@ def test_quantize_cli_writes_a_loadable_packed_file(tmp_path: Path, capsys: pyte
         (["--bits", "1"], "bits=1 is not supported"),
         (["--method", "awq"], "method='awq' is not supported"),
         (["--order", "random"], "order='random' is not supported"),
+        (["--init", "zeros"], "init='zeros' is not supported"),
         (["--model", "/nonexistent"], "is neither 'minilm' nor"),
     ],
 )
@@ -118,6 +119,10 @@ def test_distill_cli_runs_a_few_steps_and_reports_compression(tmp_path: Path) ->
     before, after = report["encoder_linear_params"]
     assert after < before / 20
     assert report["model_bits"][1] < report["model_bits"][0]
+    (teacher_params, student_params), (teacher_bits, student_bits) = report["encoder_params"], report["encoder_bits"]
+    assert teacher_bits == 32 * teacher_params
+    assert 4 * student_params < student_bits < 32 * student_params  # 4-bit cores, float LayerNorms/biases/scales
+    assert report["compression_encoder_bits"] == teacher_bits / student_bits
     assert -1.0 <= report["spearman_pairwise"] <= 1.0
 
 

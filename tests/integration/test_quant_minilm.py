@@ -1,4 +1,4 @@
-"""One real MiniLM layer: COMQ (3 sweeps + scale update) within 1.2x GPTQ's output error, both far below RTN."""
+"""One real MiniLM layer: COMQ's defaults (descent from GPTQ) at or below GPTQ's output error, both far below RTN."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tensorslim.quant import COMQConfig, GPTQConfig, RTNConfig, comq_quantize, g
 from tensorslim.quant.calibration import collect_grams, relative_output_error, weight_matrix
 
 
-def test_comq_on_a_real_minilm_layer_is_within_the_issue_goal_of_gptq() -> None:
+def test_comq_defaults_on_a_real_minilm_layer_are_at_or_below_gptq() -> None:
     from transformers import AutoTokenizer, BertModel
 
     from tensorslim.data import bbcnews_labelled
@@ -27,8 +27,8 @@ def test_comq_on_a_real_minilm_layer_is_within_the_issue_goal_of_gptq() -> None:
         for label, fn, config in (
             ("rtn", rtn_quantize, RTNConfig(bits=4)),
             ("gptq", gptq_quantize, GPTQConfig(bits=4)),
-            ("comq", comq_quantize, COMQConfig(bits=4, sweeps=3)),
+            ("comq", comq_quantize, COMQConfig(bits=4)),
         )
     }
-    assert err["comq"] <= 1.2 * err["gptq"], err
+    assert err["comq"] <= err["gptq"], err
     assert max(err["comq"], err["gptq"]) < 0.8 * err["rtn"], err

@@ -7,7 +7,15 @@ import itertools
 import pytest
 import torch
 
-from tensorslim.quant import COMQConfig, GPTQConfig, RTNConfig, comq_quantize, gptq_quantize, minmax_grid
+from tensorslim.quant import (
+    COMQConfig,
+    GPTQConfig,
+    RTNConfig,
+    comq_quantize,
+    gptq_quantize,
+    minmax_grid,
+    rtn_quantize,
+)
 from tensorslim.quant.calibration import relative_output_error
 from tensorslim.quant.comq import comq_sweep, coordinate_order, layer_objective, optimal_scale
 from tensorslim.quant.quantizer import QuantResult, quantize_codes
@@ -22,14 +30,21 @@ def _data(n: int = 200, d: int = 20, out: int = 6, seed: int = 0) -> tuple[torch
 
 
 def _residual_form_comq(
-    x: torch.Tensor, w: torch.Tensor, bits: int, sweeps: int, order: str = "greedy"
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bits: int,
+    sweeps: int,
+    order: str = "greedy",
+    *,
+    start: QuantResult | None = None,
 ) -> torch.Tensor:
-    """The release's loop (compress.md §1.2): explicit residual u = X(W − Q)ᵀ, greedy order, fixed scale."""
-    grid = minmax_grid(w, bits=bits)
+    """The release's loop (compress.md §1.2): explicit residual u = X(W − Q)ᵀ, one coordinate of one row at a time,
+    fixed scale; from ``Q = W`` (the release) or from ``start``'s codes and grid."""
+    grid = minmax_grid(w, bits=bits) if start is None else start.grid
     h = x.T @ x
     perm = coordinate_order(w, h, order)
-    q = w.clone()
-    u = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float64)  # (n, out)
+    q = w.clone() if start is None else start.dequantize(dtype=torch.float64)
+    u = x @ (w - q).T  # (n, out)
     for _ in range(sweeps):
         for t in range(w.shape[1]):
             for j in range(w.shape[0]):
@@ -45,7 +60,8 @@ def _residual_form_comq(
 def test_gram_form_equals_residual_form() -> None:
     x, w = _data()
     for sweeps in (1, 2):
-        got = comq_quantize(w, x.T @ x, COMQConfig(bits=3, sweeps=sweeps, update_scale=False))
+        config = COMQConfig(bits=3, init="float", order="greedy", sweeps=sweeps, update_scale=False)  # the release
+        got = comq_quantize(w, x.T @ x, config)
         ref = _residual_form_comq(x, w, 3, sweeps)
         assert torch.max(torch.abs(got.dequantize(dtype=torch.float64) - ref)) < 1e-10
 
@@ -132,8 +148,6 @@ def test_eight_bits_is_near_lossless_and_four_bits_beats_rtn() -> None:
 
 
 def _rtn(w: torch.Tensor) -> tuple[torch.Tensor, object]:
-    from tensorslim.quant import rtn_quantize
-
     r = rtn_quantize(w, None, RTNConfig(bits=4))
     return r.codes, r.grid
 
@@ -161,3 +175,42 @@ def test_blocked_sweep_equals_residual_form_for_any_block(block: int, order: str
         comq_sweep(w, h, residual, codes, grid, perm, block=block)
     ref = _residual_form_comq(x, w, 3, 2, order)
     assert torch.max(torch.abs((w - residual) - ref)) < 1e-10
+
+
+@pytest.mark.parametrize("order", ["greedy", "cyclic"])
+def test_descent_from_gptq_equals_the_residual_loop_started_at_gptq(order: str) -> None:
+    x, w = _data(seed=5)
+    h = x.T @ x
+    start = gptq_quantize(w, h, GPTQConfig(bits=3))
+    got = comq_quantize(w, h, COMQConfig(bits=3, init="gptq", order=order, sweeps=2, update_scale=False))
+    ref = _residual_form_comq(x, w, 3, 2, order, start=start)
+    assert torch.max(torch.abs(got.dequantize(dtype=torch.float64) - ref)) < 1e-10
+
+
+def test_default_is_one_cyclic_sweep_from_gptq_then_the_least_squares_scale() -> None:
+    x, w = _data(seed=6)
+    h = x.T @ x
+    got = comq_quantize(w, h, COMQConfig(bits=4))
+    q = _residual_form_comq(x, w, 4, 1, "cyclic", start=gptq_quantize(w, h, GPTQConfig(bits=4)))
+    grid = gptq_quantize(w, h, GPTQConfig(bits=4)).grid
+    c = torch.round(q / grid.scale)  # centred codes (code − zero) of the swept Q, (out, d)
+    for j in range(w.shape[0]):  # the scale of each row: lstsq of X wᵀ ≈ (X cᵀ) δ
+        delta = torch.linalg.lstsq((x @ c[j])[:, None], x @ w[j]).solution
+        assert torch.allclose(got.dequantize(dtype=torch.float64)[j], delta * c[j], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("init", ["gptq", "rtn"])
+@pytest.mark.parametrize("granularity", ["channel", "layer"])
+def test_descent_never_ends_above_its_start(init: str, granularity: str) -> None:
+    x, w = _data(n=300, d=24, out=8, seed=8)
+    h = x.T @ x
+    for bits in (2, 3, 4):
+        common = {"bits": bits, "granularity": granularity}
+        start = (
+            gptq_quantize(w, h, GPTQConfig(**common)) if init == "gptq" else rtn_quantize(w, None, RTNConfig(**common))
+        )
+        before = layer_objective(w, start.dequantize(dtype=torch.float64), h)
+        for order, update_scale in itertools.product(("greedy", "cyclic"), (False, True)):
+            config = COMQConfig(bits=bits, granularity=granularity, init=init, order=order, update_scale=update_scale)
+            after = layer_objective(w, comq_quantize(w, h, config).dequantize(dtype=torch.float64), h)
+            assert after <= before * (1 + 1e-12), (bits, order, update_scale, after, before)

@@ -84,6 +84,8 @@ def test_bad_options_are_value_errors() -> None:
         COMQConfig(granularity="group")
     with pytest.raises(ValueError, match="order="):
         COMQConfig(order="random")
+    with pytest.raises(ValueError, match="init="):
+        COMQConfig(init="zeros")
     with pytest.raises(ValueError, match="sweeps="):
         COMQConfig(sweeps=0)
 
