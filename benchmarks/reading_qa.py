@@ -48,7 +48,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         batch_size=32,
         seq_len=args.window,
         lr=3e-3,
-        eval_every=100,
+        eval_every=args.steps,
         eval_blocks=args.docs,
         checkpoint_every=args.steps,
         progress=False,
@@ -59,6 +59,9 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
             "skip_k": args.k,
             "skip_alpha": args.train_alpha,
             "distractors": args.distractors,
+            "doc_tokens": args.doc_tokens,
+            "passage_tokens": args.passage_tokens,
+            "fact_lead": args.fact_lead,
             "answer_weight": 5.0,
         },
     )
@@ -109,15 +112,18 @@ def evaluate(trainer: Trainer, config: ReaderConfig, *, window: int, seed: int =
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--docs", type=int, default=200, help="validation documents")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--docs", type=int, default=100, help="validation documents")
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--distractors", type=int, default=0)
+    parser.add_argument("--doc-tokens", type=int, default=512)
+    parser.add_argument("--passage-tokens", type=int, default=128)
+    parser.add_argument("--fact-lead", type=int, default=48)
     parser.add_argument("--train-reader", default="sequential")
     parser.add_argument("--train-alpha", type=float, default=4.0)
-    parser.add_argument("--alphas", default="1,2,3,4,6,8")
-    parser.add_argument("--seeds", type=int, default=3, help="random-skip seeds per random-access run")
+    parser.add_argument("--alphas", default="2,4,8")
+    parser.add_argument("--seeds", type=int, default=2, help="random-skip seeds per random-access run")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     torch.manual_seed(0)
