@@ -122,7 +122,8 @@ def main() -> None:
     parser.add_argument("--fact-lead", type=int, default=48)
     parser.add_argument("--train-reader", default="sequential")
     parser.add_argument("--train-alpha", type=float, default=4.0)
-    parser.add_argument("--alphas", default="2,4,8")
+    parser.add_argument("--alphas", default="4,8,16")
+    parser.add_argument("--poolings", default="mean", help="comma-separated: mean, last")
     parser.add_argument("--seeds", type=int, default=2, help="random-skip seeds per random-access run")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
@@ -130,7 +131,7 @@ def main() -> None:
     config = train_config(args)
     trainer, info = trained(config)
     rows = [evaluate(trainer, ReaderConfig(reader="sequential", skip_k=args.k), window=args.window)[0]]
-    for pooling in ("mean", "last"):
+    for pooling in args.poolings.split(","):
         for alpha in [float(a) for a in args.alphas.split(",")]:
             access = ReaderConfig(reader="random-access", skip_k=args.k, skip_alpha=alpha, pooling=pooling)
             row, lengths = evaluate(trainer, access, window=args.window)
