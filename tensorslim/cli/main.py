@@ -1,4 +1,5 @@
-"""``tensorslim train | bench | convert | quantize | distill``: one module per subcommand, one flag builder.
+"""``tensorslim train | bench | convert | quantize | distill | generate | finetune``: one module per subcommand, one
+flag builder.
 
 Each subcommand module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> exit code`` (and
 optionally ``description()``). User errors (``ValueError``/``TypeError`` raised while validating or running) are
@@ -12,9 +13,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tensorslim.cli import bench, convert, distill, generate, quantize, train
+from tensorslim.cli import bench, convert, distill, finetune, generate, quantize, train
 
-SUBCOMMANDS = (train, bench, convert, quantize, distill, generate)
+SUBCOMMANDS = (train, bench, convert, quantize, distill, generate, finetune)
 
 
 def build_parser() -> argparse.ArgumentParser:
