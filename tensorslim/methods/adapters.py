@@ -97,12 +97,50 @@ def _encoder_for(context: MethodContext) -> Any:
     return lambda text: tokenizer(text)["input_ids"]
 
 
+def _count(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _report(method: str, model: nn.Module, before: int, added: dict[str, int]) -> Any:
+    """A :class:`tensorslim.registry.ConversionReport` whose layers are the added modules: nothing is removed, each
+    entry's ``params_after`` is what it adds."""
+    from tensorslim.registry import ConversionReport, LayerReport
+
+    layers = [
+        LayerReport(
+            name=name, kind="adapter", old_shape=(0, 0), new_shape="added", rank=0, params_before=0, params_after=n
+        )
+        for name, n in added.items()
+        if n
+    ]
+    assert sum(added.values()) == _count(model) - before, "every added parameter is in one entry"
+    return ConversionReport(method=method, layers=layers, model_params_before=before, applied=True)
+
+
+def _added_by_module(model: nn.Module) -> dict[str, int]:
+    """Parameters of each adapter module (its own, not the wrapped base layer's)."""
+    from tensorslim.adapters.modules import BottleneckOutput, PrefixEncoder, PrefixSelfAttention, PromptEmbedding
+    from tensorslim.lora import LoRALinear
+
+    owned = {LoRALinear: "base.", PrefixSelfAttention: "inner.", BottleneckOutput: "inner."}
+    added = {}
+    for name, module in model.named_modules():
+        wrapped = next((prefix for kind, prefix in owned.items() if isinstance(module, kind)), None)
+        if wrapped is not None:
+            added[name] = sum(p.numel() for n, p in module.named_parameters() if not n.startswith(wrapped))
+        elif isinstance(module, PrefixEncoder | PromptEmbedding):
+            added[name] = sum(p.numel() for p in module.parameters())
+    return added
+
+
 def _convert(method: str) -> Any:
     def convert(model: nn.Module, context: MethodContext) -> list:
         from tensorslim.adapters import equip_
 
         config = pelt_config(method, context.options, family=context.family)
-        return [equip_(model, config, encode=_encoder_for(context))]
+        before = _count(model)
+        equip_(model, config, encode=_encoder_for(context))
+        return [_report(method, model, before, _added_by_module(model))]
 
     return convert
 
@@ -111,17 +149,18 @@ def _peft_lora(model: nn.Module, context: MethodContext) -> list:
     """peft's LoRA injected in place (``inject_adapter_in_model``), classifier trainable."""
     import peft
 
-    from tensorslim.adapters.equip import _head_parameters, trainable_parameters
+    from tensorslim.adapters.equip import _head_parameters
 
     options = context.options
     config = peft.LoraConfig(r=options.rank or 8, lora_alpha=options.lora_alpha, target_modules=["query", "value"])
+    before = _count(model)
     model.requires_grad_(False)
     peft.inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
         param.requires_grad_("lora_" in name)
     for param in _head_parameters(model):
         param.requires_grad_(True)
-    return [trainable_parameters(model)]
+    return [_report("peft-lora", model, before, {"peft_lora": _count(model) - before})]
 
 
 class _Reentry:
@@ -136,9 +175,8 @@ def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
     forward calls peft's wrapper, which calls back the model's own forward."""
     import peft
 
-    from tensorslim.adapters.equip import trainable_parameters
-
     config = peft.PromptTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=context.options.prompt_length)
+    before = _count(model)
     wrapper = peft.get_peft_model(model, config)
     model.peft_prompt_encoder = wrapper.prompt_encoder  # its parameters train and save with the model
     plain, state = model.forward, _Reentry()
@@ -153,7 +191,7 @@ def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
             state.inside = False
 
     model.forward = forward
-    return [trainable_parameters(model)]
+    return [_report("peft-prompt", model, before, {"peft_prompt": _count(model) - before})]
 
 
 _HELP = {
