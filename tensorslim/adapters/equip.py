@@ -103,6 +103,7 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
         for param in _head_parameters(model):
             param.requires_grad_(True)
     model.pelt_config = config
+    model.train(model.training)  # the new modules follow the model's mode (an eval model keeps dropout off)
     return {**trainable_parameters(model), "layers": layers}
 
 

@@ -346,6 +346,12 @@ def test_loading_adapters_onto_a_base_of_another_shape_is_a_one_line_error(tmp_p
         load_adapters(deeper, tmp_path)
 
 
+def test_new_modules_follow_the_model_mode() -> None:
+    model = tiny_bert()  # in eval mode
+    equip_(model, unipelt(prompt=True))
+    assert not any(m.training for m in model.modules())
+
+
 def test_a_model_is_equipped_once() -> None:
     model = tiny_bert()
     equip_(model, unipelt())
