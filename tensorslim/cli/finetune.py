@@ -201,9 +201,14 @@ def _tfidf(args: argparse.Namespace, k: int, seed: int) -> dict[str, Any]:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per (method, K): the test accuracy of the best-on-dev learning rate, mean ± std over seeds, and the costs."""
-    best: dict[tuple, dict[str, Any]] = {}
+    """Per (method, K): the test accuracy of the best-on-dev learning rate, mean ± std over seeds, and the costs.
+    A (method, K, seed) whose grid is not complete (an interrupted sweep) is left out."""
+    grids: dict[tuple, set[float]] = {}
     for r in records:
+        grids.setdefault((r["method"], r["k"], r["seed"]), set()).add(r["lr"])
+    complete = {key for key, lrs in grids.items() if key[0] == TFIDF or lrs >= set(LR_GRIDS.get(key[0], ()))}
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in (r for r in records if (r["method"], r["k"], r["seed"]) in complete):
         key = (r["method"], r["k"], r["seed"])
         dev = r["dev_accuracy"] if r["dev_accuracy"] == r["dev_accuracy"] else 0.0  # NaN (TF-IDF): no choice
         if key not in best or dev > best[key]["_dev"]:

@@ -42,7 +42,7 @@ def test_summary_picks_the_learning_rate_by_development_accuracy(tmp_path) -> No
         }
         for s, lr, dev, test in [(0, 1e-3, 0.5, 0.9), (0, 5e-3, 0.6, 0.4), (1, 1e-3, 0.7, 0.8), (1, 5e-3, 0.2, 0.1)]
     ]
-    summary = summarize(runs)
+    summary = summarize([*runs, {**runs[0], "seed": 2}])  # seed 2 lacks one learning rate: left out
     (row,) = summary["table"]
     assert row["seeds"] == 2 and abs(row["mean"] - 60.0) < 1e-9  # seed 0 → 40 % (dev 0.6), seed 1 → 80 %
     write_summary(summary, tmp_path / "s")
