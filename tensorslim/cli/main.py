@@ -1,4 +1,5 @@
-"""``tensorslim train | bench | convert | quantize | distill | generate | segment``: one module per subcommand.
+"""``tensorslim <command>``: one module per subcommand (train, bench, convert, quantize, distill, generate,
+finetune, longeval, segment).
 
 Each subcommand module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> exit code`` (and
 optionally ``description()``). User errors (``ValueError``/``TypeError`` raised while validating or running) are
@@ -12,9 +13,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tensorslim.cli import bench, convert, distill, generate, longeval, quantize, segment, train
+from tensorslim.cli import bench, convert, distill, finetune, generate, longeval, quantize, segment, train
 
-SUBCOMMANDS = (train, bench, convert, quantize, distill, generate, longeval, segment)
+SUBCOMMANDS = (train, bench, convert, quantize, distill, generate, finetune, longeval, segment)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Training methods: importing this package registers every method (see :mod:`tensorslim.methods.registry`)."""
 
-from tensorslim.methods import adaptive, comera, dense, kron, lowrank, qat  # noqa: F401 - each module registers its methods
+from tensorslim.methods import adapters, adaptive, comera, dense, kron, lowrank, qat  # noqa: F401 - each module registers its methods
 from tensorslim.methods.build import apply_method, build_for_method, method_options
 from tensorslim.methods.registry import METHODS, Method, MethodContext, get_method, register_method
 

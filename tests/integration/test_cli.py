@@ -17,7 +17,7 @@ from tensorslim.cli.main import main
     ("argv", "message"),
     [
         (["train", "--preset", "3b"], "preset='3b' is unknown"),
-        (["train", "--method", "lora"], "method='lora' is unknown"),
+        (["train", "--method", "ia3"], "method='ia3' is unknown"),
         (["train", "--steps", "0"], "steps=0 is invalid"),
         (["train", "--batch-size", "-2"], "batch_size=-2 is invalid"),
         (["train", "--lr", "0"], "lr=0.0 is invalid"),

@@ -1,0 +1,161 @@
+"""What to put on a frozen model, as plain data: gated LoRA, gated prefix tuning, gated bottleneck adapter, prompt.
+
+Defaults follow the official UniPELT code (Mao et al., ACL 2022, arXiv 2110.07577; ``run_glue.py``): prefix length
+10 through a 512-wide MLP, LoRA r 8 / α 16 on ``W_q`` and ``W_v``, adapter reduction factor 16, every gate on. The
+prompt (Lester et al., 2021, arXiv 2104.08691) is the layer arXiv 2405.05493 adds to UniPELT; it has no gate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tensorslim._checks import require_int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedLoRAConfig:
+    """LoRA on the named linears; with ``gate`` the update is scaled by ``mean_t σ(w·x_t + b)`` instead of α/r.
+
+    Attributes:
+        rank: adapter rank r.
+        alpha: the ungated scale numerator (update ``(alpha / rank)·B·A·x``).
+        targets: last name components of the ``nn.Linear`` layers to adapt (BERT: ``query``, ``value``).
+        gate: scale the update by a learned gate (UniPELT §3) rather than α/r.
+        dropout: dropout on the adapter input.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("query", "value")
+    gate: bool = True
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_int("rank", self.rank)
+        if not self.targets:
+            raise ValueError("targets=() is invalid; allowed: a non-empty tuple of layer names")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} is invalid; allowed: [0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixConfig:
+    """Per-layer key/value prefixes generated from ``length`` embeddings by ``Linear → tanh → Linear``.
+
+    Attributes:
+        length: prefix vectors per layer (keys and values each).
+        mlp_dim: width of the reparametrization MLP (Li & Liang, 2021, arXiv 2101.00190, §4.3); None trains the
+            prefixes directly (peft's ``prefix_projection=False``).
+        gate: scale the layer's prefixes by ``mean_t σ(w·h_t + b)`` of the attention input.
+    """
+
+    length: int = 10
+    mlp_dim: int | None = 512
+    gate: bool = True
+
+    def __post_init__(self) -> None:
+        require_int("length", self.length)
+        if self.mlp_dim is not None:
+            require_int("mlp_dim", self.mlp_dim)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BottleneckConfig:
+    """A bottleneck adapter after each feed-forward block (Pfeiffer et al., 2021, arXiv 2005.00247: ``seq_bn``).
+
+    Attributes:
+        reduction: hidden size / bottleneck size.
+        gate: scale the adapter output by ``mean_t σ(w·z_t + b)`` of its input.
+    """
+
+    reduction: int = 16
+    gate: bool = True
+
+    def __post_init__(self) -> None:
+        require_int("reduction", self.reduction)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptConfig:
+    """Soft prompt tokens before the input embeddings (Lester et al., 2021, arXiv 2104.08691).
+
+    Attributes:
+        length: number of virtual tokens; adds ``length × d`` parameters.
+        init_text: initialize from the word embeddings of this text (repeated or cut to ``length`` tokens, as
+            peft's ``PromptTuningInit.TEXT``); None: uniform in ±``init_scale``.
+        init_scale: half-width of the random-uniform init (AdapterHub's ``random_uniform_scale``).
+    """
+
+    length: int = 10
+    init_text: str | None = None
+    init_scale: float = 0.5
+
+    def __post_init__(self) -> None:
+        require_int("length", self.length)
+        if self.init_text is not None and not self.init_text.strip():
+            raise ValueError("init_text='' is invalid; allowed: None or a non-empty text")
+        if not self.init_scale > 0:
+            raise ValueError(f"init_scale={self.init_scale!r} is invalid; allowed: a number > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PELTConfig:
+    """Which parameter-efficient modules a model gets; None leaves one out.
+
+    Attributes:
+        lora, prefix, bottleneck, prompt: the modules (UniPELT = the first three, gated).
+        from_layer: put LoRA, prefixes and adapters only on layers ``from_layer`` and above (arXiv 2405.05493's
+            layer-wise variant; UniPELT's ``--drop_first_layers``). The prompt is at the input either way.
+        train_head: keep the task head (a classifier on a fresh base) trainable, as peft's ``modules_to_save``.
+    """
+
+    lora: GatedLoRAConfig | None = None
+    prefix: PrefixConfig | None = None
+    bottleneck: BottleneckConfig | None = None
+    prompt: PromptConfig | None = None
+    from_layer: int = 0
+    train_head: bool = True
+
+    def __post_init__(self) -> None:
+        if all(getattr(self, name) is None for name in MODULES):
+            raise ValueError(f"PELTConfig() has no module; allowed: at least one of {list(MODULES)}")
+        require_int("from_layer", self.from_layer, minimum=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (tuples become lists)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PELTConfig:
+        """The inverse of :meth:`to_dict`."""
+        kinds = {
+            "lora": GatedLoRAConfig,
+            "prefix": PrefixConfig,
+            "bottleneck": BottleneckConfig,
+            "prompt": PromptConfig,
+        }
+        fields = dict(data)
+        for name, kind in kinds.items():
+            if fields.get(name) is not None:
+                value = dict(fields[name])
+                if "targets" in value:
+                    value["targets"] = tuple(value["targets"])
+                fields[name] = kind(**value)
+        return cls(**fields)
+
+
+MODULES = ("lora", "prefix", "bottleneck", "prompt")
+
+
+def unipelt(*, prompt: bool = False, gates: bool = True, from_layer: int = 0) -> PELTConfig:
+    """UniPELT (arXiv 2110.07577): gated LoRA + gated prefix + gated adapter; ``prompt`` adds arXiv 2405.05493's
+    prompt layer; ``gates=False`` is the ungated combination."""
+    return PELTConfig(
+        lora=GatedLoRAConfig(gate=gates),
+        prefix=PrefixConfig(gate=gates),
+        bottleneck=BottleneckConfig(gate=gates),
+        prompt=PromptConfig() if prompt else None,
+        from_layer=from_layer,
+    )

@@ -1,0 +1,349 @@
+"""One verb puts parameter-efficient modules on a model; the rest reads, saves, loads and merges them.
+
+:func:`equip_` freezes the model and adds what a :class:`PELTConfig` asks for: gated LoRA on the named linears,
+gated prefixes in each self-attention, a gated bottleneck adapter after each feed-forward block, a soft prompt before
+the input embeddings (UniPELT, arXiv 2110.07577 §3; prompt layer, arXiv 2405.05493). :func:`save_adapters` writes
+only the trained tensors (``adapters.safetensors``) and the config (``adapters.json``); :func:`load_adapters` puts
+them onto a fresh base of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensorslim.adapters.config import PELTConfig
+from tensorslim.adapters.modules import (
+    BottleneckOutput,
+    Gate,
+    GatedLoRALinear,
+    PrefixEncoder,
+    PrefixSelfAttention,
+    PromptEmbedding,
+    merge_lora,
+)
+from tensorslim.lora import LoRALinear
+
+CONFIG_FILE, WEIGHTS_FILE = "adapters.json", "adapters.safetensors"
+_LAYER = re.compile(r"\.(\d+)(?:\.|$)")
+
+
+def _layer_of(name: str) -> int | None:
+    """The block index in a qualified name (``bert.encoder.layer.3.attention.self`` → 3), or None."""
+    found = _LAYER.search(name)
+    return int(found.group(1)) if found else None
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _self_attentions(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Hugging Face BERT-family self-attention modules (``query``/``key``/``value`` and a config), block order."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if all(hasattr(m, a) for a in ("query", "key", "value", "attention_head_size", "config"))
+        and "Cross" not in type(m).__name__
+        and not isinstance(m, PrefixSelfAttention)
+    ]
+
+
+def _ffn_outputs(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The feed-forward output modules (``dense`` + ``LayerNorm``, beside an ``intermediate``) of each block."""
+    found = []
+    for name, m in model.named_modules():
+        parent_name, _, child = name.rpartition(".")
+        is_output = child == "output" and hasattr(m, "dense") and hasattr(m, "LayerNorm")
+        if is_output and hasattr(model.get_submodule(parent_name), "intermediate"):
+            found.append((name, m))
+    return found
+
+
+def _keep(name: str, from_layer: int) -> bool:
+    layer = _layer_of(name)
+    return from_layer == 0 or (layer is not None and layer >= from_layer)
+
+
+def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list[int]] | None = None) -> dict:
+    """Freeze ``model`` and add the modules of ``config`` in place.
+
+    Args:
+        model: a Hugging Face BERT-family model (every module), or any model with the LoRA target linears (LoRA).
+        config: what to add.
+        encode: text → token ids, needed when the prompt is initialized from text.
+
+    Returns:
+        :func:`trainable_parameters` of the equipped model, plus ``"layers"``: the adapted module names per kind.
+
+    Raises:
+        ValueError: a target that matches no linear, a model without the layers a module needs, a prompt that does
+            not fit the position table, a model equipped already.
+    """
+    if getattr(model, "pelt_config", None) is not None:
+        raise ValueError(f"{type(model).__name__} is equipped already; allowed: equip_ a fresh base model once")
+    model.requires_grad_(False)
+    layers: dict[str, list[str]] = {}
+    if config.prompt is not None:  # checked first: it needs no structural change to fail cleanly
+        layers["prompt"] = [_add_prompt(model, config, encode)]
+    if config.lora is not None:
+        layers["lora"] = _add_lora(model, config)
+    if config.prefix is not None:
+        layers["prefix"] = _add_prefix(model, config)
+    if config.bottleneck is not None:
+        layers["bottleneck"] = _add_bottleneck(model, config)
+    if config.train_head:
+        for param in _head_parameters(model):
+            param.requires_grad_(True)
+    model.pelt_config = config
+    model.train(model.training)  # the new modules follow the model's mode (an eval model keeps dropout off)
+    return {**trainable_parameters(model), "layers": layers}
+
+
+def _add_lora(model: nn.Module, config: PELTConfig) -> list[str]:
+    lora = config.lora
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, LoRALinear)]
+    targets = [(n, m) for n, m in linears if n.rsplit(".", 1)[-1] in lora.targets and _keep(n, config.from_layer)]
+    if not targets:
+        names = sorted({n.rsplit(".", 1)[-1] for n, _ in linears})
+        raise ValueError(
+            f"targets={lora.targets!r} match no nn.Linear of {type(model).__name__} from layer {config.from_layer}; "
+            f"allowed here: {names}"
+        )
+    for name, module in targets:
+        _set_submodule(
+            model,
+            name,
+            GatedLoRALinear(module, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, gate=lora.gate),
+        )
+    return [name for name, _ in targets]
+
+
+def _no_layers(model: nn.Module, what: str) -> ValueError:
+    return ValueError(
+        f"{what} needs Hugging Face BERT-family layers (self-attention with query/key/value, BertOutput); "
+        f"{type(model).__name__} has none it recognizes"
+    )
+
+
+def _add_prefix(model: nn.Module, config: PELTConfig) -> list[str]:
+    attentions = [(n, m) for n, m in _self_attentions(model) if _keep(n, config.from_layer)]
+    if not attentions:
+        raise _no_layers(model, "prefix tuning")
+    first = attentions[0][1]
+    weight = first.key.weight if isinstance(first.key, nn.Linear) else first.key.base.weight
+    encoder = PrefixEncoder(
+        length=config.prefix.length,
+        dim=weight.shape[1],
+        n_layers=len(attentions),
+        n_heads=first.num_attention_heads,
+        mlp_dim=config.prefix.mlp_dim,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    model.pelt_prefix = encoder
+    for index, (name, module) in enumerate(attentions):
+        _set_submodule(model, name, PrefixSelfAttention(module, encoder, index, gate=config.prefix.gate))
+    return [name for name, _ in attentions]
+
+
+def _add_bottleneck(model: nn.Module, config: PELTConfig) -> list[str]:
+    outputs = [(n, m) for n, m in _ffn_outputs(model) if _keep(n, config.from_layer)]
+    if not outputs:
+        raise _no_layers(model, "the bottleneck adapter")
+    spec = config.bottleneck
+    for name, module in outputs:
+        _set_submodule(model, name, BottleneckOutput(module, reduction=spec.reduction, gate=spec.gate))
+    return [name for name, _ in outputs]
+
+
+def _encoder_of(model: nn.Module) -> nn.Module:
+    """The Hugging Face base model (``model.bert`` of a classifier) that takes ``inputs_embeds``."""
+    base = getattr(model, "base_model", None)
+    if base is None or not hasattr(base, "get_input_embeddings") or not hasattr(base, "embeddings"):
+        raise _no_layers(model, "prompt tuning")
+    return base
+
+
+def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], list[int]] | None) -> str:
+    spec = config.prompt
+    encoder = _encoder_of(model)
+    words = encoder.get_input_embeddings().weight  # (V, d)
+    positions = encoder.embeddings.position_embeddings.num_embeddings
+    if spec.length >= positions:
+        raise ValueError(
+            f"prompt length={spec.length} leaves no position for the input; allowed: < {positions} (the position table)"
+        )
+    prompt = PromptEmbedding(spec.length, words.shape[1], device=words.device, dtype=words.dtype)
+    if words.device.type != "meta":
+        _init_prompt(prompt, spec, words, encode)
+    model.pelt_prompt = prompt
+    encoder.register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
+    return "pelt_prompt"
+
+
+def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode: Callable | None) -> None:
+    with torch.no_grad():
+        if spec.init_text is None:
+            prompt.weight.uniform_(-spec.init_scale, spec.init_scale)
+            return
+        if encode is None:
+            raise ValueError("prompt init_text needs a tokenizer; allowed: equip_(..., encode=text → token ids)")
+        ids = list(encode(spec.init_text))
+        ids = (ids * -(-spec.length // len(ids)))[: spec.length]  # repeated, then cut: peft's TEXT init
+        prompt.weight.copy_(words[torch.tensor(ids, device=words.device)])
+
+
+def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
+    """A forward pre-hook on the base model: embeds the ids, puts the prompt before them, extends the masks."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        ids = args[0] if args else kwargs.get("input_ids")
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is None:
+            embeds = module.get_input_embeddings()(ids)  # (B, T, d)
+        batch, length = embeds.shape[:2]
+        if prompt.length + length > positions:
+            raise ValueError(
+                f"prompt length {prompt.length} + sequence length {length} exceeds the {positions}-position table; "
+                f"allowed: sequences of at most {positions - prompt.length} tokens"
+            )
+        ones = torch.ones(batch, prompt.length, dtype=torch.long, device=embeds.device)
+        kwargs.update(input_ids=None, inputs_embeds=prompt.prepend(embeds))
+        if kwargs.get("attention_mask") is not None:  # None: every position is seen, the prompt too
+            kwargs["attention_mask"] = torch.cat([ones.to(kwargs["attention_mask"].dtype), kwargs["attention_mask"]], 1)
+        if kwargs.get("token_type_ids") is not None:
+            kwargs["token_type_ids"] = torch.cat([torch.zeros_like(ones), kwargs["token_type_ids"]], dim=1)
+        kwargs["position_ids"] = None  # positions 0..n+T-1 over prompt and input, as peft
+        return (), kwargs
+
+    return hook
+
+
+def _head_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The task head: a Hugging Face model's parameters outside its base model (``classifier`` …)."""
+    base = getattr(model, "base_model", None)
+    prefix = getattr(model, "base_model_prefix", "")
+    if base is None or base is model or not prefix:
+        return []
+    return [p for name, p in model.named_parameters() if not name.startswith(prefix + ".")]
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, int]:
+    """Trainable parameters per kind (``lora``, ``prefix``, ``bottleneck``, ``prompt``, ``other``: the head or
+    anything unfrozen), their ``trainable`` sum and the model's ``total`` (peft's ``print_trainable_parameters``)."""
+    kinds = {"lora": 0, "prefix": 0, "bottleneck": 0, "prompt": 0, "other": 0}
+    seen: set[int] = set()
+
+    def count(kind: str, params: Any) -> None:
+        for p in params:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                kinds[kind] += p.numel()
+
+    for module in model.modules():
+        if isinstance(module, LoRALinear):
+            count("lora", [p for n, p in module.named_parameters() if not n.startswith("base.")])
+        elif isinstance(module, PrefixEncoder):
+            count("prefix", module.parameters())
+        elif isinstance(module, PrefixSelfAttention) and module.prefix_gate is not None:
+            count("prefix", module.prefix_gate.parameters())
+        elif isinstance(module, BottleneckOutput):
+            count("bottleneck", [p for n, p in module.named_parameters() if not n.startswith("inner.")])
+        elif isinstance(module, PromptEmbedding):
+            count("prompt", module.parameters())
+    count("other", model.parameters())
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return {**kinds, "trainable": sum(kinds.values()), "total": total}
+
+
+def gate_values(model: nn.Module, inputs: torch.Tensor) -> dict[str, float]:
+    """Mean gate per module of one forward on ``inputs`` (the model's first argument), for inspection."""
+    values: dict[str, list[float]] = {}
+    handles = [
+        m.register_forward_hook(lambda mod, _a, out, name=name: values.setdefault(name, []).append(out.mean().item()))
+        for name, m in model.named_modules()
+        if isinstance(m, Gate)
+    ]
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: sum(v) / len(v) for name, v in values.items()}
+
+
+def merge_lora_(model: nn.Module) -> list[str]:
+    """Fold every ungated LoRA update into its base weight in place (exact: ``W ← W + (α/r)·B·A``); the names.
+
+    Raises:
+        ValueError: a gated LoRA (its update depends on the input) or a LaX crossing.
+    """
+    adapters = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    for _, module in adapters:  # every check before any weight changes
+        if isinstance(module, GatedLoRALinear) and module.lora_gate is not None:
+            raise ValueError("a gated LoRA update depends on the input (g(x)·B·A·x); allowed: merge ungated LoRA only")
+        if module.crossing:
+            raise ValueError("a LaX-LoRA latent crossing depends on another layer; allowed: merge plain LoRA only")
+    for name, module in adapters:
+        _set_submodule(model, name, merge_lora(module))
+    return [name for name, _ in adapters]
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable tensors only (adapters, gates, prompt, head), by qualified name."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def save_adapters(model: nn.Module, folder: str | Path) -> Path:
+    """Write the trainable tensors (``adapters.safetensors``) and the config (``adapters.json``) to ``folder``."""
+    from safetensors.torch import save_file
+
+    config = getattr(model, "pelt_config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no adapters; allowed: a model equipped by equip_")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: t.contiguous().cpu() for name, t in adapter_state_dict(model).items()}
+    save_file(state, str(folder / WEIGHTS_FILE))
+    record = {"config": config.to_dict(), "base": type(model).__name__}
+    (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return folder
+
+
+def load_adapters(model: nn.Module, folder: str | Path) -> dict:
+    """Equip a fresh base ``model`` as the adapters in ``folder`` were and load their tensors; the equip report.
+
+    Raises:
+        ValueError: the folder's tensors do not fit this base (another hidden size, layer count or head).
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    record = json.loads((folder / CONFIG_FILE).read_text())
+    state = load_file(str(folder / WEIGHTS_FILE))
+    report = equip_(model, PELTConfig.from_dict(record["config"]))
+    mine = dict(model.named_parameters())
+    for name, tensor in state.items():
+        here = mine.get(name)
+        if here is None or here.shape != tensor.shape:
+            shape = "absent" if here is None else tuple(here.shape)
+            raise ValueError(
+                f"adapters in {folder} were trained on a base of another shape: {name} is {tuple(tensor.shape)} "
+                f"there, {shape} here; allowed: a base of the same architecture and size"
+            )
+    missing = sorted(set(adapter_state_dict(model)) - set(state))
+    if missing:
+        raise ValueError(f"adapters in {folder} lack {missing[0]} (and {len(missing) - 1} more) this base needs")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            mine[name].copy_(tensor)
+    return report

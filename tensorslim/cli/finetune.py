@@ -1,0 +1,319 @@
+"""``tensorslim finetune``: parameter-efficient fine-tuning methods side by side on a low-resource classification task.
+
+UniPELT's protocol (Mao et al., ACL 2022, arXiv 2110.07577, §4.1): for each training size K and seed, K training and
+a development set drawn from the training split; each method trains at every learning rate of its (equally sized)
+grid through the one Trainer, the development accuracy picks the rate, and the test accuracy of that run is
+reported as mean ± std over seeds, with trainable parameters, train-step time and inference time against the frozen
+backbone. A TF-IDF + logistic-regression reference runs on the same subsets. Every run is appended to
+``<out>.jsonl`` as it ends, so an interrupted sweep keeps its runs and ``--summarize`` rebuilds the table and figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+NAME = "finetune"
+HELP = "compare adapter methods (LoRA, prefix, adapter, prompt, UniPELT, peft) on low-resource classification"
+
+# One grid of two peak learning rates per method (the same size for all): the usual ranges of each family.
+LR_GRIDS = {
+    "dense": (5e-5, 2e-4),
+    "lora": (1e-3, 5e-3),
+    "peft-lora": (1e-3, 5e-3),
+    "prefix": (1e-3, 5e-3),
+    "adapter": (1e-3, 5e-3),
+    "prompt": (1e-2, 5e-2),
+    "peft-prompt": (1e-2, 5e-2),
+    "unipelt": (1e-3, 5e-3),
+    "unipelt-prompt": (1e-3, 5e-3),
+}
+METHODS = tuple(LR_GRIDS)
+TFIDF = "tfidf-logreg"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="minilm", help="registered pretrained classifier model (default: minilm)")
+    parser.add_argument(
+        "--adapter",
+        default=",".join(METHODS),
+        help="comma-separated methods ('unipelt+prompt' = unipelt-prompt; 'dense' = full fine-tuning)",
+    )
+    parser.add_argument("--data", default="bbcnews-titles", help="classification data set (default: bbcnews-titles)")
+    parser.add_argument("--train-size", type=int, nargs="+", default=[100], help="training sizes K (0: all)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per (method, K)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (to split a sweep over processes)")
+    parser.add_argument("--dev-size", type=int, default=100, help="development examples drawn from the training split")
+    parser.add_argument("--epochs", type=float, default=5.0, help="passes over the K examples (steps = epochs·K/batch)")
+    parser.add_argument("--max-steps", type=int, default=400, help="cap on optimizer steps per run")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=16, help="tokens per title ([CLS] included)")
+    parser.add_argument("--out", default="runs/finetune/adapters", help="output prefix: .jsonl, .json, .md, .png")
+    parser.add_argument("--run-dir", default="runs/finetune", help="folder of the individual Trainer runs")
+    parser.add_argument("--summarize", action="store_true", help="only rebuild the table and figure from <out>.jsonl")
+
+
+def _methods(text: str) -> list[str]:
+    names = [name.strip().replace("+", "-") for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in METHODS]
+    if unknown:
+        raise ValueError(f"adapter={unknown[0]!r} is unknown; allowed: {list(METHODS)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    methods = _methods(args.adapter)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    raw = out.with_suffix(".jsonl")
+    if not args.summarize:
+        done = {_key(r) for r in _read(raw)}
+        command = "tensorslim finetune " + " ".join(_argv(args))
+        for k in args.train_size:
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                if (TFIDF, k, seed, 0.0) not in done:
+                    _append(raw, {**_tfidf(args, k, seed), "command": command})
+                for method in methods:
+                    for lr in LR_GRIDS[method]:
+                        if (method, k, seed, lr) not in done:
+                            _append(raw, {**_one_run(args, method, k, seed, lr), "command": command})
+    summary = summarize(_read(raw))
+    write_summary(summary, out)
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    sizes = " ".join(str(k) for k in args.train_size)
+    return [
+        f"--model {args.model} --adapter {args.adapter} --data {args.data} --train-size {sizes}",
+        f"--seeds {args.seeds} --first-seed {args.first_seed}",
+        f"--dev-size {args.dev_size} --epochs {args.epochs:g} --max-steps {args.max_steps}",
+        f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
+    ]
+
+
+def _key(record: dict[str, Any]) -> tuple:
+    return record["method"], record["k"], record["seed"], record["lr"]
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(
+        f"{record['method']:<15} K={record['k']:<5} seed={record['seed']} lr={record['lr']:<7g} "
+        f"dev={record['dev_accuracy']:.3f} test={record['test_accuracy']:.3f}",
+        flush=True,
+    )
+
+
+def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float) -> dict[str, Any]:
+    """One Trainer run; the test accuracy, the trainable parameters and the step and inference times."""
+    from tensorslim.adapters import trainable_parameters
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import Trainer
+
+    pool = k or 1_500  # "all": about the training split minus the development set
+    steps = min(args.max_steps, max(1, math.ceil(args.epochs * pool / args.batch_size)))
+    config = TrainConfig(
+        preset=args.model,
+        task="classify",
+        method=method,
+        data=args.data,
+        task_options={"train_size": k, "dev_size": args.dev_size},
+        steps=steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=lr,
+        warmup_fraction=0.1,
+        seed=seed,
+        eval_every=steps,
+        checkpoint_every=10**9,
+        out_dir=str(Path(args.run_dir) / f"{method}-k{k}-s{seed}-lr{lr:g}"),
+        progress=False,
+        tensorboard=False,
+    )
+    trainer = Trainer(config)
+    result = trainer.run()
+    counts = trainable_parameters(trainer.model)
+    record = {
+        "method": method,
+        "k": k,
+        "seed": seed,
+        "lr": lr,
+        "steps": steps,
+        "dev_accuracy": result.val_metrics["val_accuracy"],
+        "test_accuracy": result.val_metrics["val_test_accuracy"],
+        "trainable": counts["trainable"],
+        "step_s": args.batch_size * args.seq_len / result.tokens_per_s,
+    }
+    if seed == 0 and lr == LR_GRIDS[method][0]:
+        record["inference_ratio"] = _inference_ratio(trainer, args)
+    return record
+
+
+def _inference_ratio(trainer: Any, args: argparse.Namespace) -> float:
+    """Forward time of the trained model over that of its frozen backbone on the same 64 test titles, the two
+    timed alternately (median of 5 each) in this process."""
+    import torch
+
+    from tensorslim.methods import build_for_method
+    from tensorslim.tasks.classify import split_rows
+
+    _, pad_id, *test = trainer.data.validation
+    ids, mask, _ = split_rows(test[0][:64], pad_id=pad_id)
+    base, _, _ = build_for_method(args.model, "dense", task="classify", **trainer.data.model_overrides)
+    models = {"adapted": trainer.model.eval(), "base": base.eval()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with torch.no_grad():
+        for _ in range(6):
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(ids, attention_mask=mask)
+                times[name].append(time.perf_counter() - start)
+    return statistics.median(times["adapted"][1:]) / statistics.median(times["base"][1:])
+
+
+def _tfidf(args: argparse.Namespace, k: int, seed: int) -> dict[str, Any]:
+    """TF-IDF (word 1-2 grams) + logistic regression on the same K titles (the development set is not used)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from tensorslim.data import bbcnews_titles, low_resource_split
+
+    texts, labels, _, train_idx, test_idx = bbcnews_titles()
+    train_idx, _ = low_resource_split(train_idx, train_size=k, dev_size=args.dev_size, seed=seed)
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
+    features = vectorizer.fit_transform([texts[i] for i in train_idx])
+    classifier = LogisticRegression(max_iter=2000, C=10.0).fit(features, [labels[i] for i in train_idx])
+    predicted = classifier.predict(vectorizer.transform([texts[i] for i in test_idx]))
+    accuracy = sum(int(p == labels[i]) for p, i in zip(predicted, test_idx, strict=True)) / len(test_idx)
+    return {"method": TFIDF, "k": k, "seed": seed, "lr": 0.0, "dev_accuracy": math.nan, "test_accuracy": accuracy}
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per (method, K): the test accuracy of the best-on-dev learning rate, mean ± std over seeds, and the costs.
+    A (method, K, seed) whose grid is not complete (an interrupted sweep) is left out."""
+    grids: dict[tuple, set[float]] = {}
+    for r in records:
+        grids.setdefault((r["method"], r["k"], r["seed"]), set()).add(r["lr"])
+    complete = {key for key, lrs in grids.items() if key[0] == TFIDF or lrs >= set(LR_GRIDS.get(key[0], ()))}
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in (r for r in records if (r["method"], r["k"], r["seed"]) in complete):
+        key = (r["method"], r["k"], r["seed"])
+        dev = r["dev_accuracy"] if r["dev_accuracy"] == r["dev_accuracy"] else 0.0  # NaN (TF-IDF): no choice
+        if key not in best or dev > best[key]["_dev"]:
+            best[key] = {**r, "_dev": dev}
+    rows: dict[tuple, list[float]] = {}
+    for (method, k, _), r in sorted(best.items()):
+        rows.setdefault((method, k), []).append(100 * r["test_accuracy"])
+    costs = _costs(records)
+    table = [
+        {
+            "method": method,
+            "k": k,
+            "seeds": len(scores),
+            "mean": statistics.fmean(scores),
+            "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+            **costs.get(method, {}),
+        }
+        for (method, k), scores in rows.items()
+    ]
+    commands = sorted({r.get("command", "") for r in records} - {""})
+    return {"table": table, "commands": commands}
+
+
+def _costs(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Trainable parameters, median train-step seconds and the inference ratio per method."""
+    out: dict[str, dict[str, float]] = {}
+    for method in {r["method"] for r in records if "step_s" in r}:
+        mine = [r for r in records if r["method"] == method]
+        ratios = [r["inference_ratio"] for r in mine if "inference_ratio" in r]
+        out[method] = {
+            "trainable": mine[0]["trainable"],
+            "step_s": statistics.median(r["step_s"] for r in mine),
+            "inference_ratio": statistics.median(ratios) if ratios else math.nan,
+        }
+    return out
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> None:
+    """``<out>.json``, ``<out>.md`` (a table) and ``<out>.png`` (accuracy bars, step and inference costs)."""
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+    table = summary["table"]
+    sizes = sorted({row["k"] for row in table})
+    methods = list(dict.fromkeys(row["method"] for row in table))
+    lora_step = next((row["step_s"] for row in table if row["method"] == "lora" and "step_s" in row), math.nan)
+    lines = [
+        "| method | "
+        + " | ".join(f"K={k or 'all'}" for k in sizes)
+        + " | trainable | step / LoRA | inference / frozen |",
+        "|---|" + "---|" * (len(sizes) + 3),
+    ]
+    for method in methods:
+        mine = {row["k"]: row for row in table if row["method"] == method}
+        cells = [
+            f"{mine[k]['mean']:.1f} ± {mine[k]['std']:.1f} ({mine[k]['seeds']})" if k in mine else "" for k in sizes
+        ]
+        first = next(iter(mine.values()))
+        costs = (
+            [f"{first['trainable']:,}", f"{first['step_s'] / lora_step:.2f}×", f"{first['inference_ratio']:.2f}×"]
+            if "step_s" in first
+            else ["", "", ""]
+        )
+        lines.append(f"| {method} | " + " | ".join(cells + costs) + " |")
+    commands = "\n".join(summary["commands"])
+    text = "\n".join(lines)
+    out.with_suffix(".md").write_text(f"```\n{commands}\n```\n\n{text}\n")
+    _plot(table, sizes, methods, out.with_suffix(".png"))
+
+
+def _plot(table: list[dict[str, Any]], sizes: list[int], methods: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / max(1, len(sizes))
+    for j, k in enumerate(sizes):
+        rows = {row["method"]: row for row in table if row["k"] == k}
+        xs = [i + j * width for i, m in enumerate(methods) if m in rows]
+        axes[0].bar(
+            xs,
+            [rows[m]["mean"] for m in methods if m in rows],
+            width,
+            yerr=[rows[m]["std"] for m in methods if m in rows],
+            label=f"K={k or 'all'}",
+            capsize=2,
+        )
+    axes[0].set_xticks(range(len(methods)), methods, rotation=40, ha="right")
+    axes[0].set_ylabel("test accuracy (%), mean ± std over seeds")
+    axes[0].legend()
+    costs = {row["method"]: row for row in table if "step_s" in row}
+    names = [m for m in methods if m in costs]
+    lora = costs.get("lora", {}).get("step_s", math.nan)
+    axes[1].bar(
+        [i - 0.2 for i in range(len(names))], [costs[m]["step_s"] / lora for m in names], 0.4, label="step / LoRA"
+    )
+    axes[1].bar(
+        [i + 0.2 for i in range(len(names))],
+        [costs[m]["inference_ratio"] for m in names],
+        0.4,
+        label="inference / frozen",
+    )
+    axes[1].set_xticks(range(len(names)), names, rotation=40, ha="right")
+    axes[1].set_ylabel("time ratio (shared, noisy 2-core CPU)")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

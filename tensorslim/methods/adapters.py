@@ -1,0 +1,233 @@
+"""Parameter-efficient fine-tuning methods: a frozen pretrained model plus adapters (:mod:`tensorslim.adapters`).
+
+``lora``, ``prefix``, ``adapter`` and ``prompt`` are the single methods (ungated unless ``--gates``), ``unipelt`` the
+three gated together (Mao et al., ACL 2022, arXiv 2110.07577, §3) and ``unipelt-prompt`` UniPELT with the prompt
+layer of arXiv 2405.05493. ``peft-lora`` and ``peft-prompt`` run Hugging Face peft's own modules, as references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from tensorslim._checks import require_int
+from tensorslim.methods.registry import Method, MethodContext, register_method
+from tensorslim.options import option
+
+
+@dataclass(frozen=True, kw_only=True)
+class PELTOptions:
+    """Sizes of the adapter modules (defaults: the official UniPELT code) and whether they are gated."""
+
+    rank: int | None = option(None, "LoRA rank (default: 8)")
+    lora_alpha: float = option(16.0, "LoRA scale numerator, the update is (alpha/rank)·B·A·x when ungated")
+    prefix_length: int = option(10, "prefix vectors per layer")
+    prefix_mlp: int = option(512, "width of the prefix reparametrization MLP (0: train the prefixes directly)")
+    reduction: int = option(16, "bottleneck adapter: hidden size / bottleneck size")
+    prompt_length: int = option(10, "soft prompt tokens")
+    prompt_init_text: str | None = option(None, "initialize the prompt from this text's word embeddings")
+    gates: bool | None = option(None, "gate each module (default: on for unipelt*, off for single methods)")
+    from_layer: int = option(0, "adapt only layers from this index on (the layer-wise variant)")
+
+    def __post_init__(self) -> None:
+        if self.rank is not None:
+            require_int("rank", self.rank)
+        for name in ("prefix_length", "reduction", "prompt_length"):
+            require_int(name, getattr(self, name))
+        require_int("prefix_mlp", self.prefix_mlp, minimum=0)
+        require_int("from_layer", self.from_layer, minimum=0)
+
+
+# The attention projections LoRA adapts in each family (UniPELT: W_q and W_v).
+LORA_TARGETS = {"hf-bert": ("query", "value"), "bert": ("q", "v"), "llama": ("q_proj", "v_proj")}
+CAUSAL = ("llama", "gpt2")
+
+
+def pelt_config(method: str, options: PELTOptions, *, family: str = "hf-bert") -> Any:
+    """The :class:`tensorslim.adapters.PELTConfig` that ``method`` (``lora``, ``unipelt-prompt`` …) puts on a model
+    of ``family``."""
+    from tensorslim.adapters import BottleneckConfig, GatedLoRAConfig, PELTConfig, PrefixConfig, PromptConfig
+
+    modules = MODULES[method]
+    gates = options.gates if options.gates is not None else method.startswith("unipelt")
+    if gates and family in CAUSAL:
+        raise ValueError(
+            f"gates average over the whole sequence, so a {family} LM would see the future; allowed: gates off"
+        )
+    targets = LORA_TARGETS.get(family, LORA_TARGETS["hf-bert"])
+    return PELTConfig(
+        lora=GatedLoRAConfig(rank=options.rank or 8, alpha=options.lora_alpha, gate=gates, targets=targets)
+        if "lora" in modules
+        else None,
+        prefix=PrefixConfig(length=options.prefix_length, mlp_dim=options.prefix_mlp or None, gate=gates)
+        if "prefix" in modules
+        else None,
+        bottleneck=BottleneckConfig(reduction=options.reduction, gate=gates) if "bottleneck" in modules else None,
+        prompt=PromptConfig(length=options.prompt_length, init_text=options.prompt_init_text)
+        if "prompt" in modules
+        else None,
+        from_layer=options.from_layer,
+    )
+
+
+MODULES = {
+    "lora": ("lora",),
+    "prefix": ("prefix",),
+    "adapter": ("bottleneck",),
+    "prompt": ("prompt",),
+    "unipelt": ("lora", "prefix", "bottleneck"),
+    "unipelt-prompt": ("lora", "prefix", "bottleneck", "prompt"),
+}
+
+
+def _encoder_for(context: MethodContext) -> Any:
+    """Text → ids with the model's own tokenizer (for a prompt initialized from text), or None."""
+    if context.options.prompt_init_text is None:
+        return None
+    from tensorslim.models.registry import get_model
+
+    folder = get_model(context.model_name).tokenizer_folder
+    if folder is None:
+        raise ValueError(f"prompt_init_text needs a model with its own tokenizer; {context.model_name!r} has none")
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder()), local_files_only=True)
+    return lambda text: tokenizer(text)["input_ids"]
+
+
+def _count(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _report(method: str, model: nn.Module, before: int, added: dict[str, int]) -> Any:
+    """A :class:`tensorslim.registry.ConversionReport` whose layers are the added modules: nothing is removed, each
+    entry's ``params_after`` is what it adds."""
+    from tensorslim.registry import ConversionReport, LayerReport
+
+    layers = [
+        LayerReport(
+            name=name, kind="adapter", old_shape=(0, 0), new_shape="added", rank=0, params_before=0, params_after=n
+        )
+        for name, n in added.items()
+        if n
+    ]
+    assert sum(added.values()) == _count(model) - before, "every added parameter is in one entry"
+    return ConversionReport(method=method, layers=layers, model_params_before=before, applied=True)
+
+
+def _added_by_module(model: nn.Module) -> dict[str, int]:
+    """Parameters of each adapter module (its own, not the wrapped base layer's)."""
+    from tensorslim.adapters.modules import BottleneckOutput, PrefixEncoder, PrefixSelfAttention, PromptEmbedding
+    from tensorslim.lora import LoRALinear
+
+    owned = {LoRALinear: "base.", PrefixSelfAttention: "inner.", BottleneckOutput: "inner."}
+    added = {}
+    for name, module in model.named_modules():
+        wrapped = next((prefix for kind, prefix in owned.items() if isinstance(module, kind)), None)
+        if wrapped is not None:
+            added[name] = sum(p.numel() for n, p in module.named_parameters() if not n.startswith(wrapped))
+        elif isinstance(module, PrefixEncoder | PromptEmbedding):
+            added[name] = sum(p.numel() for p in module.parameters())
+    return added
+
+
+def _convert(method: str) -> Any:
+    def convert(model: nn.Module, context: MethodContext) -> list:
+        from tensorslim.adapters import equip_
+
+        config = pelt_config(method, context.options, family=context.family)
+        before = _count(model)
+        equip_(model, config, encode=_encoder_for(context))
+        return [_report(method, model, before, _added_by_module(model))]
+
+    return convert
+
+
+def _peft_lora(model: nn.Module, context: MethodContext) -> list:
+    """peft's LoRA injected in place (``inject_adapter_in_model``), classifier trainable."""
+    import peft
+
+    from tensorslim.adapters.equip import _head_parameters
+
+    options = context.options
+    config = peft.LoraConfig(r=options.rank or 8, lora_alpha=options.lora_alpha, target_modules=["query", "value"])
+    before = _count(model)
+    model.requires_grad_(False)
+    peft.inject_adapter_in_model(config, model)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    for param in _head_parameters(model):
+        param.requires_grad_(True)
+    return [_report("peft-lora", model, before, {"peft_lora": _count(model) - before})]
+
+
+class _Reentry:
+    """Whether the model's forward is being called from inside peft's wrapper (then it runs the plain forward)."""
+
+    def __init__(self) -> None:
+        self.inside = False
+
+
+def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
+    """peft's prompt tuning (``get_peft_model`` with ``PromptTuningConfig``, random init) run in place: the model's
+    forward calls peft's wrapper, which calls back the model's own forward."""
+    import peft
+
+    config = peft.PromptTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=context.options.prompt_length)
+    before = _count(model)
+    wrapper = peft.get_peft_model(model, config)
+    model.peft_prompt_encoder = wrapper.prompt_encoder  # its parameters train and save with the model
+    plain, state = model.forward, _Reentry()
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if state.inside:
+            return plain(*args, **kwargs)
+        state.inside = True
+        try:
+            return wrapper(*args, **kwargs)
+        finally:
+            state.inside = False
+
+    model.forward = forward
+    return [_report("peft-prompt", model, before, {"peft_prompt": _count(model) - before})]
+
+
+_HELP = {
+    "lora": "LoRA on W_q, W_v of a frozen model (arXiv 2106.09685); --gates: UniPELT's gated LoRA",
+    "prefix": "prefix tuning through a 2-layer MLP (arXiv 2101.00190); --gates: UniPELT's gated prefix",
+    "adapter": "bottleneck adapter after each FFN (seq_bn, arXiv 2005.00247); --gates: UniPELT's gated adapter",
+    "prompt": "prompt tuning: soft tokens before the input (arXiv 2104.08691)",
+    "unipelt": "UniPELT: gated LoRA + prefix + adapter on a frozen model (arXiv 2110.07577)",
+    "unipelt-prompt": "UniPELT + a prompt tuning layer (arXiv 2405.05493)",
+}
+_BERT_ONLY = ("hf-bert",)
+for _name, _modules in MODULES.items():
+    register_method(
+        Method(
+            name=_name,
+            help=_HELP[_name],
+            convert=_convert(_name),
+            options=PELTOptions,
+            families=tuple(LORA_TARGETS) if _modules == ("lora",) else _BERT_ONLY,
+        )
+    )
+register_method(
+    Method(
+        name="peft-lora",
+        help="Hugging Face peft's LoRA on query/value (reference)",
+        convert=_peft_lora,
+        options=PELTOptions,
+        families=_BERT_ONLY,
+    )
+)
+register_method(
+    Method(
+        name="peft-prompt",
+        help="Hugging Face peft's prompt tuning (reference)",
+        convert=_peft_prompt,
+        options=PELTOptions,
+        families=_BERT_ONLY,
+    )
+)

@@ -1,0 +1,55 @@
+"""``tensorslim finetune``: a real (one-step) sweep through the Trainer, the summary it writes, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+from tensorslim.cli.finetune import summarize, write_summary
+from tensorslim.cli.main import main
+
+
+def test_finetune_runs_methods_through_the_trainer_and_writes_table_and_figure(tmp_path, capsys) -> None:
+    out = tmp_path / "adapters"
+    argv = ["finetune", "--adapter", "unipelt+prompt", "--train-size", "16", "--seeds", "1", "--dev-size", "16"]
+    argv += ["--epochs", "1", "--out", str(out), "--run-dir", str(tmp_path / "runs")]
+    assert main(argv) == 0
+    runs = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert [(r["method"], r["lr"]) for r in runs] == [
+        ("tfidf-logreg", 0.0),
+        ("unipelt-prompt", 1e-3),
+        ("unipelt-prompt", 5e-3),
+    ]
+    trained = runs[1]
+    assert trained["steps"] == 1 and 0 <= trained["test_accuracy"] <= 1 and trained["inference_ratio"] > 0
+    assert trained["trainable"] == 2_766_637  # UniPELT + prompt on MiniLM, plus its 5-class head (1,925)
+    table = out.with_suffix(".md").read_text()
+    assert "| unipelt-prompt | " in table and "tensorslim finetune --model minilm" in table
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_summary_picks_the_learning_rate_by_development_accuracy(tmp_path) -> None:
+    runs = [
+        {
+            "method": "lora",
+            "k": 100,
+            "seed": s,
+            "lr": lr,
+            "dev_accuracy": dev,
+            "test_accuracy": test,
+            "trainable": 10,
+            "step_s": 1.0,
+            "inference_ratio": 1.1,
+        }
+        for s, lr, dev, test in [(0, 1e-3, 0.5, 0.9), (0, 5e-3, 0.6, 0.4), (1, 1e-3, 0.7, 0.8), (1, 5e-3, 0.2, 0.1)]
+    ]
+    summary = summarize([*runs, {**runs[0], "seed": 2}])  # seed 2 lacks one learning rate: left out
+    (row,) = summary["table"]
+    assert row["seeds"] == 2 and abs(row["mean"] - 60.0) < 1e-9  # seed 0 → 40 % (dev 0.6), seed 1 → 80 %
+    write_summary(summary, tmp_path / "s")
+    assert "60.0 ± 28.3 (2)" in (tmp_path / "s.md").read_text()
+
+
+def test_unknown_adapter_is_a_one_line_error(tmp_path, capsys) -> None:
+    assert main(["finetune", "--adapter", "ia3", "--out", str(tmp_path / "x")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "adapter='ia3' is unknown" in error and "\n" not in error
