@@ -1,9 +1,16 @@
 """``tensorslim bench``: the same preset built once per method and measured side by side in one process.
 
 For each method: parameters, FLOPs per token (``torch.utils.flop_counter``, forward and forward+backward),
-median train-step time (forward, backward, AdamW step) over alternating repeats after warm-up, tokens/s, and peak
-training memory (CUDA: the allocator's high-water mark; CPU: params + grads + optimizer state + saved activations,
-see :mod:`tensorslim.bench.memory`), each with its ratio to dense. Output: a Markdown table, JSON and a PNG chart.
+train-step time (forward, backward, AdamW step; min/median/max) over alternating repeats after warm-up, tokens/s,
+and peak training memory (CUDA: the allocator's high-water mark; CPU: params + grads + optimizer state + saved
+activations, see :mod:`tensorslim.bench.memory`), each with its ratio to dense. Output: a Markdown table, JSON and a
+PNG chart.
+
+By default it measures what a user sees: wall-clock time with torch's threads (all the machine's cores). One-thread
+process CPU time (``--threads 1 --timer cpu``) stays available as a diagnostic that a shared machine disturbs less.
+Each method can be measured in several precisions (``--dtype fp32,bf16`` or ``auto``, see
+:mod:`tensorslim.train.precision`) and, with ``--compile``, both eager and compiled (:mod:`tensorslim.train.compile`);
+every variant is compared with dense in the same variant.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import model_config, resolve_task
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import to_device
+from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import check_preset
 from tensorslim.train.optim import build_optimizer
+from tensorslim.train.precision import DTYPES, autocast, resolve_dtype
 
 
 def _help(text: str) -> dict[str, str]:
@@ -58,6 +67,10 @@ class BenchConfig:
         default="wall",
         metadata=_help("wall, or cpu: process CPU time, robust on a shared machine when used with --threads 1"),
     )
+    dtype: str = field(
+        default="fp32", metadata=_help("precisions to measure, comma-separated: fp32, bf16, auto (probed)")
+    )
+    compile: bool = field(default=False, metadata=_help("also measure each method torch.compiled, next to eager"))
     out: str | None = field(default=None, metadata=_help("output stem for .md/.json/.png (default: print only)"))
 
     def __post_init__(self) -> None:
@@ -74,18 +87,25 @@ class BenchConfig:
             require_int("threads", self.threads)
         if self.timer not in ("wall", "cpu") or (self.timer == "cpu" and self.device == "cuda"):
             raise ValueError(f"timer={self.timer!r} is invalid; allowed: 'wall', or 'cpu' on device cpu")
+        bad = [d for d in self.dtype_list if d not in DTYPES]
+        if bad or not self.dtype_list:
+            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: a comma-separated list of {list(DTYPES)}")
 
     @property
     def method_list(self) -> list[str]:
         names = [m.strip() for m in self.methods.split(",") if m.strip()]
         return ["dense"] + [m for m in names if m != "dense"]
 
+    @property
+    def dtype_list(self) -> list[str]:
+        return list(dict.fromkeys(d.strip() for d in self.dtype.split(",") if d.strip()))
+
 
 class _Arm:
-    """One method's model, optimizer and timings."""
+    """One method's model and optimizer in one precision, eager or compiled, and its timings."""
 
-    def __init__(self, config: BenchConfig, method: str) -> None:
-        self.method = method
+    def __init__(self, config: BenchConfig, method: str, *, dtype: str = "fp32", compiled: bool = False) -> None:
+        self.method, self.dtype, self.compiled = method, dtype, compiled
         self.task = get_task(config.task)()
         options = _rank_options(method, config.rank)
         torch.manual_seed(config.seed)
@@ -96,6 +116,8 @@ class _Arm:
         if get_method(method).optimizer == "galore":
             galore_rank = config.rank or recipe_for(config.preset).cola_rank or 128
         self.optimizer = build_optimizer(self.model, lr=1e-4, weight_decay=0.0, galore_rank=galore_rank)
+        if compiled:
+            compile_model(self.model)
         meta, _, _ = build_for_method(
             config.preset, method, task=config.task, options=options, device="meta", max_seq_len=config.seq_len
         )
@@ -108,6 +130,8 @@ class _Arm:
         }
         self.model_device = config.device
         self.times: list[float] = []
+        self.warmup_times: list[float] = []
+        self.losses: list[float] = []
         self.saved_bytes = 0
         self.cuda_peak = 0
 
@@ -117,7 +141,7 @@ class _Arm:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start = clock()
-        with count_saved_tensors(self.model) as tally:
+        with count_saved_tensors(self.model) as tally, autocast(self.dtype, self.model_device):
             loss = self.task.loss(self.model, batch)
         loss.backward()
         self.optimizer.step()
@@ -125,9 +149,13 @@ class _Arm:
         if cuda:
             torch.cuda.synchronize()
             self.cuda_peak = max(self.cuda_peak, torch.cuda.max_memory_allocated())
-        if timed:
-            self.times.append(clock() - start)
+        (self.times if timed else self.warmup_times).append(clock() - start)
+        self.losses.append(loss.item())  # after the clock: the sync it forces is not part of the step
         self.saved_bytes = max(self.saved_bytes, tally.bytes)
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.method, self.dtype] + (["compiled"] if self.compiled else []))
 
 
 def _rank_options(method: str, rank: int | None) -> dict[str, int]:
@@ -175,29 +203,27 @@ def measure(config: BenchConfig) -> dict[str, Any]:
     # Process CPU time is what the step costs the machine; unlike wall time it does not grow while other
     # processes hold the cores (with one thread, so that no OpenMP thread spins while waiting for another).
     clock = time.process_time if config.timer == "cpu" else time.perf_counter
-    arms = [_Arm(config, method) for method in config.method_list]
+    dtypes, probes = [], {}
+    for requested in config.dtype_list:
+        used, probe = resolve_dtype(requested, config.device)
+        dtypes.append(used)
+        if probe is not None:
+            probes[requested] = {"used": used, **probe.to_dict()}
+    modes = (False, True) if config.compile else (False,)
+    variants = [(dtype, compiled) for dtype in dict.fromkeys(dtypes) for compiled in modes]
+    arms = [
+        _Arm(config, method, dtype=dtype, compiled=compiled)
+        for dtype, compiled in variants
+        for method in config.method_list
+    ]
     batch = to_device(synthetic_batch(config), torch.device(config.device))
     for round_index in range(config.warmup + config.repeats):
         for arm in arms:  # alternate methods so that machine noise hits all of them alike
             arm.step(batch, timed=round_index >= config.warmup, clock=clock)
-    tokens = config.batch_size * config.seq_len
-    rows = []
-    for arm in arms:
-        memory = training_memory(arm.model, arm.optimizer, arm.saved_bytes)
-        step_time = statistics.median(arm.times)
-        rows.append(
-            {
-                "method": arm.method,
-                **arm.books,
-                "step_time_s": step_time,
-                "step_times_s": arm.times,
-                "tokens_per_s": tokens / step_time,
-                "memory": {**asdict(memory), "total": memory.total},
-                "peak_memory_bytes": arm.cuda_peak if config.device == "cuda" else memory.total,
-            }
-        )
-    dense = rows[0]
+    rows = [_row(arm, config) for arm in arms]
     for row in rows:
+        dense = next(r for r in rows if r["method"] == "dense" and _variant(r) == _variant(row))
+        baseline = next(r for r in rows if r["method"] == row["method"] and _variant(r) == (dtypes[0], False))
         row["vs_dense"] = {
             "params": row["params_total"] / dense["params_total"],
             "fwd_flops": row["fwd_flops_per_token"] / dense["fwd_flops_per_token"],
@@ -205,12 +231,43 @@ def measure(config: BenchConfig) -> dict[str, Any]:
             "speedup": dense["step_time_s"] / row["step_time_s"],
             "peak_memory": row["peak_memory_bytes"] / dense["peak_memory_bytes"],
         }
+        # The same method in the first precision, eager: what bf16 or compiling buys.
+        row["speedup_vs_baseline"] = baseline["step_time_s"] / row["step_time_s"]
     return {
         "command": "tensorslim bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
         "config": asdict(config),
         "machine": machine_description(),
+        "precision_probes": probes,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "rows": rows,
+    }
+
+
+def _variant(row: dict[str, Any]) -> tuple[str, bool]:
+    return row["dtype"], row["compiled"]
+
+
+def _row(arm: _Arm, config: BenchConfig) -> dict[str, Any]:
+    """One arm's figures: step time (min/median/max of the timed steps), tokens/s, memory, compile time."""
+    memory = training_memory(arm.model, arm.optimizer, arm.saved_bytes)
+    step_time = statistics.median(arm.times)
+    all_times = arm.warmup_times + arm.times
+    return {
+        "method": arm.method,
+        "label": arm.label,
+        "dtype": arm.dtype,
+        "compiled": arm.compiled,
+        **arm.books,
+        "step_time_s": step_time,
+        "step_time_min_s": min(arm.times),
+        "step_time_max_s": max(arm.times),
+        "step_times_s": arm.times,
+        "warmup_times_s": arm.warmup_times,
+        "compile_s": compile_seconds(all_times) if arm.compiled else None,
+        "losses": arm.losses,
+        "tokens_per_s": config.batch_size * config.seq_len / step_time,
+        "memory": {**asdict(memory), "total": memory.total},
+        "peak_memory_bytes": arm.cuda_peak if config.device == "cuda" else memory.total,
     }
 
 
@@ -219,19 +276,29 @@ def markdown_table(result: dict[str, Any]) -> str:
     lines = [
         f"Preset `{config['preset']}`, batch {config['batch_size']} × seq {config['seq_len']}, "
         f"{config['warmup']} warm-up + {config['repeats']} timed steps per method (alternating), "
-        f"device {config['device']}, {config['timer']}-clock timing.",
+        f"device {config['device']}, {config['timer']}-clock timing, "
+        f"{result['machine']['torch_threads']} threads. Speed-up: dense's median step / the method's, in the same "
+        "precision and mode; ×base: the method's first-precision eager median / this one's.",
         "",
-        "| method | params (M) | ×dense | fwd FLOPs/token (M) | ×dense | train-step (s) | speed-up | tokens/s "
-        "| peak mem (MiB) | ×dense |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | params (M) | ×dense | fwd FLOPs/token (M) | ×dense | train-step (s) min / median / max "
+        "| speed-up | ×base | compile (s) | tokens/s | peak mem (MiB) | ×dense |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         ratio = row["vs_dense"]
+        compile_s = "" if row["compile_s"] is None else f"{row['compile_s']:.1f}"
         lines.append(
-            f"| {row['method']} | {row['params_total'] / 1e6:.1f} | {ratio['params']:.3f} "
-            f"| {row['fwd_flops_per_token'] / 1e6:.1f} | {ratio['fwd_flops']:.3f} | {row['step_time_s']:.3f} "
-            f"| {ratio['speedup']:.2f}× | {row['tokens_per_s']:,.0f} | {row['peak_memory_bytes'] / 2**20:,.0f} "
-            f"| {ratio['peak_memory']:.3f} |"
+            f"| {row['label']} | {row['params_total'] / 1e6:.1f} | {ratio['params']:.3f} "
+            f"| {row['fwd_flops_per_token'] / 1e6:.1f} | {ratio['fwd_flops']:.3f} "
+            f"| {row['step_time_min_s']:.3f} / **{row['step_time_s']:.3f}** / {row['step_time_max_s']:.3f} "
+            f"| {ratio['speedup']:.2f}× | {row['speedup_vs_baseline']:.2f}× | {compile_s} "
+            f"| {row['tokens_per_s']:,.0f} | {row['peak_memory_bytes'] / 2**20:,.0f} | {ratio['peak_memory']:.3f} |"
+        )
+    for requested, probe in result.get("precision_probes", {}).items():
+        lines.append(
+            f"\n`--dtype {requested}` chose **{probe['used']}**: CPU capability {probe['capability']}, native bf16 "
+            f"flags {probe['native_flags'] or 'none'}, probe matmul {probe['fp32_gflops']:.0f} GFLOP/s fp32 vs "
+            f"{probe['bf16_gflops']:.0f} GFLOP/s bf16."
         )
     return "\n".join(lines) + "\n"
 
@@ -243,13 +310,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     metrics = [("params", "params"), ("fwd_flops", "FLOPs/token"), ("peak_memory", "peak memory")]
-    methods = [row["method"] for row in result["rows"]]
+    methods = [row["label"] for row in result["rows"]]
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.5))
     for ax, (key, label) in zip(axes, metrics, strict=False):
         ax.bar(methods, [row["vs_dense"][key] for row in result["rows"]])
         ax.set_title(f"{label} (× dense)")
+        ax.tick_params(axis="x", labelrotation=45 if len(methods) > 3 else 0)
     axes[3].bar(methods, [row["vs_dense"]["speedup"] for row in result["rows"]], color="tab:green")
     axes[3].set_title("train-step speed-up vs dense")
+    axes[3].tick_params(axis="x", labelrotation=45 if len(methods) > 3 else 0)
     fig.suptitle(f"tensorslim bench: {result['config']['preset']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -13,8 +13,8 @@ from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
 from tensorslim.options import resolve_options
 from tensorslim.tasks import get_task
+from tensorslim.train.precision import DTYPES
 
-_DTYPES = ("fp32", "bf16")
 # Fields that may differ between an interrupted run and its resumption without changing the math. ``out_dir`` is
 # where the checkpoint was found, so naming it (or leaving the default that names the same folder) changes nothing.
 RESUMABLE_CHANGES = frozenset(
@@ -29,6 +29,7 @@ RESUMABLE_CHANGES = frozenset(
         "dp_shard",
         "out_dir",
         "cuda_graphs",
+        "compile",
     }
 )
 
@@ -65,7 +66,13 @@ class TrainConfig:
     grad_clip: float = field(default=0.5, metadata=_help("max gradient norm, 0 disables clipping"))
     warmup_fraction: float | None = field(default=None, metadata=_help("warm-up share of steps (default: recipe)"))
     min_lr_ratio: float = field(default=0.1, metadata=_help("cosine floor as a fraction of the peak lr"))
-    dtype: str = field(default="fp32", metadata=_help("fp32, or bf16 autocast (slow on CPUs without AVX-512 BF16)"))
+    dtype: str = field(
+        default="fp32",
+        metadata=_help(
+            "fp32, bf16 autocast (slow on CPUs without AVX-512 BF16), or auto: bf16 where the hardware has it"
+        ),
+    )
+    compile: bool = field(default=False, metadata=_help("torch.compile the model (compile time reported apart)"))
     seed: int = field(default=0, metadata=_help("seed of model init and data order"))
     data: str = field(
         default="stdlib",
@@ -123,8 +130,8 @@ class TrainConfig:
             raise ValueError(f"warmup_fraction={self.warmup_fraction} is invalid; allowed: [0, 1)")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} is invalid; allowed: [0, 1]")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: {list(_DTYPES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: {list(DTYPES)}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
 

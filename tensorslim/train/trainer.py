@@ -26,7 +26,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,13 @@ from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import TaskData, to_device
 from tensorslim.train.checkpoint import latest_checkpoint
+from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.cuda_graph import GraphedStep
 from tensorslim.train.hooks import TrainHook
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
+from tensorslim.train.precision import autocast, resolve_dtype
 from tensorslim.train.schedule import warmup_cosine
 
 
@@ -88,6 +90,10 @@ class TrainResult:
     losses: list[float]
     val_metrics: dict[str, float] = field(default_factory=dict)
     skipped_steps: int = 0
+    # The precision asked for and used, with the bf16 probe's findings when ``dtype="auto"`` chose it.
+    precision: dict[str, Any] = field(default_factory=dict)
+    # With ``compile=True``: the first step's time beyond a steady step (compilation), kept out of tokens_per_s.
+    compile_s: float | None = None
 
 
 def _model_books(model: nn.Module, *, seq_len: int, prefix: str = "") -> dict[str, float]:
@@ -203,6 +209,10 @@ class Trainer:
         if config.init is not None:
             model = _initial_model(config.init, like=model)
         self.model = self.layout.shard(model.to(self.device))
+        self.dtype, probe = resolve_dtype(config.dtype, self.device)
+        self.precision = {"requested": config.dtype, "used": self.dtype, "probe": probe and probe.to_dict()}
+        if config.compile:
+            compile_model(self.model)
         self.start_params = count_params(self.model).total
         self.hook: TrainHook = self.method.hook(context) if self.method.hook is not None else TrainHook()
         self.optimizer = (
@@ -270,9 +280,7 @@ class Trainer:
         self.hook.load_state_dict(state.get("method", {}), model=self.model, optimizer=self.optimizer)
 
     def _autocast(self) -> Any:
-        if self.config.dtype == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return nullcontext()
+        return autocast(self.dtype, self.device)
 
     def _set_lr(self) -> None:
         config = self.config
@@ -406,6 +414,7 @@ class Trainer:
         resume_step = self.step if config.resume else None
         log = MetricsLog(self.run_dir, resume_step=resume_step, tensorboard=config.tensorboard) if main else _NoLog()
         speeds: list[float] = []
+        durations: list[float] = []
         saved_peak = 0
         bar = _progress(config, initial=self.step) if main else None
         stop = _StopRequests()
@@ -414,7 +423,8 @@ class Trainer:
                 while self.step < config.steps:
                     start = time.perf_counter()
                     loss, grad_norm, saved = self._train_step()
-                    speeds.append(self.data.tokens_per_batch * config.grad_accum / (time.perf_counter() - start))
+                    durations.append(time.perf_counter() - start)
+                    speeds.append(self.data.tokens_per_batch * config.grad_accum / durations[-1])
                     extra = self.hook.after_step(self.model, optimizer=self.optimizer, step=self.step)
                     saved_peak = max(saved_peak, saved)
                     record = {
@@ -444,9 +454,11 @@ class Trainer:
             if bar is not None:
                 bar.close()
             log.close()
-        return self._finish(log, speeds, saved_peak)
+        return self._finish(log, speeds, saved_peak, compile_s=compile_seconds(durations) if config.compile else None)
 
-    def _finish(self, log: MetricsLog | _NoLog, speeds: list[float], saved_peak: int) -> TrainResult:
+    def _finish(
+        self, log: MetricsLog | _NoLog, speeds: list[float], saved_peak: int, *, compile_s: float | None
+    ) -> TrainResult:
         # Rank 0 holds the records (of the interrupted run too, on resume); the others receive what they need.
         records = log.records()
         losses, validated = self.layout.on_main(
@@ -465,6 +477,8 @@ class Trainer:
             losses=losses,
             val_metrics=val_metrics,
             skipped_steps=self.skipped_steps,
+            precision=self.precision,
+            compile_s=compile_s,
         )
         self.layout.on_main(lambda: self._report(result, records))
         return result

@@ -1,0 +1,177 @@
+"""Inference speed as users see it: prefill latency and decode tokens/s with the KV cache, side by side in one run.
+
+Methods: dense, CoLA (arXiv 2502.10940, §3), SVD, CoMERA (arXiv 2405.14377; its tensor-train layers) and W4 (the
+dense model with 4-bit round-to-nearest weights, :class:`tensorslim.quant.RTNConfig`, dequantized per call). Every
+model is built at random init: speed does not depend on the weights' values. For each batch size the same random
+prompt is prefilled (one forward over ``--prompt-len`` tokens filling the cache) and then ``--new-tokens`` tokens
+are decoded greedily one at a time through the cache, as :func:`tensorslim.generation.generate_ids` does. Methods
+alternate within each repeat so that the shared machine's noise hits them alike; min/median/max are reported.
+
+Memory is the state decoding holds: weights (packed codes for W4) plus the KV cache at the end of decoding; the
+transient activations of one step (and W4's dequantized matrix of the layer running) come on top.
+
+Usage:
+    python benchmarks/inference.py --presets 60m,350m --batch-sizes 1,8 --out benchmarks/results/inference
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tensorslim.bench.harness import machine_description
+from tensorslim.books import count_params
+from tensorslim.methods import build_for_method
+from tensorslim.models.registry import model_config
+from tensorslim.train.precision import autocast, resolve_dtype
+
+METHODS = ("dense", "cola", "svd", "comera", "w4")
+
+
+def build_model(preset: str, method: str, *, max_seq_len: int) -> nn.Module:
+    """``method``'s model of ``preset`` in eval mode (W4: the dense model with 4-bit RTN weights)."""
+    from tensorslim.quant import RTNConfig, quantize_
+
+    torch.manual_seed(0)
+    model, _, _ = build_for_method(preset, "dense" if method == "w4" else method, max_seq_len=max_seq_len)
+    if method == "w4":
+        quantize_(model, RTNConfig(bits=4), None)
+    return model.eval()
+
+
+def state_bytes(model: nn.Module, cache: Any) -> dict[str, int]:
+    """Bytes of the weights (parameters and buffers, so W4's packed codes) and of the KV cache."""
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    return {"weights": weights, "kv_cache": kv, "total": weights + kv}
+
+
+@torch.no_grad()
+def prefill_and_decode(model: nn.Module, prompt: torch.Tensor, new_tokens: int, dtype: str) -> dict[str, Any]:
+    """Wall-clock seconds of the prefill and of ``new_tokens`` greedy decode steps; the cache's memory."""
+    cache = model.new_cache()
+    with autocast(dtype, prompt.device):
+        start = time.perf_counter()
+        token = model(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            token = model(token, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+        decode = time.perf_counter() - start
+    return {"prefill_s": prefill, "decode_s": decode, "memory": state_bytes(model, cache)}
+
+
+def measure_preset(preset: str, args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    max_seq_len = args.prompt_len + args.new_tokens
+    models = {m: build_model(preset, m, max_seq_len=max_seq_len) for m in methods}
+    vocab = model_config(preset).vocab_size
+    rows = []
+    for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+        prompt = torch.randint(vocab, (batch_size, args.prompt_len), generator=torch.Generator().manual_seed(0))
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+        for repeat in range(args.warmup + args.repeats):
+            for method in methods:  # alternate so that machine noise hits all methods alike
+                run = prefill_and_decode(models[method], prompt, args.new_tokens, dtype)
+                if repeat >= args.warmup:
+                    runs[method].append(run)
+        for method in methods:
+            prefill = [r["prefill_s"] for r in runs[method]]
+            decode_tps = [batch_size * args.new_tokens / r["decode_s"] for r in runs[method]]
+            rows.append(
+                {
+                    "preset": preset,
+                    "method": method,
+                    "batch_size": batch_size,
+                    "params": count_params(models[method]).total,
+                    "prefill_s": {"min": min(prefill), "median": statistics.median(prefill), "max": max(prefill)},
+                    "decode_tokens_per_s": {
+                        "min": min(decode_tps),
+                        "median": statistics.median(decode_tps),
+                        "max": max(decode_tps),
+                    },
+                    "memory": runs[method][-1]["memory"],
+                    "runs": runs[method],
+                }
+            )
+    for row in rows:
+        dense = next(r for r in rows if r["method"] == "dense" and r["batch_size"] == row["batch_size"])
+        row["vs_dense"] = {
+            "prefill_speedup": dense["prefill_s"]["median"] / row["prefill_s"]["median"],
+            "decode_speedup": row["decode_tokens_per_s"]["median"] / dense["decode_tokens_per_s"]["median"],
+            "memory": row["memory"]["total"] / dense["memory"]["total"],
+        }
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| preset | batch | method | params (M) | prefill (s) min / median / max | ×dense | decode tokens/s min / "
+        "median / max | ×dense | weights + KV (MiB) | ×dense |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        p, d, ratio = row["prefill_s"], row["decode_tokens_per_s"], row["vs_dense"]
+        lines.append(
+            f"| {row['preset']} | {row['batch_size']} | {row['method']} | {row['params'] / 1e6:.1f} "
+            f"| {p['min']:.3f} / **{p['median']:.3f}** / {p['max']:.3f} | {ratio['prefill_speedup']:.2f}× "
+            f"| {d['min']:.1f} / **{d['median']:.1f}** / {d['max']:.1f} | {ratio['decode_speedup']:.2f}× "
+            f"| {row['memory']['total'] / 2**20:,.0f} | {ratio['memory']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="60m,350m")
+    parser.add_argument("--methods", default=",".join(METHODS), help="dense is expected first (the reference)")
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
+    parser.add_argument("--dtype", default="fp32", help="fp32, bf16 or auto (autocast, as in training)")
+    parser.add_argument("--out", default=None, help="output stem for .md/.json")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    dtype, probe = resolve_dtype(args.dtype, "cpu")
+    started = time.perf_counter()
+    rows = [row for preset in args.presets.split(",") for row in measure_preset(preset.strip(), args, dtype)]
+    result = {
+        "command": "python benchmarks/inference.py " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "dtype": dtype,
+        "precision_probe": probe and probe.to_dict(),
+        "seconds": time.perf_counter() - started,
+        "rows": rows,
+    }
+    table = markdown(result)
+    print(table)
+    if args.out:
+        machine = result["machine"]
+        header = (
+            f"# Inference: prefill and KV-cache decode\n\n- command: `{result['command']}`\n- date: {result['date']}\n"
+            f"- machine: {machine['cpu']}, {machine['cores']} cores shared with other engineers' jobs, torch "
+            f"{machine['torch']} ({machine['torch_threads']} threads), load average at start "
+            f"{tuple(round(x, 1) for x in machine['load_average'])}\n"
+            f"- precision: {dtype}; prompt {args.prompt_len} tokens, {args.new_tokens} decoded tokens, "
+            f"{args.warmup} warm-up + {args.repeats} timed repeats, methods alternating; wall clock\n\n"
+        )
+        Path(args.out).with_suffix(".md").write_text(header + table)
+        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

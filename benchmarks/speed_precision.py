@@ -1,0 +1,99 @@
+"""Does ``--dtype auto`` train like fp32? The same short run twice through the Trainer, fp32 and auto, with their
+loss curves, the precision ``auto`` chose (and why), and the steady tokens/s of each.
+
+The runs share seed, data order and initialization, so the only difference is the precision; the loss gap is
+compared with the step-to-step noise of the fp32 curve itself (the standard deviation of its differences over the
+last half), which is what "within noise" means here.
+
+Usage:
+    python benchmarks/speed_precision.py --preset tiny --method cola --steps 60 --out benchmarks/results/speed_precision
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from tensorslim.bench.harness import machine_description
+from tensorslim.train.config import TrainConfig
+from tensorslim.train.trainer import train
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--method", default="cola")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    runs = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for dtype in ("fp32", "auto"):
+            config = TrainConfig(
+                preset=args.preset,
+                method=args.method,
+                steps=args.steps,
+                batch_size=args.batch_size,
+                seq_len=args.seq_len,
+                dtype=dtype,
+                eval_every=args.steps,
+                checkpoint_every=args.steps,
+                out_dir=f"{folder}/{dtype}",
+                progress=False,
+                tensorboard=False,
+            )
+            result = train(config)
+            runs[dtype] = {
+                "losses": result.losses,
+                "val_loss": result.val_loss,
+                "tokens_per_s": result.tokens_per_s,
+                "precision": result.precision,
+            }
+    fp32, auto = runs["fp32"]["losses"], runs["auto"]["losses"]
+    half = len(fp32) // 2
+    noise = statistics.stdev(b - a for a, b in zip(fp32[half:], fp32[half + 1 :], strict=False))
+    gap = [b - a for a, b in zip(fp32, auto, strict=True)]
+    summary = {
+        "command": "python benchmarks/speed_precision.py " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "auto_chose": runs["auto"]["precision"]["used"],
+        "probe": runs["auto"]["precision"]["probe"],
+        "fp32_step_noise": noise,
+        "mean_abs_gap_last_half": statistics.mean(abs(g) for g in gap[half:]),
+        "val_loss": {k: v["val_loss"] for k, v in runs.items()},
+        "tokens_per_s": {k: v["tokens_per_s"] for k, v in runs.items()},
+        "runs": runs,
+    }
+    probe = summary["probe"]
+    text = (
+        f"# `--dtype auto` against fp32: {args.preset} {args.method}, {args.steps} steps\n\n"
+        f"- command: `{summary['command']}`\n- date: {summary['date']}\n"
+        f"- machine: {summary['machine']['cpu']}, {summary['machine']['cores']} cores shared with other engineers' "
+        f"jobs (load average at the end {tuple(round(x, 1) for x in summary['machine']['load_average'])}); "
+        "tokens/s are wall clock and noisy\n"
+        f"- auto chose **{summary['auto_chose']}** (capability {probe['capability']}, native flags "
+        f"{probe['native_flags'] or 'none'}, probe {probe['fp32_gflops']:.0f} GFLOP/s fp32 vs "
+        f"{probe['bf16_gflops']:.0f} GFLOP/s bf16)\n\n"
+        "| | fp32 | auto |\n|---|---|---|\n"
+        f"| final validation loss | {runs['fp32']['val_loss']:.4f} | {runs['auto']['val_loss']:.4f} |\n"
+        f"| mean train loss, last 10 steps | {statistics.mean(fp32[-10:]):.4f} | {statistics.mean(auto[-10:]):.4f} |\n"
+        f"| steady tokens/s (median) | {runs['fp32']['tokens_per_s']:,.0f} | {runs['auto']['tokens_per_s']:,.0f} |\n\n"
+        f"Mean |loss gap| over the last half: {summary['mean_abs_gap_last_half']:.4f}; the fp32 curve's own "
+        f"step-to-step noise (std of successive differences): {noise:.4f}.\n"
+    )
+    print(text)
+    if args.out:
+        Path(args.out).with_suffix(".md").write_text(text)
+        Path(args.out).with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

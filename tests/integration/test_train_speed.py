@@ -1,0 +1,75 @@
+"""``compile=True`` trains like eager, and ``dtype="auto"`` reports what it chose, on the tiny preset.
+
+Compilation uses the ``aot_eager`` backend here (the same Dynamo/AOTAutograd tracing as TorchInductor, without
+building C++, which takes minutes on a loaded CI machine; see tests/unit/test_compile.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tensorslim.train import trainer as trainer_module
+from tensorslim.train.compile import compile_model
+from tensorslim.train.config import TrainConfig
+from tensorslim.train.precision import PrecisionProbe, resolve_dtype
+from tensorslim.train.trainer import train
+
+
+def _config(corpus: Path, out: Path, **overrides: object) -> TrainConfig:
+    base = TrainConfig(
+        preset="tiny",
+        method="cola",
+        steps=3,
+        batch_size=4,
+        seq_len=32,
+        vocab_size=300,
+        data=str(corpus),
+        eval_every=3,
+        eval_blocks=4,
+        checkpoint_every=3,
+        out_dir=str(out),
+        progress=False,
+        tensorboard=False,
+    )
+    return replace(base, **overrides)
+
+
+def test_compiled_training_has_the_losses_of_eager_training(
+    small_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trainer_module, "compile_model", functools.partial(compile_model, backend="aot_eager"))
+    eager = train(_config(small_corpus, tmp_path / "eager"))
+    compiled = train(_config(small_corpus, tmp_path / "compiled", compile=True))
+    assert compiled.losses == pytest.approx(eager.losses, rel=1e-4)
+    assert compiled.val_loss == pytest.approx(eager.val_loss, rel=1e-4)
+    assert eager.compile_s is None and compiled.compile_s is not None and compiled.compile_s >= 0
+    # Parameter names are those of the eager model, so checkpoints load into either.
+    saved = json.loads((tmp_path / "compiled" / "summary.json").read_text())
+    assert saved["compile_s"] == compiled.compile_s
+
+
+@pytest.mark.parametrize(("native", "used"), [(True, "bf16"), (False, "fp32")])
+def test_auto_dtype_trains_in_the_probed_precision_and_reports_it(
+    small_corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool, used: str
+) -> None:
+    def probe(device) -> PrecisionProbe:
+        return PrecisionProbe(
+            device=device.type,
+            capability="injected",
+            native_flags=(),
+            fp32_gflops=1.0,
+            bf16_gflops=2.0,
+            bf16_native=native,
+        )
+
+    monkeypatch.setattr(trainer_module, "resolve_dtype", functools.partial(resolve_dtype, probe=probe))
+    result = train(_config(small_corpus, tmp_path / "run", dtype="auto", steps=2, eval_every=2, checkpoint_every=2))
+    assert result.precision["requested"] == "auto" and result.precision["used"] == used
+    assert result.precision["probe"]["capability"] == "injected"
+    reference = train(_config(small_corpus, tmp_path / "ref", dtype=used, steps=2, eval_every=2, checkpoint_every=2))
+    assert result.losses == reference.losses  # the same precision, hence the very same arithmetic
