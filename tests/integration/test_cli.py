@@ -71,7 +71,7 @@ def test_bench_writes_table_json_and_chart(tmp_path: Path) -> None:
     # AdamW keeps two fp32 moments per parameter and a 4-byte step counter per parameter tensor.
     assert memory["grads"] == memory["params"] and memory["optimizer"] == 2 * memory["params"] + 4 * n_tensors
     assert memory["activations"] > 0
-    assert "| cola |" in out.with_suffix(".md").read_text()
+    assert "| cola fp32 |" in out.with_suffix(".md").read_text()  # rows name the method and its precision
     assert out.with_suffix(".png").stat().st_size > 0
 
 
