@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from tensorslim.distributed.layout import SingleProcess
-from tensorslim.tasks.lm import causal_lm_loss
 from tests.distributed import workers
 from tests.distributed.test_tp import _run_id, _spawn_once
 
@@ -103,14 +102,7 @@ def test_resume_at_other_layouts_reproduces_the_curve(fsdp4: dict, resumed2: dic
     path = Path(resumed2["checkpoints"]) / "step_0000015"
     SingleProcess(torch.device("cpu")).load_checkpoint(path, model=model, optimizer=optimizer, prepare=lambda _: None)
     assert all(state["step"].item() == 15 for state in optimizer.state.values())
-    losses = []
-    for batch in workers.batches(20)[15:]:
-        loss = causal_lm_loss(model(batch), batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    losses = workers.single_process_losses(model, optimizer, workers.batches(20)[15:])
     assert _gap(losses, fsdp4["dp2tp2"][15:]) < TOLERANCE
 
 

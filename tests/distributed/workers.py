@@ -51,10 +51,15 @@ def batches(steps: int, *, batch: int = 4, seq: int = 16) -> list[torch.Tensor]:
 
 
 def reference_curve(style: str, data: list[torch.Tensor], *, clip: float = 0.5) -> list[float]:
-    from tensorslim.tasks.lm import causal_lm_loss
-
     model = tiny_model(style)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    return single_process_losses(model, optimizer, data, clip=clip)
+
+
+def single_process_losses(model, optimizer, data: list[torch.Tensor], *, clip: float = 0.5) -> list[float]:
+    """The loss curve of plain one-process steps (causal LM, clipping at ``clip``): the reference of every layout."""
+    from tensorslim.tasks.lm import causal_lm_loss
+
     losses = []
     for batch in data:
         loss = causal_lm_loss(model(batch), batch)
@@ -353,19 +358,9 @@ def method_model(method: str, *, seed: int = 0):
 
 
 def method_reference(method: str, data: list[torch.Tensor]) -> list[float]:
-    from tensorslim.tasks.lm import causal_lm_loss
-
     model = method_model(method)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    losses = []
-    for batch in data:
-        loss = causal_lm_loss(model(batch), batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return single_process_losses(model, optimizer, data)
 
 
 def methods_worker(rank: int, world: int, port: int, path: str) -> None:
