@@ -44,7 +44,11 @@ def count_saved_tensors(model: nn.Module) -> Iterator[SavedTensorTally]:
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         tally.record(tensor)
-        return tensor
+        # Detached, so the packed tensor holds no grad_fn: a node saving its own output (tanh, softmax, ...) would
+        # otherwise own a tensor that owns the node, a C++ cycle gc cannot see. Backward frees it, but the graph of
+        # an output the loss never reaches (BERT's pooler under a distillation loss) then lived on, one per step.
+        # Autograd re-attaches the grad_fn on unpack; the storage, hence the tally, is the same.
+        return tensor.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         yield tally
