@@ -15,8 +15,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tensorslim.distributed.comm import TPGroup, copy_to_tp, reduce_from_tp, reduce_latent
-from tensorslim.distributed.rmsnorm import online_finish, online_partial, sync_rmsnorm
+from tensorslim.distributed.comm import (
+    TPGroup,
+    column,
+    column_parallel,
+    copy_to_tp,
+    reduce_from_tp,
+    reduce_from_tp_async,
+    reduce_latent,
+)
+from tensorslim.distributed.rmsnorm import online_finish, online_partial, rms_scale, sync_rmsnorm
 from tensorslim.distributed.sharding import ShardSpec
 from tensorslim.functional.lowrank import activation_fn
 from tensorslim.models.llama import RMSNorm, apply_rotary
@@ -66,10 +74,14 @@ class BTPBlock(nn.Module):
     inputs, i.e. the all-reduced latents and the two residual shards, and no collective runs twice.
     """
 
-    def __init__(self, shape: BlockShape, tp: TPGroup, *, index: int, norm: str, latent_recompute: bool) -> None:
+    def __init__(
+        self, shape: BlockShape, tp: TPGroup, *, index: int, norm: str, latent_recompute: bool, overlap: str = "none"
+    ) -> None:
         super().__init__()
         self.shape, self.tp, self.index, self.norm = shape, tp, index, norm
-        self.latent_recompute = latent_recompute
+        self.latent_recompute, self.overlap = latent_recompute, overlap
+        # the per-branch split would keep d-wide B outputs for backward, which latent recomputation exists to avoid
+        self.split = overlap == "full" and not latent_recompute
         self.act = activation_fn(shape.latent_act)
         self.mlp_act: nn.Module = nn.SiLU()
         d, f, r = shape.d_model // shape.tp, shape.d_ff // shape.tp, shape.rank
@@ -121,39 +133,93 @@ class BTPBlock(nn.Module):
             summed = online_finish(summed, d_model=self.shape.d_model, eps=self.shape.eps)
         return self.act(summed)
 
+    def _reduce(self, partial: torch.Tensor, tag: str) -> torch.Tensor:
+        """The latent's all-reduce: forward and backward (``overlap="none"``), or forward only when its consumer
+        B all-reduces the gradient itself, overlapped with B's weight gradient (:func:`column_parallel`)."""
+        if self.overlap == "none":
+            return reduce_latent(partial, self.tp, tag=tag)
+        return reduce_from_tp(partial, self.tp, tag=tag)
+
+    def _b(self, latent: torch.Tensor, weight: torch.Tensor, tag: str) -> torch.Tensor:
+        """Column-parallel B on a replicated latent (batched when ``weight`` is ``(c, n, r)``)."""
+        if self.overlap == "none":
+            return column(latent, weight)
+        return column_parallel(latent, weight, self.tp, tag=tag)
+
     def _attention_chunk(self, summed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         latent = self._latent(summed)  # (B, T, 3r)
         batch, seq, _ = latent.shape
-        q, k, v = torch.einsum("btcr,cdr->cbtd", latent.view(batch, seq, 3, -1), self.qkv_b)  # 3 × (B, T, d/p)
+        q, k, v = self._b(latent.view(batch, seq, 3, -1), self.qkv_b, f"layers.{self.index}.qkv")  # 3 × (B, T, d/p)
+        return self._attend(q, k, v, cos, sin)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos, sin) -> torch.Tensor:
         y = _attention(q, k, v, cos, sin, heads=self.shape.n_heads // self.shape.tp)  # local heads
         return F.linear(y, self.o_a)  # (B, T, r), partial over ranks
 
     def _o_chunk(self, summed: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = x + F.linear(self.act(summed), self.o_b)  # (B, T, d/p)
+        h = x + self._b(self.act(summed), self.o_b, f"layers.{self.index}.o")  # (B, T, d/p)
         return h, self._normed_partial(h, self.norm2, self.gate_up_a, f"layers.{self.index}.gate_up")
 
     def _mlp_chunk(self, summed: torch.Tensor) -> torch.Tensor:
         latent = self._latent(summed)  # (B, T, 2r)
         batch, seq, _ = latent.shape
-        gate, up = torch.einsum("btcr,cfr->cbtf", latent.view(batch, seq, 2, -1), self.gate_up_b)  # (B, T, f/p)
+        gate, up = self._b(latent.view(batch, seq, 2, -1), self.gate_up_b, f"layers.{self.index}.gate_up")
+        return self._down_partial(gate, up)
+
+    def _down_partial(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.linear(self.mlp_act(gate) * up, self.down_a)  # (B, T, r), partial over ranks
 
     def _down_chunk(self, summed: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return h + F.linear(self.act(summed), self.down_b)  # (B, T, d/p)
+        return h + self._b(self.act(summed), self.down_b, f"layers.{self.index}.down")  # (B, T, d/p)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x``: the local residual shard ``(B, T, d/p)`` → the next one."""
+        if self.split:
+            return self._forward_split(x, cos, sin)
         tag = f"layers.{self.index}"
-        qkv = reduce_latent(
-            self._run(lambda t: self._normed_partial(t, self.norm1, self.qkv_a, f"{tag}.qkv"), x),
-            self.tp,
-            tag=f"{tag}.qkv",
+        qkv = self._reduce(
+            self._run(lambda t: self._normed_partial(t, self.norm1, self.qkv_a, f"{tag}.qkv"), x), f"{tag}.qkv"
         )
-        o = reduce_latent(self._run(lambda s: self._attention_chunk(s, cos, sin), qkv), self.tp, tag=f"{tag}.o")
+        o = self._reduce(self._run(lambda s: self._attention_chunk(s, cos, sin), qkv), f"{tag}.o")
         h, gate_up = self._run(self._o_chunk, o, x)
-        gate_up = reduce_latent(gate_up, self.tp, tag=f"{tag}.gate_up")
-        down = reduce_latent(self._run(self._mlp_chunk, gate_up), self.tp, tag=f"{tag}.down")
+        gate_up = self._reduce(gate_up, f"{tag}.gate_up")
+        down = self._reduce(self._run(self._mlp_chunk, gate_up), f"{tag}.down")
         return self._run(self._down_chunk, down, h)
+
+    def _forward_split(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` with the grouped q/k/v and gate/up latents all-reduced per branch, asynchronously."""
+        tag = f"layers.{self.index}"
+        q, k, v = self._branches(self._normed_partial(x, self.norm1, self.qkv_a, f"{tag}.qkv"), self.qkv_b, tag, "qkv")
+        o = self._reduce(self._attend(q, k, v, cos, sin), f"{tag}.o")
+        h, gate_up = self._o_chunk(o, x)
+        gate, up = self._branches(gate_up, self.gate_up_b, tag, ("gate", "up"))
+        return self._down_chunk(self._reduce(self._down_partial(gate, up), f"{tag}.down"), h)
+
+    def _branches(
+        self, partial: torch.Tensor, weight_b: torch.Tensor, tag: str, names: tuple[str, ...] | str
+    ) -> list[torch.Tensor]:
+        """The sibling branches of a grouped partial latent ``(B, T, c·r [+ 1])``, each all-reduced on its own and
+        asynchronously; branch i's B runs as soon as its latent has arrived, while branches i+1… are in flight.
+        Online norm's statistic travels with the first branch. Returns ``c`` tensors ``(B, T, n)``."""
+        r, online = self.shape.rank, self.norm == "online"
+        pieces = [partial[..., i * r : (i + 1) * r] for i in range(len(names))]  # (B, T, r) each
+        if online:
+            pieces[0] = torch.cat([pieces[0], partial[..., -1:]], dim=-1)  # (B, T, r + 1)
+        flights = [
+            reduce_from_tp_async(piece, self.tp, tag=f"{tag}.{n}") for piece, n in zip(pieces, names, strict=True)
+        ]
+        out, scale = [], None
+        for i, flight in enumerate(flights):
+            summed = flight.wait()
+            if online:
+                if scale is None:
+                    summed, scale = (
+                        summed[..., :-1],
+                        rms_scale(summed[..., -1:], d_model=self.shape.d_model, eps=self.shape.eps),
+                    )
+                summed = summed * scale
+            out.append(self._b(self.act(summed), weight_b[i], f"{tag}.{names[i]}"))
+        return out
 
 
 class VanillaBlock(nn.Module):

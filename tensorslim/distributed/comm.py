@@ -165,6 +165,107 @@ class _GatherLast(torch.autograd.Function):
         return grad[..., start : start + ctx.width].contiguous(), None, None
 
 
+class InFlight:
+    """An all-reduce started with ``async_op=True``: :meth:`wait` blocks until it is done and returns the summed
+    tensor (the autograd output of :func:`reduce_from_tp_async`), logging only the time spent blocked."""
+
+    def __init__(self, tp: TPGroup, tag: str) -> None:
+        self.tp, self.tag = tp, tag
+        self.work: dist.Work | None = None
+        self.tensor: torch.Tensor | None = None
+
+    def start(self, buffer: torch.Tensor) -> None:
+        if self.tp.size > 1:
+            self.work = dist.all_reduce(buffer, group=self.tp.group, async_op=True)
+
+    def wait(self) -> torch.Tensor:
+        start = time.perf_counter()
+        if self.work is not None:
+            self.work.wait()
+            self.tp.log.add(self.tag, "all_reduce", "fwd", self.tensor, seconds=time.perf_counter() - start)
+            self.work = None
+        return self.tensor
+
+
+class _ReduceForwardAsync(torch.autograd.Function):
+    """``g`` started asynchronously: the returned buffer holds the sum only after ``flight.wait()``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, flight: InFlight) -> torch.Tensor:
+        out = x.contiguous().clone()
+        flight.start(out)  # gloo's worker thread writes the sum into ``out`` while this thread computes on
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _ColumnParallel(torch.autograd.Function):
+    """``f`` fused with the column-parallel B that reads a replicated latent; the all-reduce of the latent's
+    gradient runs while B's weight gradient is computed (Megatron-LM's asynchronous tensor-parallel all-reduce,
+    Narayanan et al., 2021, arXiv 2104.04473, §4.1 / ``LinearWithGradAccumulationAndAsyncCommunication``).
+
+    ``weight`` is ``(n, r)`` with ``z`` ``(..., r)`` → ``(..., n)``, or batched ``(c, n, r)`` with ``z``
+    ``(B, T, c, r)`` → ``(c, B, T, n)`` (BOOST §3.3's batched B for q/k/v and gate/up).
+    """
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, weight: torch.Tensor, tp: TPGroup, tag: str) -> torch.Tensor:
+        device = z.device.type
+        if torch.is_autocast_enabled(device):  # compute in autocast's dtype, as the plain op would
+            dtype = torch.get_autocast_dtype(device)
+            z, weight = z.to(dtype), weight.to(dtype)
+        with torch.autocast(device, enabled=False):
+            out = column(z, weight)
+        ctx.save_for_backward(z, weight)
+        ctx.tp, ctx.tag = tp, tag
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        z, weight = ctx.saved_tensors
+        tp, grad = ctx.tp, grad.to(z.dtype)
+        batched = weight.dim() == 3
+        # partial over the ranks: each holds the rows of B (outputs) of its shard
+        grad_z = (torch.einsum("cbtn,cnr->btcr", grad, weight) if batched else grad @ weight).contiguous()
+        work = dist.all_reduce(grad_z, group=tp.group, async_op=True) if tp.size > 1 else None
+        if batched:  # needs only local tensors: computed while the all-reduce is in flight
+            grad_weight = torch.einsum("cbtn,btcr->cnr", grad, z)
+        else:
+            grad_weight = grad.reshape(-1, grad.shape[-1]).T @ z.reshape(-1, z.shape[-1])
+        if work is not None:
+            start = time.perf_counter()
+            work.wait()
+            tp.log.add(ctx.tag, "all_reduce", "bwd", grad_z, seconds=time.perf_counter() - start)
+        return grad_z, grad_weight, None, None
+
+
+def column(z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``z Bᵀ``: ``(..., r)`` × ``(n, r)`` → ``(..., n)``, or ``(B, T, c, r)`` × ``(c, n, r)`` → ``(c, B, T, n)``."""
+    if weight.dim() == 3:
+        return torch.einsum("btcr,cnr->cbtn", z, weight)
+    return torch.nn.functional.linear(z, weight)
+
+
+def column_parallel(z: torch.Tensor, weight: torch.Tensor, tp: TPGroup, *, tag: str) -> torch.Tensor:
+    """``z Bᵀ`` for a replicated latent ``z`` and a column-parallel ``B``, its backward all-reduce of ``z``'s
+    gradient overlapped with ``B``'s weight gradient (see :class:`_ColumnParallel` for the shapes)."""
+    if tp.size == 1:
+        return column(z, weight)
+    return _ColumnParallel.apply(z, weight, tp, tag)
+
+
+def reduce_from_tp_async(x: torch.Tensor, tp: TPGroup, *, tag: str) -> InFlight:
+    """``g`` without blocking: start the all-reduce of ``x`` and return at once; ``.wait()`` gives the sum.
+
+    Whatever runs between the two calls overlaps the collective; nothing may read the tensor before ``wait``.
+    """
+    flight = InFlight(tp, tag)
+    flight.tensor = _ReduceForwardAsync.apply(x, flight)
+    return flight
+
+
 def reduce_from_tp(x: torch.Tensor, tp: TPGroup, *, tag: str) -> torch.Tensor:
     """``g``: all-reduce forward, identity backward (row-parallel output into replicated computation)."""
     return _ReduceForward.apply(x, tp, tag)

@@ -34,7 +34,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tensorslim.distributed import fsdp
 from tensorslim.distributed.chunks import Holding, prepare_adamw_state, sharded_state
 from tensorslim.distributed.comm import CommLog, TPGroup
-from tensorslim.distributed.parallelize import STYLES, TPCausalLM, build_mesh, check_world, parallelize
+from tensorslim.distributed.parallelize import (
+    DEFAULT_OVERLAP,
+    OVERLAPS,
+    STYLES,
+    TPCausalLM,
+    build_mesh,
+    check_world,
+    parallelize,
+)
 from tensorslim.distributed.sharding import ShardSpec
 from tensorslim.train.checkpoint import (
     is_sharded_checkpoint,
@@ -68,6 +76,8 @@ def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
 
     if config.tp_style not in STYLES:
         raise ValueError(f"tp_style={config.tp_style!r} is unknown; allowed: {list(STYLES)}")
+    if config.tp_overlap not in OVERLAPS:
+        raise ValueError(f"tp_overlap={config.tp_overlap!r} is unknown; allowed: {list(OVERLAPS)}")
     check_world(config.tp, world_size=world_size)
     dp = world_size // config.tp
     if config.dp_shard not in (1, dp):
@@ -305,12 +315,21 @@ class TensorParallel:
             split over it.
         precision: FSDP2's mixed-precision policy, ``fp32`` or ``bf16`` (:func:`tensorslim.distributed.fsdp.
             mixed_precision`).
+        overlap: how BTP's latent all-reduces overlap computation (see :func:`tensorslim.distributed.parallelize.
+            parallelize`).
     """
 
     def __init__(
-        self, mesh: DeviceMesh, *, style: str, device: torch.device, dp_shard: bool = False, precision: str = "fp32"
+        self,
+        mesh: DeviceMesh,
+        *,
+        style: str,
+        device: torch.device,
+        dp_shard: bool = False,
+        precision: str = "fp32",
+        overlap: str = DEFAULT_OVERLAP,
     ) -> None:
-        self.mesh, self.style, self.device = mesh, style, device
+        self.mesh, self.style, self.device, self.overlap = mesh, style, device, overlap
         self.rank = dist.get_rank()
         self.is_main = self.rank == 0
         dp = mesh["dp"]
@@ -334,7 +353,14 @@ class TensorParallel:
         with exit_on_peer_failure(dist.get_rank()):
             mesh = build_mesh(config.tp, world_size=world_size, device_type=device.type)
         precision = "bf16" if config.dtype == "bf16" else "fp32"
-        return cls(mesh, style=config.tp_style, device=device, dp_shard=config.dp_shard > 1, precision=precision)
+        return cls(
+            mesh,
+            style=config.tp_style,
+            device=device,
+            dp_shard=config.dp_shard > 1,
+            precision=precision,
+            overlap=config.tp_overlap,
+        )
 
     def guarded(self) -> contextlib.AbstractContextManager:
         return exit_on_peer_failure(self.rank)
@@ -351,7 +377,9 @@ class TensorParallel:
     def shard(self, model: nn.Module) -> TPCausalLM:
         """This rank's slices of ``model`` (every rank built the same TP=1 weights from the same seed)."""
         self.full_shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
-        self.model = parallelize(model, self.mesh, self.style, dp_shard=self.fsdp, precision=self.precision)
+        self.model = parallelize(
+            model, self.mesh, self.style, dp_shard=self.fsdp, precision=self.precision, overlap=self.overlap
+        )
         self.log = self.model.tp.log  # one log for the TP and the dp collectives
         self.runner = (
             self.model if self.fsdp else data_parallel(self.model, self.dp_group, size=self.dp_size, log=self.log)

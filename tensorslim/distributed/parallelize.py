@@ -34,6 +34,8 @@ from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM, RMSNorm, rota
 STYLES = ("btp", "vanilla", "megatron")
 NORMS = ("online", "sync")
 RECOMPUTE = ("none", "latent", "layer")
+OVERLAPS = ("none", "backward", "full")
+DEFAULT_OVERLAP = "none"
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 _PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -180,6 +182,7 @@ def parallelize(
     recompute: str = "none",
     dp_shard: bool = False,
     precision: str = "fp32",
+    overlap: str = DEFAULT_OVERLAP,
 ) -> TPCausalLM:
     """Shard ``model`` over the ``tp`` axis of ``mesh`` in ``style`` (and, with ``dp_shard``, over its ``dp`` axis
     with FSDP2); ``model`` is left untouched.
@@ -197,6 +200,11 @@ def parallelize(
             the model's communication log.
         precision: FSDP2's mixed-precision policy, ``fp32`` or ``bf16`` (:func:`tensorslim.distributed.fsdp.
             mixed_precision`).
+        overlap: BTP only: how the latent all-reduces overlap computation. ``"none"``: each one blocks, forward and
+            backward. ``"backward"``: the backward all-reduce of a latent's gradient runs while its B's weight
+            gradient is computed. ``"full"``: that, and the grouped q/k/v and gate/up latents are all-reduced per
+            branch asynchronously in forward, each branch's B computed while its siblings are in flight (not with
+            ``recompute="latent"``, whose chunks keep the grouped latents: there it acts as ``"backward"``).
 
     Raises:
         ValueError: an unknown style or norm, a model the style cannot shard, or a TP size that does not divide
@@ -208,6 +216,8 @@ def parallelize(
         raise ValueError(f"norm={norm!r} is unknown; allowed: {list(NORMS)}")
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r} is unknown; allowed: {list(RECOMPUTE)}")
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap={overlap!r} is unknown; allowed: {list(OVERLAPS)}")
     if style != "btp" and (norm != "online" or recompute == "latent"):
         raise ValueError(f"norm and recompute='latent' apply to style='btp' only, got style={style!r}")
     if recompute == "latent" and norm != "online":
@@ -230,7 +240,9 @@ def parallelize(
     blocks: list[nn.Module] = []
     for i, source in enumerate(model.layers):
         if style == "btp":
-            block: nn.Module = BTPBlock(shape, tp, index=i, norm=norm, latent_recompute=recompute == "latent")
+            block: nn.Module = BTPBlock(
+                shape, tp, index=i, norm=norm, latent_recompute=recompute == "latent", overlap=overlap
+            )
         else:
             block = (VanillaBlock if style == "vanilla" else MegatronBlock)(shape, tp, index=i)
         block.mlp_act = source.mlp.act_fn  # SiLU, or Identity under CoLA's only_lr_act

@@ -43,8 +43,12 @@ def online_partial(x: torch.Tensor, gamma: torch.Tensor, weight_a: torch.Tensor,
 
 def online_finish(summed: torch.Tensor, *, d_model: int, eps: float) -> torch.Tensor:
     """Divide the all-reduced projection by the global RMS: ``(..., k + 1)`` → ``RMSNorm(x) A``, ``(..., k)``."""
-    projection, sumsq = summed[..., :-1], summed[..., -1:]
-    return projection * torch.rsqrt(sumsq / d_model + eps)
+    return summed[..., :-1] * rms_scale(summed[..., -1:], d_model=d_model, eps=eps)
+
+
+def rms_scale(sumsq: torch.Tensor, *, d_model: int, eps: float) -> torch.Tensor:
+    """``1 / RMS`` from the all-reduced ``Σ x²`` over the full width ``d_model``."""
+    return torch.rsqrt(sumsq / d_model + eps)
 
 
 def online_rmsnorm_linear(

@@ -27,6 +27,7 @@ RESUMABLE_CHANGES = frozenset(
         "tp",
         "tp_style",
         "dp_shard",
+        "tp_overlap",
         "out_dir",
         "cuda_graphs",
         "compile",
@@ -104,6 +105,10 @@ class TrainConfig:
     tp_style: str = field(default="btp", metadata=_help("btp (BOOST), vanilla (low-rank TP) or megatron (dense)"))
     dp_shard: int = field(
         default=1, metadata=_help("FSDP2 over the data-parallel axis: its size (world / tp); 1 keeps DDP")
+    )
+    tp_overlap: str = field(
+        default="none",
+        metadata=_help("btp: overlap latent all-reduces with computation: none, backward or full (docs/scale_out.md)"),
     )
 
     def __post_init__(self) -> None:

@@ -64,6 +64,8 @@ def test_bad_style_norm_or_model_is_refused_before_any_work() -> None:
         parallelize(workers.tiny_model("btp"), None, "btp", norm="sync", recompute="latent")
     with pytest.raises(ValueError, match="recompute='all' is unknown"):
         parallelize(workers.tiny_model("btp"), None, "btp", recompute="all")
+    with pytest.raises(ValueError, match=r"overlap='async' is unknown; allowed: \['none', 'backward', 'full'\]"):
+        parallelize(workers.tiny_model("btp"), None, "btp", overlap="async")
     with pytest.raises(ValueError, match=r"dp_shard=True needs a \(dp, tp\) mesh from build_mesh\(\)"):
         parallelize(workers.tiny_model("btp"), None, "btp", dp_shard=True)
 
@@ -71,6 +73,8 @@ def test_bad_style_norm_or_model_is_refused_before_any_work() -> None:
 def test_train_config_checks_style_method_and_batch_split() -> None:
     with pytest.raises(ValueError, match="tp_style='zero' is unknown"):
         check_parallel_config(TrainConfig(tp=2, tp_style="zero"), world_size=2)
+    with pytest.raises(ValueError, match="tp_overlap='yes' is unknown"):
+        check_parallel_config(TrainConfig(tp=2, tp_overlap="yes"), world_size=2)
     with pytest.raises(ValueError, match="method='cola' does not fit tp_style='megatron'"):
         check_parallel_config(TrainConfig(tp=2, tp_style="megatron"), world_size=2)
     with pytest.raises(ValueError, match="batch_size=3 must be divisible by the data-parallel size 2"):

@@ -48,7 +48,8 @@ def _run_id(factory: pytest.TempPathFactory, worker_id: str) -> str:
     return base.parent.name if worker_id != "master" else base.name
 
 
-CASES = ["btp", "vanilla", "megatron", "btp_sync", "btp_ckpt", "btp_layer_ckpt"]
+OVERLAP_CASES = ["btp_overlap_backward", "btp_overlap_full", "btp_overlap_full_sync", "btp_overlap_full_ckpt"]
+CASES = ["btp", "vanilla", "megatron", "btp_sync", "btp_ckpt", "btp_layer_ckpt", *OVERLAP_CASES]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -79,6 +80,12 @@ EXPECTED = {
     "btp_sync": ((7 * R + 2, 6), (7 * R + 2, 6)),  # the statistics travel in their own collectives
     "vanilla": ((5 * D + 2 * F, 7), (3 * D + F, 4)),
     "megatron": ((2 * D, 2), (2 * D, 2)),
+    # Overlapped: B's backward all-reduces the latent's gradient (r per projection; the online statistic's gradient
+    # is then computed from replicated values, so it is not sent). "full" all-reduces q, k, v and gate, up apart.
+    "btp_overlap_backward": ((7 * R + 2, 4), (7 * R, 4)),
+    "btp_overlap_full": ((7 * R + 2, 7), (7 * R, 7)),
+    "btp_overlap_full_sync": ((7 * R + 2, 9), (7 * R + 2, 9)),  # + the two statistics both ways
+    "btp_overlap_full_ckpt": ((7 * R + 2, 4), (7 * R, 4)),  # latent recomputation keeps the grouped latents
 }
 
 
@@ -87,6 +94,13 @@ def test_measured_communication_equals_the_formula(tp2: dict, case: str) -> None
     (fwd, fwd_count), (bwd, bwd_count) = EXPECTED[case]
     assert tp2[case]["layer_fwd"] == {"elements_per_token": fwd, "count": fwd_count}
     assert tp2[case]["layer_bwd"] == {"elements_per_token": bwd, "count": bwd_count}
+
+
+def test_overlapped_all_reduces_give_the_synchronous_loss_curve(tp2: dict) -> None:
+    overlapped, synchronous = tp2["curve_btp_overlap"]["tp"], tp2["curve_btp"]["tp"]
+    assert len(overlapped) == 20
+    assert max(abs(a - b) for a, b in zip(overlapped, tp2["curve_btp"]["ref"], strict=True)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(overlapped, synchronous, strict=True)) < 1e-5
 
 
 def test_btp_sends_at_least_4x_less_than_vanilla_and_less_than_megatron(tp2: dict) -> None:
@@ -117,11 +131,16 @@ def test_tp4_matches_one_process(tp4: dict) -> None:
     assert result["layer_fwd"] == {"elements_per_token": 7 * R + 2, "count": 4}
     curve = tp4["curve_btp_tp4"]
     assert max(abs(a - b) for a, b in zip(curve["tp"], curve["ref"], strict=True)) < 1e-5
+    overlapped = tp4["btp_tp4_overlap"]
+    assert overlapped["logits_err"] < 1e-5 and overlapped["grad_err"] < 1e-5
+    assert overlapped["layer_fwd"] == {"elements_per_token": 7 * R + 2, "count": 7}
 
 
 def test_tp2_by_dp2_mesh_matches_one_process_on_the_global_batch(tp4: dict) -> None:
     curve = tp4["curve_btp_dp2tp2"]
     assert max(abs(a - b) for a, b in zip(curve["tp"], curve["ref"], strict=True)) < 1e-5
+    overlapped = tp4["curve_btp_dp2tp2_overlap"]["tp"]  # async latent all-reduces next to DDP's async buckets
+    assert max(abs(a - b) for a, b in zip(overlapped, curve["ref"], strict=True)) < 1e-5
     accumulated = tp4["curve_btp_dp2tp2_accum"]["tp"]  # the same batches as two micro-batches per step
     assert max(abs(a - b) for a, b in zip(accumulated, curve["ref"], strict=True)) < 1e-5
     # DDP all-reduces every local gradient once per step over the dp axis (20 steps), also when a step accumulates

@@ -82,13 +82,15 @@ class ListStream:
         return self.data[self.position - 1]
 
 
-def tp_curve(style: str, mesh, data: list[torch.Tensor], *, grad_accum: int = 1, dp_shard: bool = False):
+def tp_curve(
+    style: str, mesh, data: list[torch.Tensor], *, grad_accum: int = 1, dp_shard: bool = False, overlap: str = "none"
+):
     """Losses of ``len(data) // grad_accum`` AdamW steps through the tensor-parallel layout, making the calls the
     Trainer makes in each step (micro-batches cut to this rank, loss, backward, global clipping, dp mean), and the
     elements DDP all-reduced over the dp axis in all steps together."""
     from tensorslim.distributed.layout import TensorParallel
 
-    layout = TensorParallel(mesh, style=style, device=torch.device("cpu"), dp_shard=dp_shard)
+    layout = TensorParallel(mesh, style=style, device=torch.device("cpu"), dp_shard=dp_shard, overlap=overlap)
     model = layout.shard(tiny_model(style))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     return layout_steps(layout, model, optimizer, data, grad_accum=grad_accum)
@@ -124,14 +126,14 @@ def per_token(log, prefix: str, phase: str, tokens: int) -> dict[str, float]:
     return {"elements_per_token": tally.elements / tokens, "count": tally.count}
 
 
-def parity(style: str, *, mesh, norm: str = "online", recompute: str = "none") -> dict:
+def parity(style: str, *, mesh, norm: str = "online", recompute: str = "none", overlap: str = "none") -> dict:
     """Forward, gradients and communication of one step, against the single-process model."""
     from tensorslim.distributed import parallelize
     from tensorslim.distributed.sharding import full_tensors
     from tensorslim.tasks.lm import causal_lm_loss
 
     reference = tiny_model(style)
-    tp_model = parallelize(reference, mesh, style, norm=norm, recompute=recompute)
+    tp_model = parallelize(reference, mesh, style, norm=norm, recompute=recompute, overlap=overlap)
     ids = batches(1)[0]
     ref_loss = causal_lm_loss(reference(ids), ids)
     ref_loss.backward()
@@ -179,10 +181,15 @@ def tp2_worker(rank: int, world: int, port: int, path: str) -> None:
     out["btp_sync"] = parity("btp", mesh=mesh, norm="sync")
     out["btp_ckpt"] = parity("btp", mesh=mesh, recompute="latent")
     out["btp_layer_ckpt"] = parity("btp", mesh=mesh, recompute="layer")
+    for overlap in ("backward", "full"):
+        out[f"btp_overlap_{overlap}"] = parity("btp", mesh=mesh, overlap=overlap)
+    out["btp_overlap_full_sync"] = parity("btp", mesh=mesh, norm="sync", overlap="full")
+    out["btp_overlap_full_ckpt"] = parity("btp", mesh=mesh, recompute="latent", overlap="full")
     data = batches(20)
     for style in ("btp", "vanilla", "megatron"):
         curve = tp_curve(style, mesh, data)[0]
         out[f"curve_{style}"] = {"tp": curve, "ref": reference_curve(style, data)}
+    out["curve_btp_overlap"] = {"tp": tp_curve("btp", mesh, data, overlap="full")[0]}
     out["rmsnorm"] = rmsnorm_check(mesh)
     _write(path, out)
     dist.destroy_process_group()
@@ -229,11 +236,13 @@ def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
     out: dict = {}
     mesh = build_mesh(4, world_size=world)
     out["btp_tp4"] = parity("btp", mesh=mesh)
+    out["btp_tp4_overlap"] = parity("btp", mesh=mesh, overlap="full")
     data = batches(20)
     out["curve_btp_tp4"] = {"tp": tp_curve("btp", mesh, data)[0]}
     mesh = build_mesh(2, world_size=world)
     curve, dp_elements = tp_curve("btp", mesh, data)
     out["curve_btp_dp2tp2"] = {"tp": curve, "ref": reference_curve("btp", data)}
+    out["curve_btp_dp2tp2_overlap"] = {"tp": tp_curve("btp", mesh, data, overlap="full")[0]}
     # Two micro-batches of half the batch per step: DDP skips its all-reduce on the first (no_sync), same math.
     halves = [part for batch in data for part in batch.chunk(2)]
     accumulated, accumulated_elements = tp_curve("btp", mesh, halves, grad_accum=2)
