@@ -26,18 +26,22 @@ The projection at the end is a model, not a measurement (see ``project``).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
+import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from tensorslim.distributed import build_mesh
+from tensorslim.distributed import build_mesh, parallelize
 from tensorslim.distributed.fsdp import local
 from tensorslim.distributed.layout import TensorParallel
 from tensorslim.methods import build_for_method
@@ -80,15 +84,41 @@ def _max(value: float) -> float:
     return tensor.item()
 
 
+def _build(args: argparse.Namespace) -> torch.nn.Module:
+    """The TP=1 CoLA model, the same weights on every rank (seed 0)."""
+    torch.manual_seed(0)
+    return build_for_method(args.preset, "cola", max_seq_len=args.seq)[0]
+
+
+def _release() -> None:
+    """Hand freed heap memory back to the OS (glibc keeps it otherwise, and the next rank's build adds to RSS)."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _in_turn(fn: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """``fn()`` on each rank in turn: building a model passes through the dense weights before the CoLA factors,
+    and sharding it copies the TP-local slices, so four ranks doing it at once would need four times that
+    transient memory (the figures do not depend on it)."""
+    out = None
+    for turn in range(dist.get_world_size()):
+        if dist.get_rank() == turn:
+            out = fn()
+            _release()
+        dist.barrier()
+    return out
+
+
 def bench_layout(label: str, args: argparse.Namespace, data: list[torch.Tensor]) -> dict:
     tp, shard = LAYOUTS[label]
     layout = TensorParallel(
         build_mesh(tp, world_size=dist.get_world_size()), style="btp", device=torch.device("cpu"), dp_shard=shard
     )
-    torch.manual_seed(0)
-    full, _, _ = build_for_method(args.preset, "cola", max_seq_len=args.seq)
-    model = layout.shard(full)
-    del full
+    if shard or layout.dp_size == 1:  # FSDP2's fully_shard and TP slicing are local: build and shard in turn
+        model = _in_turn(lambda: layout.shard(_build(args)))
+    else:  # wrapping in DDP broadcasts: all ranks at once
+        model = layout.shard(_in_turn(lambda: _build(args)))
+        _release()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     task, stream = CausalLM(), _Stream(data)
     times, losses, grads = [], [], 0
@@ -141,6 +171,45 @@ def bench_layout(label: str, args: argparse.Namespace, data: list[torch.Tensor])
         "dp_gather_bytes": log.total(prefix="dp.params").bytes,
         "dp_reduce_bytes": log.total(prefix="dp.grads").bytes,
         "tp_local_param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
+
+
+def count_layout(label: str, args: argparse.Namespace) -> dict:
+    """The per-process state of ``label`` counted on the meta device: no memory, no training.
+
+    The model is built and sharded as in :func:`bench_layout` (FSDP2's ``fully_shard`` runs on meta tensors), every
+    parameter gets a zero gradient of its own (local) shape and AdamW takes one step, which creates its moments;
+    then the local tensors are summed. DDP is counted on the unwrapped TP model: DDP keeps each TP-local tensor
+    whole on every rank (its gradient buckets, one more gradient-sized buffer, are not counted, as in
+    :func:`bench_layout`).
+    """
+    tp, shard = LAYOUTS[label]
+    mesh = build_mesh(tp, world_size=dist.get_world_size())
+    full, _, _ = build_for_method(args.preset, "cola", device="meta", max_seq_len=args.seq)
+    model = parallelize(full, mesh, "btp", dp_shard=shard)
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.step()
+    params = sum(local(p).numel() * p.element_size() for p in model.parameters())
+    grads = sum(local(p.grad).numel() * p.grad.element_size() for p in model.parameters())
+    moments = sum(
+        local(t).numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items() if k != "step"
+    )
+    return {
+        "layout": label,
+        "tp": tp,
+        "dp": dist.get_world_size() // tp,
+        "fsdp": shard,
+        "counted_on": "meta",
+        "state_bytes_max_rank": {
+            "params": _max(params),
+            "grads": _max(grads),
+            "moments": _max(moments),
+            "total": _max(params + grads + moments),
+        },
+        "state_bytes_min_rank_total": -_max(-(params + grads + moments)),
+        "model_params": sum(p.numel() for p in full.parameters()),
     }
 
 
@@ -199,7 +268,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="global sequences per step")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="measured steps (plus one warm-up)")
-    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="layouts trained (comma list; '' for none)")
+    parser.add_argument(
+        "--count-layouts", default="", help="layouts whose state is only counted, on the meta device (comma list)"
+    )
     parser.add_argument("--out", default="bench-out/fsdp_scale_60m", help="output stem (.md and .json)")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -210,17 +282,27 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     data = [torch.randint(0, vocab, (args.batch, args.seq), generator=generator) for _ in range(args.steps + 1)]
     before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    results = [bench_layout(label, args, data) for label in args.layouts.split(",")]
+    counts = [count_layout(label, args) for label in args.count_layouts.split(",") if label]
+    results = [bench_layout(label, args, data) for label in args.layouts.split(",") if label]
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
+    rss = torch.tensor([peak_rss], dtype=torch.float64)
+    rss_all = [torch.zeros_like(rss) for _ in range(dist.get_world_size())]
+    dist.all_gather(rss_all, rss)
     if dist.get_rank() == 0:
         layouts = {r["layout"] for r in results}
         report = {
             "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 benchmarks/fsdp_scale.py "
-            + " ".join(f"--{k} {v!r}" if " " in str(v) else f"--{k} {v}" for k, v in vars(args).items()),
+            + " ".join(
+                f"--{k.replace('_', '-')} {v!r}" if " " in str(v) or not str(v) else f"--{k.replace('_', '-')} {v}"
+                for k, v in vars(args).items()
+            ),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": f"{platform.node()}, {os.cpu_count()} cores",
             "torch": torch.__version__,
             "loadavg_before": before,
             "loadavg_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "peak_rss_bytes_per_process": [t.item() for t in rss_all],
+            "counted": counts,
             "results": results,
             "projection": project(results, args.preset) if {"tp4", "fsdp dp2×tp2"} <= layouts else [],
         }
@@ -236,14 +318,42 @@ def _mb(value: float) -> str:
     return f"{value / 1e6:.2f}"
 
 
+def _ratio_to_ddp(row: dict, rows: list[dict]) -> str:
+    twin = next((x for x in rows if x["tp"] == row["tp"] and not x["fsdp"]), None)
+    return f"{row['state_bytes_max_rank']['total'] / twin['state_bytes_max_rank']['total']:.3f}" if twin else "–"
+
+
 def markdown(report: dict) -> str:
-    results = report["results"]
+    results, counts = report["results"], report.get("counted", [])
+    rss = report.get("peak_rss_bytes_per_process", [])
     lines = [
         f"# FSDP2 × BOOST TP, 4 processes ({report['date']})",
         "",
         f"Command: `{report['command']}`",
         f"Machine: {report['machine']}; torch {report['torch']}; gloo, 1 thread per process. Load average before: "
-        f"{report['loadavg_before']}, after: {report['loadavg_after']} (a shared machine: times are indicative).",
+        f"{report['loadavg_before']}, after: {report['loadavg_after']} (a shared machine: times are indicative)."
+        + (f" Peak RSS per process (MB): {', '.join(_mb(x) for x in rss)}." if rss else ""),
+    ]
+    if counts:
+        lines += [
+            "",
+            "## Per-process state counted on the meta device (largest rank; MB; no training)",
+            "",
+            f"Model: {counts[0]['model_params'] / 1e6:.1f} M parameters (fp32). Each layout built and sharded on "
+            "meta tensors, a zero gradient per parameter, one AdamW step to create its moments, local tensors summed.",
+            "",
+            "| layout | params | grads | AdamW moments | total | smallest rank total | vs DDP same tp |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in counts:
+            state = r["state_bytes_max_rank"]
+            lines.append(
+                f"| {r['layout']} | {_mb(state['params'])} | {_mb(state['grads'])} | {_mb(state['moments'])} "
+                f"| {_mb(state['total'])} | {_mb(r['state_bytes_min_rank_total'])} | {_ratio_to_ddp(r, counts)} |"
+            )
+    if not results:
+        return "\n".join(lines) + "\n"
+    lines += [
         "",
         "## Per-process state (largest rank; bytes of the local tensors, MB)",
         "",
@@ -253,8 +363,7 @@ def markdown(report: dict) -> str:
     ]
     for r in results:
         state = r["state_bytes_max_rank"]
-        twin = next((x for x in results if x["tp"] == r["tp"] and not x["fsdp"]), None)
-        ratio = f"{state['total'] / twin['state_bytes_max_rank']['total']:.3f}" if twin else "–"
+        ratio = _ratio_to_ddp(r, results)
         lines.append(
             f"| {r['layout']} | {_mb(state['params'])} | {_mb(state['grads'])} | {_mb(state['moments'])} "
             f"| {_mb(state['total'])} | {ratio} | {r['step_time_s_median']:.2f} | {r['tp_blocked_s']:.2f} "
