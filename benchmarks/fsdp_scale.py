@@ -6,6 +6,13 @@ Run (CPU, gloo, 4 processes, one thread each):
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 benchmarks/fsdp_scale.py --preset 60m --batch 8 --seq 128 \
         --steps 3 --out bench-out/fsdp_scale_60m
 
+At 350m, four real copies of DDP's state do not fit on this machine; the state of every layout is counted on the
+meta device instead, and only what fits trains:
+
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 benchmarks/fsdp_scale.py --preset 350m --batch 4 --seq 64 \
+        --steps 2 --layouts tp4 --meta-init --adamw-per-tensor \
+        --count-layouts 'ddp dp4,fsdp dp4,tp4,ddp dp2×tp2,fsdp dp2×tp2' --out bench-out/fsdp_scale_350m_tp4
+
 Every layout trains the same CoLA model (BTP blocks, AdamW, clipping at 0.5) on the same global batches:
 
 - ``ddp dp4`` / ``fsdp dp4``: data parallelism alone (TP = 1), replicas vs FSDP2 shards;
@@ -90,6 +97,24 @@ def _build(args: argparse.Namespace) -> torch.nn.Module:
     return build_for_method(args.preset, "cola", max_seq_len=args.seq)[0]
 
 
+def _meta_init(layout: TensorParallel, args: argparse.Namespace) -> torch.nn.Module:
+    """Shard the model on the meta device, then give each rank's shards random values (normal, std 0.02; norm
+    gains 1): no rank ever holds the TP=1 model, so the layouts start from different weights and their losses
+    are not comparable. Not for DDP, whose wrapper broadcasts real weights."""
+    if not layout.fsdp and layout.dp_size > 1:
+        raise SystemExit("--meta-init needs FSDP2 or tp = 4 (DDP broadcasts the weights it wraps)")
+    torch.manual_seed(0)
+    model = layout.shard(build_for_method(args.preset, "cola", device="meta", max_seq_len=args.seq)[0])
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                local(param).fill_(1.0)
+            else:
+                local(param).normal_(0.0, 0.02)
+    return model
+
+
 def _release() -> None:
     """Hand freed heap memory back to the OS (glibc keeps it otherwise, and the next rank's build adds to RSS)."""
     gc.collect()
@@ -114,12 +139,14 @@ def bench_layout(label: str, args: argparse.Namespace, data: list[torch.Tensor])
     layout = TensorParallel(
         build_mesh(tp, world_size=dist.get_world_size()), style="btp", device=torch.device("cpu"), dp_shard=shard
     )
-    if shard or layout.dp_size == 1:  # FSDP2's fully_shard and TP slicing are local: build and shard in turn
+    if args.meta_init:
+        model = _meta_init(layout, args)
+    elif shard or layout.dp_size == 1:  # FSDP2's fully_shard and TP slicing are local: build and shard in turn
         model = _in_turn(lambda: layout.shard(_build(args)))
     else:  # wrapping in DDP broadcasts: all ranks at once
         model = layout.shard(_in_turn(lambda: _build(args)))
         _release()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=not args.adamw_per_tensor)
     task, stream = CausalLM(), _Stream(data)
     times, losses, grads = [], [], 0
     for step in range(len(data)):
@@ -270,6 +297,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured steps (plus one warm-up)")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="layouts trained (comma list; '' for none)")
     parser.add_argument(
+        "--meta-init",
+        action="store_true",
+        help="initialise each rank's shards directly instead of slicing a TP=1 model (losses then differ)",
+    )
+    parser.add_argument(
+        "--adamw-per-tensor",
+        action="store_true",
+        help="AdamW with foreach=False: no temporaries the size of all parameters at each step (less peak RSS)",
+    )
+    parser.add_argument(
         "--count-layouts", default="", help="layouts whose state is only counted, on the meta device (comma list)"
     )
     parser.add_argument("--out", default="bench-out/fsdp_scale_60m", help="output stem (.md and .json)")
@@ -291,11 +328,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         layouts = {r["layout"] for r in results}
         report = {
-            "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 benchmarks/fsdp_scale.py "
-            + " ".join(
-                f"--{k.replace('_', '-')} {v!r}" if " " in str(v) or not str(v) else f"--{k.replace('_', '-')} {v}"
-                for k, v in vars(args).items()
-            ),
+            "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 benchmarks/fsdp_scale.py " + _flags(args),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": f"{platform.node()}, {os.cpu_count()} cores",
             "torch": torch.__version__,
@@ -312,6 +345,18 @@ def main() -> None:
         Path(args.out + ".md").write_text(text)
         print(text)
     dist.destroy_process_group()
+
+
+def _flags(args: argparse.Namespace) -> str:
+    """``args`` as the command line that gives them."""
+    words = []
+    for key, value in vars(args).items():
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(value, bool):
+            words += [flag] if value else []
+        else:
+            words.append(f"{flag} {value!r}" if " " in str(value) or not str(value) else f"{flag} {value}")
+    return " ".join(words)
 
 
 def _mb(value: float) -> str:
