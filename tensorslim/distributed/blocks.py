@@ -72,6 +72,10 @@ class BTPBlock(nn.Module):
     With ``latent_recompute`` the four communication-free chunks between the collectives are recomputed in
     backward (BOOST §3.4, "communication-free low-rank activation checkpointing"): autograd keeps only the chunk
     inputs, i.e. the all-reduced latents and the two residual shards, and no collective runs twice.
+
+    ``overlap`` (see :func:`tensorslim.distributed.parallelize.parallelize`): ``"backward"`` moves each latent's
+    backward all-reduce into its B (:func:`column_parallel`, overlapped with B's weight gradient); ``"full"`` also
+    all-reduces the q/k/v and gate/up branches apart and asynchronously in forward (:meth:`_branches`).
     """
 
     def __init__(
@@ -189,14 +193,16 @@ class BTPBlock(nn.Module):
     def _forward_split(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` with the grouped q/k/v and gate/up latents all-reduced per branch, asynchronously."""
         tag = f"layers.{self.index}"
-        q, k, v = self._branches(self._normed_partial(x, self.norm1, self.qkv_a, f"{tag}.qkv"), self.qkv_b, tag, "qkv")
+        q, k, v = self._branches(
+            self._normed_partial(x, self.norm1, self.qkv_a, f"{tag}.qkv"), self.qkv_b, tag, ("q", "k", "v")
+        )
         o = self._reduce(self._attend(q, k, v, cos, sin), f"{tag}.o")
         h, gate_up = self._o_chunk(o, x)
         gate, up = self._branches(gate_up, self.gate_up_b, tag, ("gate", "up"))
         return self._down_chunk(self._reduce(self._down_partial(gate, up), f"{tag}.down"), h)
 
     def _branches(
-        self, partial: torch.Tensor, weight_b: torch.Tensor, tag: str, names: tuple[str, ...] | str
+        self, partial: torch.Tensor, weight_b: torch.Tensor, tag: str, names: tuple[str, ...]
     ) -> list[torch.Tensor]:
         """The sibling branches of a grouped partial latent ``(B, T, c·r [+ 1])``, each all-reduced on its own and
         asynchronously; branch i's B runs as soon as its latent has arrived, while branches i+1… are in flight.
@@ -211,12 +217,10 @@ class BTPBlock(nn.Module):
         out, scale = [], None
         for i, flight in enumerate(flights):
             summed = flight.wait()
+            if online and i == 0:  # the global RMS of every branch
+                scale = rms_scale(summed[..., -1:], d_model=self.shape.d_model, eps=self.shape.eps)
+                summed = summed[..., :-1]
             if online:
-                if scale is None:
-                    summed, scale = (
-                        summed[..., :-1],
-                        rms_scale(summed[..., -1:], d_model=self.shape.d_model, eps=self.shape.eps),
-                    )
                 summed = summed * scale
             out.append(self._b(self.act(summed), weight_b[i], f"{tag}.{names[i]}"))
         return out
