@@ -40,7 +40,7 @@ def test_torchrun_tp2_matches_one_process_and_resumes_there(
 ) -> None:
     run = tmp_path / "run"
     flags = _flags(small_corpus, run, steps=4)
-    done = _torchrun([*flags, "--tp", "2"])
+    done = _torchrun([*flags, "--tp", "2", "--tp-overlap", "full"])  # async latent all-reduces, same math
     assert done.returncode == 0, done.stderr[-3000:]
     assert "terminate called" not in done.stderr
     assert done.stdout.count(TITLE) == 1  # the summary table, from rank 0 only
@@ -63,7 +63,7 @@ def test_torchrun_tp2_matches_one_process_and_resumes_there(
 def test_data_parallel_runs_with_backward_exit_cleanly(small_corpus: Path, tmp_path: Path) -> None:
     # Teardown once aborted some runs (SIGABRT, "terminate called without an active exception") after training
     # had finished; a run must leave the process group after a barrier and exit 0. Pure data parallelism with
-    # DDP's reducer and with FSDP2 (--dp-shard 2), TP=2 once (the test above runs it too).
+    # DDP's reducer and with FSDP2 (--dp-shard 2), TP=2 once (the test above runs it with --tp-overlap full).
     for i, parallel in enumerate([["--tp", "1"], ["--tp", "2"], ["--tp", "1", "--dp-shard", "2"]]):
         done = _torchrun([*_flags(small_corpus, tmp_path / f"run{i}", steps=2), *parallel])
         assert done.returncode == 0, done.stderr[-3000:]
