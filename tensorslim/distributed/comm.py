@@ -10,10 +10,11 @@ tensor entering sharded computation), ``g`` is all-reduce forward / identity bac
 computation into replicated computation). BOOST's latents are produced *and* consumed by sharded computation, so
 their collective is ``g`` followed by ``f``: all-reduce in both directions (:func:`reduce_latent`).
 
-Every call records ``(tag, op, phase)`` with the number of collectives, the wall time spent blocked in them (what
-overlapping them with computation could hide at most) and the elements/bytes of the *result* tensor (for an
-all-reduce the size of the reduced tensor, for an all-gather the gathered tensor). This logical payload is what the
-§5.2 model counts; a ring algorithm moves ``2(p-1)/p`` of it per rank.
+Every call records ``(tag, op, phase)`` with the number of collectives, the wall time spent blocked in them (the
+whole call for a blocking collective, which is what overlapping could hide at most; only the ``wait`` for an
+overlapped one: :func:`reduce_from_tp_async`, :func:`column_parallel`) and the elements/bytes of the *result*
+tensor (for an all-reduce the size of the reduced tensor, for an all-gather the gathered tensor). This logical
+payload is what the §5.2 model counts; a ring algorithm moves ``2(p-1)/p`` of it per rank.
 """
 
 from __future__ import annotations
