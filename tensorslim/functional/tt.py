@@ -129,7 +129,7 @@ def tt_linear_factors(cores: Sequence[torch.Tensor], *, n_in: int) -> tuple[torc
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype autocast would run a matmul on ``x`` in (``x.dtype`` outside autocast)."""
     device = x.device.type
-    if torch.is_autocast_enabled(device) and x.is_floating_point():
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device) and x.is_floating_point():
         return torch.get_autocast_dtype(device)
     return x.dtype
 
