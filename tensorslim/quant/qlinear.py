@@ -318,7 +318,7 @@ class QuantTTLinear(nn.Module):
         return layer
 
     def dequantized_cores(self) -> list[torch.Tensor]:
-        """The ``(r_{k-1}, n_k, r_k)`` cores rebuilt from their codes (cached: :meth:`QuantLinear.dequantized_weight`)."""
+        """The ``(r_{k-1}, n_k, r_k)`` cores from their codes (cached: :meth:`QuantLinear.dequantized_weight`)."""
         dims = self.in_factors + self.out_factors
         return [
             core.dequantized_weight().view(r0, n, r1)
