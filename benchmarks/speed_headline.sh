@@ -36,7 +36,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run one measurement, log its command
 }
 
 # 1. CoLA train step at 350m, batch 1 x 256, fp32 and --dtype auto (bf16 only where the CPU has it).
-step train_350m 180 "$PY" -m tensorslim bench --preset "$LM" --methods cola --dtype fp32,auto \
+step train_350m 150 "$PY" -m tensorslim bench --preset "$LM" --methods cola --dtype fp32,auto \
   --batch-size "$LM_BATCH" --seq-len "$SEQ" --warmup "$WARM" --repeats "$REP" --out "$OUT/speed_headline_train_350m"
 # 2. CoLA train step at 60m, batch 4 x 256, fp32 and auto.
 step train_60m 120 "$PY" -m tensorslim bench --preset "$LM_SMALL" --methods cola --dtype fp32,auto \
@@ -47,7 +47,7 @@ step tt_layer 45 "$PY" benchmarks/comera_layers.py $TT_ARGS --threads 2 --linear
 step bert6_mlm 80 "$PY" -m tensorslim bench --preset "$BERT" --task mlm --methods comera --batch-size 8 \
   --seq-len "$BERT_SEQ" --warmup 1 --repeats 5 --out "$OUT/speed_headline_bert6_mlm"
 # 5. Prefill and KV-cache decode at 350m, batch 1 and 8: dense, CoLA, W4 (4-bit, default dequantized-weight cache).
-step decode_350m 200 "$PY" benchmarks/inference.py --presets "$LM" --methods dense,cola,w4 --batch-sizes 1,8 \
+step decode_350m 230 "$PY" benchmarks/inference.py --presets "$LM" --methods dense,cola,w4 --batch-sizes 1,8 \
   $DEC_ARGS --warmup 1 --out "$OUT/speed_headline_decode_350m"
 # 6. torch.compile (TorchInductor, regional) vs eager for each method at 60m; compile time reported apart.
 step compile_60m 275 "$PY" -m tensorslim bench --preset "$LM_SMALL" --methods cola,svd --compile \
