@@ -1,14 +1,16 @@
 """Inference speed as users see it: prefill latency and decode tokens/s with the KV cache, side by side in one run.
 
-Methods: dense, CoLA (arXiv 2502.10940, §3), SVD, CoMERA (arXiv 2405.14377; its tensor-train layers) and W4 (the
-dense model with 4-bit round-to-nearest weights, :class:`tensorslim.quant.RTNConfig`, dequantized per call). Every
+Methods: dense, CoLA (arXiv 2502.10940, §3), SVD, CoMERA (arXiv 2405.14377; its tensor-train layers), W4 (the
+dense model with 4-bit round-to-nearest weights, :class:`tensorslim.quant.RTNConfig`, with the default cache of the
+dequantized weights) and W4-packed (the same with the cache off: only packed codes held, dequantized per call). Every
 model is built at random init: speed does not depend on the weights' values. For each batch size the same random
 prompt is prefilled (one forward over ``--prompt-len`` tokens filling the cache) and then ``--new-tokens`` tokens
 are decoded greedily one at a time through the cache, as :func:`tensorslim.generation.generate_ids` does. Methods
 alternate within each repeat so that the shared machine's noise hits them alike; min/median/max are reported.
 
-Memory is the state decoding holds: weights (packed codes for W4) plus the KV cache at the end of decoding; the
-transient activations of one step (and W4's dequantized matrix of the layer running) come on top.
+Memory is the state decoding holds: weights (packed codes for W4, plus its cached dequantized weights) plus the KV
+cache at the end of decoding; the transient activations of one step (and W4-packed's dequantized matrix of the layer
+running) come on top.
 
 Usage:
     python benchmarks/inference.py --presets 60m,350m --batch-sizes 1,8 --out benchmarks/results/inference
@@ -34,23 +36,29 @@ from tensorslim.methods import build_for_method
 from tensorslim.models.registry import model_config
 from tensorslim.train.precision import autocast, resolve_dtype
 
-METHODS = ("dense", "cola", "svd", "comera", "w4")
+METHODS = ("dense", "cola", "svd", "comera", "w4", "w4-packed")
 
 
 def build_model(preset: str, method: str, *, max_seq_len: int) -> nn.Module:
     """``method``'s model of ``preset`` in eval mode (W4: the dense model with 4-bit RTN weights)."""
-    from tensorslim.quant import RTNConfig, quantize_
+    from tensorslim.quant import RTNConfig, quantize_, set_weight_cache
 
     torch.manual_seed(0)
-    model, _, _ = build_for_method(preset, "dense" if method == "w4" else method, max_seq_len=max_seq_len)
-    if method == "w4":
+    quantized = method in ("w4", "w4-packed")
+    model, _, _ = build_for_method(preset, "dense" if quantized else method, max_seq_len=max_seq_len)
+    if quantized:
         quantize_(model, RTNConfig(bits=4), None)
+        set_weight_cache(model, method == "w4")
     return model.eval()
 
 
 def state_bytes(model: nn.Module, cache: Any) -> dict[str, int]:
-    """Bytes of the weights (parameters and buffers, so W4's packed codes) and of the KV cache."""
+    """Bytes of the weights (parameters and buffers, so W4's packed codes, plus W4's cached dequantized weights) and
+    of the KV cache."""
+    from tensorslim.quant import QuantLinear
+
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    weights += sum(m.cached_bytes() for m in model.modules() if isinstance(m, QuantLinear))
     kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 

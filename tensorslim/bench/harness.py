@@ -38,6 +38,7 @@ from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import model_config, resolve_task
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import to_device
+from tensorslim.tasks.mlm import mask_tokens
 from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import check_preset
 from tensorslim.train.optim import build_optimizer
@@ -165,12 +166,13 @@ def _rank_options(method: str, rank: int | None) -> dict[str, int]:
 
 
 def synthetic_batch(config: BenchConfig) -> Any:
-    """A random batch of ``config.task``'s shape (token ids; MLM labels; a classification mask and labels)."""
+    """A random batch of ``config.task``'s shape (token ids; MLM inputs and labels masked as the ``mlm`` task masks
+    them, 15 % of positions labelled; a classification mask and labels)."""
     vocab = model_config(config.preset, task=config.task).vocab_size
     generator = torch.Generator().manual_seed(config.seed)
     ids = torch.randint(vocab, (config.batch_size, config.seq_len), generator=generator)
     if config.task == "mlm":
-        return ids, ids
+        return mask_tokens(ids, mask_id=vocab - 1, vocab=vocab, generator=generator)
     if config.task == "classify":
         return ids, torch.ones_like(ids), torch.zeros(config.batch_size, dtype=torch.long)
     return ids

@@ -14,9 +14,10 @@ CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "contraction path optimiza
   indices are computed on the ids' device.
 
 Backward: the token-dependent GEMMs of the TT linear layer have a hand-written backward (:class:`_FactoredMatmul`,
-saving only ``x`` and ``x L`` as the official ``TT_forward.backward`` does); the tiny token-independent chains that
-build ``L`` and ``R`` use autograd, so any number of cores works (the official generic loop has an indexing bug for
-d ≥ 4). The embedding lookup has a hand-written backward for its gathers (:class:`_HalfTableLookup`).
+saving only ``x`` and the latent ``x L`` as the official ``TT_forward.backward`` does, the latent kept transposed); the
+tiny token-independent chains that build ``L`` and ``R`` use autograd, so any number of cores works (the official
+generic loop has an indexing bug for d ≥ 4). The embedding lookup has a hand-written backward for its gathers
+(:class:`_HalfTableLookup`).
 """
 
 from __future__ import annotations
@@ -125,31 +126,52 @@ def tt_linear_factors(cores: Sequence[torch.Tensor], *, n_in: int) -> tuple[torc
     return left.reshape(left.shape[1], left.shape[2]), right.reshape(right.shape[0], right.shape[1])
 
 
-class _FactoredMatmul(torch.autograd.Function):
-    """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (four width-r GEMMs).
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would run a matmul on ``x`` in (``x.dtype`` outside autocast)."""
+    device = x.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device) and x.is_floating_point():
+        return torch.get_autocast_dtype(device)
+    return x.dtype
 
-    Autograd's ``mm`` backward would form ``∂L = xᵀ ∂T`` from a transposed ``x``, a slow skinny GEMM on CPU; here it is
-    ``(∂Tᵀ x)ᵀ``. The token-dependent tensors saved are ``x`` and ``T = x L`` (``B×r``), as in CoMERA, plus the small
-    weight-side factors ``L`` and ``R``.
+
+class _FactoredMatmul(torch.autograd.Function):
+    """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (width-r GEMMs only).
+
+    The rank-r latent is kept transposed, ``Tᵀ = Lᵀ xᵀ`` of shape ``(r, B)``, so every GEMM whose output has width
+    r writes the token axis contiguously instead: a ``(B, d) @ (d, 30)`` GEMM, whose 30-wide output rows vectorize
+    badly, ran about 1.5× slower on one CPU thread than the same product written as ``(30, d) @ (d, B)``
+    (docs/speed.md). The bias is one more row of ``R`` against a row of ones in ``Tᵀ``, so the output GEMM adds it
+    (no separate broadcast copy) and ``∂b`` comes out of the ``∂R`` GEMM (no separate column sum).
+
+    The token-dependent tensors saved are ``x`` and ``Tᵀ`` (``r×B``), as in CoMERA, plus the small weight-side
+    factors. Under autocast every operand is cast to autocast's dtype once in forward, so that backward (which runs
+    outside autocast) multiplies tensors of one dtype; the gradients are cast back to each input's dtype by autograd.
     """
 
     @staticmethod
-    def forward(ctx, x, left, right, bias):  # x (B, d_in), left (d_in, r), right (r, d_out)
-        latent = x @ left  # (B, r)
-        out = latent @ right if bias is None else torch.addmm(bias, latent, right)  # (B, d_out)
-        ctx.save_for_backward(x, left, right, latent)
-        ctx.has_bias = bias is not None
+    def forward(ctx, x, left, right, bias):  # x (B, d_in), left (d_in, r), right (r, d_out), bias (d_out,) or None
+        dtype = _compute_dtype(x)
+        x, left, right = x.to(dtype), left.to(dtype), right.to(dtype)
+        latent_t = left.t() @ x.t()  # (r, B): tokens on the contiguous axis
+        if bias is not None:
+            latent_t = torch.cat([latent_t, latent_t.new_ones(1, latent_t.shape[1])])  # (r+1, B)
+            right = torch.cat([right, bias.to(dtype)[None]])  # (r+1, d_out)
+        out = latent_t.t() @ right  # (B, d_out)
+        ctx.save_for_backward(x, left, right, latent_t)
+        ctx.rank = left.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # grad_out (B, d_out)
-        x, left, right, latent = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_latent = grad_out @ right.t()  # (B, r)
-        grad_x = grad_latent @ left.t() if ctx.needs_input_grad[0] else None  # (B, d_in)
-        grad_left = (grad_latent.t() @ x).t() if ctx.needs_input_grad[1] else None  # (d_in, r)
-        grad_right = latent.t() @ grad_out if ctx.needs_input_grad[2] else None  # (r, d_out)
-        grad_bias = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None  # (d_out,)
+        x, left, right, latent_t = ctx.saved_tensors
+        rank = ctx.rank
+        grad_out = grad_out.contiguous().to(x.dtype)
+        grad_latent_t = right[:rank] @ grad_out.t()  # (r, B)
+        grad_x = grad_latent_t.t() @ left.t() if ctx.needs_input_grad[0] else None  # (B, d_in)
+        grad_left = (grad_latent_t @ x).t() if ctx.needs_input_grad[1] else None  # (d_in, r)
+        grad_rows = latent_t @ grad_out if any(ctx.needs_input_grad[2:]) else None  # (r[+1], d_out): ∂R and ∂b
+        grad_right = grad_rows[:rank] if ctx.needs_input_grad[2] else None
+        grad_bias = grad_rows[rank] if right.shape[0] > rank and ctx.needs_input_grad[3] else None
         return grad_x, grad_left, grad_right, grad_bias
 
 
@@ -174,12 +196,16 @@ def tt_linear(
     return out.reshape(*lead, right.shape[1])
 
 
-def tt_linear_flops(in_factors: Sequence[int], out_factors: Sequence[int], ranks: Sequence[int], *, tokens: int) -> int:
-    """Matmul FLOPs of :func:`tt_linear` on ``tokens`` rows, as ``torch.utils.flop_counter`` counts them."""
+def tt_linear_flops(
+    in_factors: Sequence[int], out_factors: Sequence[int], ranks: Sequence[int], *, tokens: int, bias: bool = False
+) -> int:
+    """Matmul FLOPs of :func:`tt_linear` on ``tokens`` rows, as ``torch.utils.flop_counter`` counts them (the bias is
+    one more row of the output GEMM, ``2·tokens·d_out``)."""
     n_in = len(in_factors)
     left = plan_chain(tuple(in_factors), tuple(ranks[: n_in + 1]))[1]
     right = plan_chain(tuple(out_factors), tuple(ranks[n_in:]))[1]
-    return left + right + 2 * tokens * ranks[n_in] * (math.prod(in_factors) + math.prod(out_factors))
+    d_in, d_out = math.prod(in_factors), math.prod(out_factors)
+    return left + right + 2 * tokens * (ranks[n_in] * d_in + (ranks[n_in] + bias) * d_out)
 
 
 def best_split(row_factors: Sequence[int], col_factors: Sequence[int], ranks: Sequence[int]) -> int:

@@ -159,7 +159,15 @@ class BertEncoder(nn.Module):
 
 
 class BertForMaskedLM(nn.Module):
-    """Encoder + BERT MLM head (dense, GELU, LN, untied decoder); returns logits ``(B, T, V)``."""
+    """Encoder + BERT MLM head (dense, GELU, LN, untied decoder); returns logits ``(B, T, V)``.
+
+    ``positions`` (a ``(B, T)`` boolean mask) restricts the head to the chosen positions, the only ones the MLM loss
+    reads (15 % of them in BERT's masking): logits ``(N, V)`` for the N True positions in row-major order. This is
+    ModernBERT's sparse prediction (arXiv 2412.13663; Hugging Face's ``sparse_prediction``). With a 30k vocabulary the
+    head and its log-softmax over every position were a large share of a ``bert6`` step, and of a CoMERA one most.
+    """
+
+    predicts_positions = True  # the mlm task passes ``positions=labels != -100``
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -168,9 +176,17 @@ class BertForMaskedLM(nn.Module):
         self.transform_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size)
 
-    def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = self.encoder(ids, attention_mask=attention_mask)
-        return self.lm_head(self.transform_norm(F.gelu(self.transform(hidden))))
+    def forward(
+        self,
+        ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden = self.encoder(ids, attention_mask=attention_mask)  # (B, T, d)
+        if positions is not None:
+            hidden = hidden[positions]  # (N, d)
+        return self.lm_head(self.transform_norm(F.gelu(self.transform(hidden))))  # (B, T, V) or (N, V)
 
 
 class BertForSequenceClassification(nn.Module):

@@ -1,8 +1,15 @@
-"""``QuantLinear`` / ``QuantConv2d``: packed integer codes + scales, dequantized on the fly in every forward.
+"""``QuantLinear`` / ``QuantConv2d``: packed integer codes + scales, dequantized for the matmul.
 
 The packed codes (``uint8`` bit stream, :func:`~tensorslim.quant.quantizer.pack_codes`), the per-row scales and
 zero points are buffers, so ``state_dict`` and safetensors files hold the compressed form; ``to_dense()`` is the
 explicit way to get a float weight back.
+
+By default (``cache_weight=True``) a layer dequantizes its weight once and keeps the float copy until its codes,
+scales or zero points change, so a forward runs at the speed of the dense layer, and memory at run time holds the
+float weight next to the packed codes (4.5 bytes per fp32 weight at 4 bits, against 4 dense). With
+``cache_weight=False`` (:func:`set_weight_cache`) only the packed codes stay in memory (0.5 bytes per weight) and
+every call dequantizes the whole matrix again: on CPU, where PyTorch's int4 matmul kernel has no fast fp32 path, that
+made a 4-bit 350m model decode many times slower than dense (docs/speed.md).
 
 Factored layers keep their factorization: :class:`QuantLowRankLinear` stores CoLA's / SVD's ``A`` and ``B`` as two
 :class:`QuantLinear` s and applies σ between them; :class:`QuantTTLinear` stores each TT core as a packed matrix and
@@ -46,6 +53,8 @@ class QuantLinear(nn.Module):
         # zero points are integers in [0, 2**bits - 1]; uint8 keeps them exact and small on disk
         self.register_buffer("zero", torch.zeros(out_features, 1, dtype=torch.uint8))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        self.cache_weight = True
+        self._cached: tuple[tuple, torch.Tensor] | None = None  # (key of the buffers it came from, weight)
 
     @classmethod
     def from_result(
@@ -76,8 +85,30 @@ class QuantLinear(nn.Module):
         """The dequantized ``(d_out, d_in)`` weight."""
         return dequantize(self.codes(), self.grid, dtype=self.scale.dtype)
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """The ``(d_out, d_in)`` weight forward multiplies by: the cached dequantized weight while ``cache_weight``
+        holds and the codes, scales and zero points are the ones it came from (storage and in-place version),
+        else :meth:`to_dense` afresh."""
+        if not self.cache_weight:
+            self._cached = None
+            return self.to_dense()
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in (self.packed, self.scale, self.zero))
+        if self._cached is None or self._cached[0] != key:
+            self._cached = None  # free the stale copy before building the new one
+            with torch.no_grad():
+                self._cached = (key, self.to_dense())
+        return self._cached[1]
+
+    def cached_bytes(self) -> int:
+        """Bytes of the cached dequantized weight (0 when none is held)."""
+        return 0 if self._cached is None else self._cached[1].numel() * self._cached[1].element_size()
+
+    def _apply(self, fn, recurse=True):  # .to() / .half() / .cuda(): the cache belongs to the old buffers
+        self._cached = None
+        return super()._apply(fn, recurse)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
-        return F.linear(x, self.to_dense(), self.bias)
+        return F.linear(x, self.dequantized_weight(), self.bias)
 
     def storage_bytes(self) -> int:
         """Bytes of the packed codes, scales, zero points and bias."""
@@ -113,7 +144,7 @@ class QuantConv2d(QuantLinear):
         self.stride, self.padding, self.dilation = tuple(stride), tuple(padding), tuple(dilation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, out, H', W')
-        kernel = self.to_dense().view(self.out_features, self.in_channels, *self.kernel_size)
+        kernel = self.dequantized_weight().view(self.out_features, self.in_channels, *self.kernel_size)
         return F.conv2d(x, kernel, self.bias, stride=self.stride, padding=self.padding, dilation=self.dilation)
 
     def extra_repr(self) -> str:
@@ -206,7 +237,9 @@ class QuantLowRankLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
-        return low_rank_linear(x, self.a.to_dense(), self.b.to_dense(), self.b.bias, activation=self.activation)
+        return low_rank_linear(
+            x, self.a.dequantized_weight(), self.b.dequantized_weight(), self.b.bias, activation=self.activation
+        )
 
     def storage_bytes(self) -> int:
         """Bytes of both factors' packed codes, scales and zero points, and the bias."""
@@ -285,10 +318,10 @@ class QuantTTLinear(nn.Module):
         return layer
 
     def dequantized_cores(self) -> list[torch.Tensor]:
-        """The ``(r_{k-1}, n_k, r_k)`` cores rebuilt from their codes."""
+        """The ``(r_{k-1}, n_k, r_k)`` cores from their codes (cached: :meth:`QuantLinear.dequantized_weight`)."""
         dims = self.in_factors + self.out_factors
         return [
-            core.to_dense().view(r0, n, r1)
+            core.dequantized_weight().view(r0, n, r1)
             for core, r0, n, r1 in zip(self.cores, self.ranks[:-1], dims, self.ranks[1:], strict=True)
         ]
 
@@ -305,3 +338,14 @@ class QuantTTLinear(nn.Module):
             f"in_factors={list(self.in_factors)}, out_factors={list(self.out_factors)}, ranks={list(self.ranks)}, "
             f"bits={self.bits}, bias={self.bias is not None}"
         )
+
+
+def set_weight_cache(model: nn.Module, enabled: bool) -> int:
+    """Turn the dequantized-weight cache of every :class:`QuantLinear` in ``model`` on or off (off frees the copies);
+    returns how many layers were set."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    for layer in layers:
+        layer.cache_weight = enabled
+        if not enabled:
+            layer._cached = None
+    return len(layers)

@@ -112,6 +112,9 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_codes(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: the first ``numel`` codes as a flat ``uint8`` tensor."""
     check_bits(bits)
+    if 8 % bits == 0:  # whole codes per byte (1, 2, 4, 8 bits): one shift and mask per code
+        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)  # code j of a byte at bit j·bits
+        return ((packed[:, None] >> shifts) & (2**bits - 1)).reshape(-1)[:numel]
     stream = (packed.to(torch.int32)[:, None] >> torch.arange(8, dtype=torch.int32)) & 1  # (bytes, 8)
     stream = stream.reshape(-1)[: numel * bits].reshape(numel, bits)  # (numel, bits)
     weights = 2 ** torch.arange(bits, dtype=torch.int32)

@@ -69,6 +69,11 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor, *, reduction: str = "me
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction=reduction)
 
 
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured (never on a CPU-only build)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @register_task
 class MaskedLM(Task):
     name = "mlm"
@@ -101,6 +106,12 @@ class MaskedLM(Task):
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         inputs, labels = batch
+        # The head runs on the labelled positions only; not inside a CUDA-graph capture, where the data-dependent
+        # number of positions (a host sync) cannot be recorded.
+        if getattr(model, "predicts_positions", False) and not _capturing():
+            chosen = labels != -100  # (B, T)
+            logits = logits_of(model(inputs, positions=chosen))  # (N, V)
+            return F.cross_entropy(logits.float(), labels[chosen])
         return mlm_loss(logits_of(model(inputs)), labels)
 
     @torch.no_grad()

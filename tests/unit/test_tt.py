@@ -144,6 +144,23 @@ def test_tt_linear_gradients(in_f, out_f, ranks):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_tt_linear_under_bf16_autocast_matches_fp32(bias):
+    # Backward runs outside autocast: it must not mix the bf16 latent with fp32 factors (it raised before).
+    layer = TTLinear((4, 4), (4, 4), (1, 4, 6, 4, 1), bias=bias)
+    x = torch.randn(32, 16, requires_grad=True)
+    grad_out = torch.randn(32, 16)
+    params = [x, *layer.parameters()]
+    ref = torch.autograd.grad(layer(x), params, grad_out)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    ours = torch.autograd.grad(out, params, grad_out)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0.05, atol=0.05 * b.abs().max().item())
+
+
 def test_tt_linear_gates_gradcheck():
     layer = TTLinear((3, 2), (2, 2), (1, 3, 4, 2, 1)).double()
     layer.enable_gates()
