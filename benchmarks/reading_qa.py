@@ -1,15 +1,20 @@
 """Random-access reading (arXiv 2405.13216) on synthetic long-document QA: accuracy vs fraction of tokens read.
 
-One small QA model (gpt2-tiny, trained by the ``longqa`` task through the Trainer, cached) reads the validation
-documents of :mod:`tensorslim.data.longqa` with three readers, the question in front of every window:
+One small QA model (gpt2-tiny, trained by the ``longqa`` task through the Trainer with the random-access reader as
+its data source, cached) reads held-out documents of :mod:`tensorslim.data.longqa`, the question in front of every
+window, with four readers:
 
 - ``sequential``: every window (the full-reading reference);
-- ``random-access`` at several ``α`` (and both poolings): skip ``K·min(⌊(|X|−S−L)/K⌋, ⌊α/C⌋)`` after each window;
+- ``random-access`` at several ``α`` and both poolings: skip ``K·min(⌊(|X|−S−L)/K⌋, ⌊α/C⌋)`` after each window;
 - ``random-skip``: for each random-access run, skips drawn at random from that run's own skip lengths (same
-  distribution, same rounding and end stop), over several seeds.
+  distribution, same rounding and end stop), over several seeds;
+- ``sequential-truncated``: every window of the document's first tokens, as many tokens as the random-access run
+  read (rounded to whole ``K`` blocks).
 
-Every reader answers from its windows with one model call per window; the model rows counted by a forward hook are
-checked against the windows read (no extra call decides a skip).
+``α`` is chosen on the development documents (the most accurate that reads at most ``--budget`` of the tokens, per
+pooling) and only then are the validation documents read. Every reader answers from its windows with one model
+call per window; the model rows counted by a forward hook are checked against the windows read (no extra call
+decides a skip). A diagnostic pass (not a reader) reports the pooled loss of sequential windows by what they hold.
 
     .venv/bin/python benchmarks/reading_qa.py
 
@@ -29,10 +34,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from tensorslim.data.cache import cache_dir
-from tensorslim.reading import ReaderConfig
-from tensorslim.tasks.reading import read_and_answer
+from tensorslim.reading import ReaderConfig, Span, pool_losses
+from tensorslim.tasks.base import logits_of
+from tensorslim.tasks.reading import QAFormat, read_and_answer
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 
@@ -58,6 +65,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
             "reader": args.train_reader,
             "skip_k": args.k,
             "skip_alpha": args.train_alpha,
+            "pooling": "mean",
+            "dev_docs": args.dev_docs,
             "distractors": args.distractors,
             "doc_tokens": args.doc_tokens,
             "passage_tokens": args.passage_tokens,
@@ -83,10 +92,11 @@ def trained(config: TrainConfig) -> tuple[Trainer, dict]:
     return trainer, info
 
 
-def evaluate(trainer: Trainer, config: ReaderConfig, *, window: int, seed: int = 0) -> tuple[dict, list[int]]:
+def evaluate(trainer: Trainer, docs: list, config: ReaderConfig, *, window: int, seed: int = 0) -> tuple[dict, list]:
+    """Read ``docs`` with ``config``; the row of results and the skip lengths the reader took."""
     qa = trainer.data.validation
     trainer.model.eval()
-    found = read_and_answer(trainer.model, qa, qa.validation, config, window=window, lanes=32, seed=seed)
+    found = read_and_answer(trainer.model, qa, docs, config, window=window, lanes=32, seed=seed)
     assert found.model_rows == found.windows, (found.model_rows, found.windows)  # no extra model call
     summary = found.log.summary()
     row = {
@@ -101,87 +111,189 @@ def evaluate(trainer: Trainer, config: ReaderConfig, *, window: int, seed: int =
         "model_rows": found.model_rows,
         "extra_model_rows": found.model_rows - found.windows,
         "facts_read": sum(
-            any(s <= d.fact[0] and d.fact[1] <= s + window for s in r.starts)
+            any(s <= docs[r.doc].fact[0] and docs[r.doc].fact[1] <= s + window for s in r.starts)
             for r in found.log.records
-            for d in [qa.validation[r.doc]]
         )
-        / len(qa.validation),
+        / len(docs),
     }
     return row, found.log.skip_lengths()
 
 
+def truncated(trainer: Trainer, docs: list, fraction: float, *, window: int, k: int) -> dict:
+    """Sequential reading of each document's first ``fraction`` of tokens (whole ``K`` blocks)."""
+    heads = [replace(d, tokens=d.tokens[: max(k, k * round(fraction * len(d.tokens) / k))]) for d in docs]
+    row, _ = evaluate(trainer, heads, ReaderConfig(reader="sequential", skip_k=k), window=window)
+    row["reader"] = "sequential-truncated"
+    row["read_fraction"] = sum(len(h.tokens) for h in heads) / sum(len(d.tokens) for d in docs)
+    return row
+
+
+def window_losses(trainer: Trainer, docs: list, *, window: int) -> dict[str, dict[str, float]]:
+    """Diagnostic: the pooled loss ``C`` (mean and last) of sequential windows, by what the window holds."""
+    qa = trainer.data.validation
+    fmt = QAFormat(qa, window)
+    kinds: dict[str, list[tuple[float, float]]] = {"filler": [], "passage": [], "filler+passage": [], "fact": []}
+    for index, doc in enumerate(docs):
+        spans = [Span(0, index, s, min(s + window, len(doc.tokens))) for s in range(0, len(doc.tokens), window)]
+        ids, mask = fmt.batch(docs, spans)
+        with torch.no_grad():
+            logits = logits_of(trainer.model(ids[:, :-1])).float()
+        losses = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (windows, T-1)
+        mean = pool_losses(losses, mask, pooling="mean").tolist()
+        last = pool_losses(losses, mask, pooling="last").tolist()
+        for span, m, la in zip(spans, mean, last, strict=True):
+            inside = sum(max(0, min(e, span.end) - max(b, span.start)) for b, e in doc.passages)
+            if span.start <= doc.fact[0] and doc.fact[1] <= span.end:
+                kind = "fact"
+            else:
+                kind = "filler" if inside == 0 else "passage" if inside == span.end - span.start else "filler+passage"
+            kinds[kind].append((m, la))
+    return {
+        kind: {
+            "windows": len(values),
+            "mean": statistics.mean(v[0] for v in values),
+            "mean_std": statistics.pstdev(v[0] for v in values),
+            "last": statistics.mean(v[1] for v in values),
+            "last_std": statistics.pstdev(v[1] for v in values),
+        }
+        for kind, values in kinds.items()
+        if values
+    }
+
+
+def choose(rows: list[dict], budget: float) -> dict:
+    """The most accurate row that reads at most ``budget`` of the tokens (ties: the one that reads less)."""
+    within = [r for r in rows if r["read_fraction"] <= budget] or [min(rows, key=lambda r: r["read_fraction"])]
+    return max(within, key=lambda r: (r["accuracy"], -r["read_fraction"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--docs", type=int, default=100, help="validation documents")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--docs", type=int, default=100, help="validation (test) documents")
+    parser.add_argument("--dev-docs", type=int, default=50, help="development documents, on which alpha is chosen")
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--distractors", type=int, default=0)
-    parser.add_argument("--doc-tokens", type=int, default=512)
-    parser.add_argument("--passage-tokens", type=int, default=128)
-    parser.add_argument("--fact-lead", type=int, default=48)
-    parser.add_argument("--train-reader", default="sequential")
-    parser.add_argument("--train-alpha", type=float, default=4.0)
-    parser.add_argument("--alphas", default="2,4,8")
+    parser.add_argument("--doc-tokens", type=int, default=2048)
+    parser.add_argument("--passage-tokens", type=int, default=256)
+    parser.add_argument("--fact-lead", type=int, default=128)
+    parser.add_argument("--train-reader", default="random-access")
+    parser.add_argument("--train-alpha", type=float, default=6.0)
+    parser.add_argument("--alphas", default="2,4,5,6,7,8,12")
     parser.add_argument("--poolings", default="mean,last", help="comma-separated: mean, last")
+    parser.add_argument("--budget", type=float, default=0.5, help="alpha is chosen among dev runs reading <= this")
     parser.add_argument("--seeds", type=int, default=2, help="random-skip seeds per random-access run")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     config = train_config(args)
     trainer, info = trained(config)
-    rows = [evaluate(trainer, ReaderConfig(reader="sequential", skip_k=args.k), window=args.window)[0]]
+    qa, window, k = trainer.data.validation, args.window, args.k
+    sequential = ReaderConfig(reader="sequential", skip_k=k)
+    losses = window_losses(trainer, qa.dev, window=window)
+    print(json.dumps(losses), flush=True)
+    dev = [{**evaluate(trainer, qa.dev, sequential, window=window)[0], "split": "dev"}]
+    chosen = {}
+    for pooling in args.poolings.split(","):
+        runs = []
+        for alpha in [float(a) for a in args.alphas.split(",")]:
+            access = ReaderConfig(reader="random-access", skip_k=k, skip_alpha=alpha, pooling=pooling)
+            runs.append({**evaluate(trainer, qa.dev, access, window=window)[0], "split": "dev"})
+            print(runs[-1], flush=True)
+        dev += runs
+        chosen[pooling] = choose(runs, args.budget)["alpha"]
+    rows = [{**evaluate(trainer, qa.validation, sequential, window=window)[0], "split": "validation"}]
     for pooling in args.poolings.split(","):
         for alpha in [float(a) for a in args.alphas.split(",")]:
-            access = ReaderConfig(reader="random-access", skip_k=args.k, skip_alpha=alpha, pooling=pooling)
-            row, lengths = evaluate(trainer, access, window=args.window)
-            rows.append(row)
-            drawn = ReaderConfig(reader="random-skip", skip_k=args.k, skip_lengths=",".join(map(str, lengths)))
+            access = ReaderConfig(reader="random-access", skip_k=k, skip_alpha=alpha, pooling=pooling)
+            row, lengths = evaluate(trainer, qa.validation, access, window=window)
+            rows.append({**row, "split": "validation", "chosen_on_dev": alpha == chosen[pooling]})
+            drawn = ReaderConfig(reader="random-skip", skip_k=k, skip_lengths=",".join(map(str, lengths)))
             for seed in range(args.seeds):
-                rows.append(
-                    {**evaluate(trainer, drawn, window=args.window, seed=seed)[0], "alpha": alpha, "pooling": pooling}
-                )
-            print(rows[-args.seeds - 1], flush=True)
-    write(Path(args.out), rows, info, args, config)
+                skip = evaluate(trainer, qa.validation, drawn, window=window, seed=seed)[0]
+                rows.append({**skip, "alpha": alpha, "pooling": pooling, "split": "validation"})
+            head = truncated(trainer, qa.validation, row["read_fraction"], window=window, k=k)
+            rows.append({**head, "alpha": alpha, "pooling": pooling, "split": "validation"})
+            print(rows[-args.seeds - 2 :], flush=True)
+    write(Path(args.out), rows, dev, chosen, losses, info, args, config)
 
 
 def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
 
 
-def write(out: Path, rows: list[dict], info: dict, args: argparse.Namespace, config: TrainConfig) -> None:
+def write(
+    out: Path,
+    rows: list[dict],
+    dev: list[dict],
+    chosen: dict[str, float],
+    losses: dict,
+    info: dict,
+    args: argparse.Namespace,
+    config: TrainConfig,
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    full = rows[0]["accuracy"]
+    full, dev_full = rows[0]["accuracy"], dev[0]["accuracy"]
+    options = config.task_options
     lines = [
         "# Random-access reading on synthetic long-document QA (gpt2-tiny, CPU)",
         "",
-        f"Command: `{COMMAND}` (machine: {platform.processor() or platform.machine()}, shared, 2 cores; accuracies "
-        "are deterministic; the one time, training, is of that shared, loaded machine).",
+        f"Command: `{COMMAND}` (machine: {platform.processor() or platform.machine()}, shared by several jobs, "
+        "2 cores; accuracies are deterministic; the one time, training, is of that shared, loaded machine).",
         "",
-        f"Model: gpt2-tiny trained {args.steps} steps by `tensorslim train --task longqa` (reader during training: "
-        f"{args.train_reader}; {info['train_s']:.0f} s the first time, then cached). Validation: {args.docs} "
-        f"documents of {config.task_options.doc_tokens} tokens, window L = {args.window}, K = {args.k}, "
-        f"{args.distractors} distractor facts; 8 answers (chance 0.125).",
+        f"Model: gpt2-tiny trained {args.steps} steps by `tensorslim train --task longqa` with the "
+        f"{args.train_reader} reader as its data source (α = {args.train_alpha:g}, mean pooling; "
+        f"{info['train_s']:.0f} s the first time, then cached). Documents of {options['doc_tokens']} tokens, "
+        f"two BBC passages of {options['passage_tokens']} tokens each (one holds the fact, at least "
+        f"{options['fact_lead']} tokens in), window L = {args.window}, K = {args.k}, {args.distractors} distractor "
+        f"facts; 8 answers (chance 0.125). α chosen on {args.dev_docs} development documents, then "
+        f"{args.docs} validation documents read.",
         "",
-        f"Full sequential reading: accuracy **{full:.3f}** (reads every token; {rows[0]['windows']} windows).",
+        "## Pooled loss C of sequential windows, by what they hold (development documents)",
         "",
-        "| pooling | α | random access: accuracy | read | mean skip | fact read | accuracy / full "
-        "| random skip (same skip lengths): accuracy | read | fact read | gap (points) | extra model rows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| window holds | windows | C, mean pooling | C, last pooling |",
+        "|---|---|---|---|",
+        *(
+            f"| {kind} | {v['windows']} | {v['mean']:.2f} ± {v['mean_std']:.2f} | "
+            f"{v['last']:.2f} ± {v['last_std']:.2f} |"
+            for kind, v in losses.items()
+        ),
+        "",
+        f"## α chosen on the development documents (full reading: {dev_full:.3f}; budget: read ≤ {args.budget:g})",
+        "",
+        "| pooling | α | read | accuracy | accuracy / full | fact read | chosen |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['pooling']} | {r['alpha']:g} | {r['read_fraction']:.3f} | {r['accuracy']:.3f} | "
+            f"{r['accuracy'] / dev_full:.3f} | {r['facts_read']:.3f} | "
+            f"{'**yes**' if chosen[r['pooling']] == r['alpha'] else ''} |"
+            for r in dev[1:]
+        ),
+        "",
+        f"## Validation documents: full sequential reading **{full:.3f}** ({rows[0]['windows']} windows)",
+        "",
+        "| pooling | α | read | random access: accuracy | / full | fact read | random skip (same skip lengths) "
+        "| gap (points) | sequential-truncated (same read) | extra model rows |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     summary = []
     for i, row in enumerate(rows):
         if row["reader"] != "random-access":
             continue
-        skips = [r for r in rows[i + 1 : i + 1 + args.seeds] if r["reader"] == "random-skip"]
+        skips = rows[i + 1 : i + 1 + args.seeds]
+        head = rows[i + 1 + args.seeds]
         rs_acc = [r["accuracy"] for r in skips]
         gap = 100 * (row["accuracy"] - statistics.mean(rs_acc))
         summary.append({**row, "random_skip_accuracy": statistics.mean(rs_acc), "gap_points": gap})
+        mark = " (chosen on dev)" if row["chosen_on_dev"] else ""
         lines.append(
-            f"| {row['pooling']} | {row['alpha']:g} | {row['accuracy']:.3f} | {row['read_fraction']:.3f} | "
-            f"{row['mean_skip']:.1f} | {row['facts_read']:.3f} | {row['accuracy'] / full:.3f} | {_mean_std(rs_acc)} | "
-            f"{_mean_std([r['read_fraction'] for r in skips])} | {_mean_std([r['facts_read'] for r in skips])} | "
-            f"{gap:+.1f} | {row['extra_model_rows']} |"
+            f"| {row['pooling']} | {row['alpha']:g}{mark} | {row['read_fraction']:.3f} | {row['accuracy']:.3f} | "
+            f"{row['accuracy'] / full:.3f} | {row['facts_read']:.3f} | {_mean_std(rs_acc)} (read "
+            f"{_mean_std([r['read_fraction'] for r in skips])}, "
+            f"fact read {_mean_std([r['facts_read'] for r in skips])})"
+            f" | {gap:+.1f} | {head['accuracy']:.3f} (read {head['read_fraction']:.3f}) | {row['extra_model_rows']} |"
         )
     lines += [
         "",
@@ -190,10 +302,17 @@ def write(out: Path, rows: list[dict], info: dict, args: argparse.Namespace, con
         f"window read (counted by a forward hook). Random skip: mean ± std over {args.seeds} seeds.",
     ]
     (out / "reading_qa.md").write_text("\n".join(lines) + "\n")
-    (out / "reading_qa.json").write_text(
-        json.dumps({"command": COMMAND, "train": info, "config": config.to_dict(), "rows": rows}, indent=1, default=str)
-        + "\n"
-    )
+    payload = {
+        "command": COMMAND,
+        "train": info,
+        "config": config.to_dict(),
+        "chosen_alpha": chosen,
+        "window_losses": losses,
+        "dev_rows": dev,
+        "rows": rows,
+        "summary": summary,
+    }
+    (out / "reading_qa.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     plot(out / "reading_qa.png", rows, full)
 
 
@@ -203,27 +322,41 @@ def plot(path: Path, rows: list[dict], full: float) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for reader, marker, pooling in (
-        ("random-access", "o", "mean"),
-        ("random-access", "s", "last"),
-        ("random-skip", "x", "mean"),
-        ("random-skip", "+", "last"),
-    ):
-        chosen = [r for r in rows if r["reader"] == reader and r["pooling"] == pooling]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for pooling, color in (("mean", "C0"), ("last", "C1")):
+        for reader, marker, style in (
+            ("random-access", "o", "-"),
+            ("random-skip", "x", ":"),
+            ("sequential-truncated", "s", "--"),
+        ):
+            chosen = [r for r in rows if r["reader"] == reader and r["pooling"] == pooling]
+            if not chosen:
+                continue
+            points: dict[float, list[dict]] = {}
+            for r in chosen:
+                points.setdefault(r["alpha"], []).append(r)
+            xs = [statistics.mean(r["read_fraction"] for r in group) for group in points.values()]
+            ys = [statistics.mean(r["accuracy"] for r in group) for group in points.values()]
+            order = sorted(range(len(xs)), key=xs.__getitem__)
+            ax.plot(
+                [xs[i] for i in order],
+                [ys[i] for i in order],
+                marker=marker,
+                linestyle=style,
+                color=color,
+                label=f"{reader} ({pooling} α grid)",
+            )
+        best = [r for r in rows if r["reader"] == "random-access" and r["pooling"] == pooling and r["chosen_on_dev"]]
         ax.scatter(
-            [r["read_fraction"] for r in chosen],
-            [r["accuracy"] for r in chosen],
-            marker=marker,
-            label=f"{reader} ({pooling})",
+            [r["read_fraction"] for r in best], [r["accuracy"] for r in best], s=160, facecolors="none", edgecolors="k"
         )
-    ax.scatter([1.0], [full], marker="*", s=120, color="k", label="sequential (full)")
+    ax.scatter([1.0], [full], marker="*", s=140, color="k", label="sequential (full)", zorder=3)
     ax.axhline(0.9 * full, color="grey", linestyle="--", linewidth=0.8, label="90% of full")
     ax.axvline(0.5, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xlabel("fraction of tokens read")
-    ax.set_ylabel("QA accuracy")
-    ax.set_title("Random-access reading vs random skip (gpt2-tiny, synthetic long-doc QA)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("QA accuracy (validation documents)")
+    ax.set_title("Random access vs random skip vs truncated reading (circled: α chosen on dev)", fontsize=9)
+    ax.legend(fontsize=6.5)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
