@@ -44,6 +44,7 @@ from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 
 COMMAND = "python " + " ".join(sys.argv)
+SET_VALIDATION, SET_DEV = 100, 50  # documents the QA set holds; a run reads the first --docs / --dev-docs of them
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -56,7 +57,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         seq_len=args.window,
         lr=3e-3,
         eval_every=args.steps,
-        eval_blocks=args.docs,
+        eval_blocks=SET_VALIDATION,
         checkpoint_every=args.steps,
         progress=False,
         tensorboard=False,
@@ -66,7 +67,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
             "skip_k": args.k,
             "skip_alpha": args.train_alpha,
             "pooling": "mean",
-            "dev_docs": args.dev_docs,
+            "dev_docs": SET_DEV,
             "distractors": args.distractors,
             "doc_tokens": args.doc_tokens,
             "passage_tokens": args.passage_tokens,
@@ -170,8 +171,8 @@ def choose(rows: list[dict], budget: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--docs", type=int, default=100, help="validation (test) documents")
-    parser.add_argument("--dev-docs", type=int, default=50, help="development documents, on which alpha is chosen")
+    parser.add_argument("--docs", type=int, default=60, help=f"validation documents read (<= {SET_VALIDATION})")
+    parser.add_argument("--dev-docs", type=int, default=40, help=f"development documents, alpha chosen (<= {SET_DEV})")
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--distractors", type=int, default=0)
@@ -180,7 +181,8 @@ def main() -> None:
     parser.add_argument("--fact-lead", type=int, default=128)
     parser.add_argument("--train-reader", default="random-access")
     parser.add_argument("--train-alpha", type=float, default=6.0)
-    parser.add_argument("--alphas", default="2,4,5,6,7,8,12")
+    parser.add_argument("--alphas", default="4,6,7,8,12", help="the alpha grid tried on the development documents")
+    parser.add_argument("--test-alphas", default="4,8,12", help="more alphas read on validation (best pooling)")
     parser.add_argument("--poolings", default="mean,last", help="comma-separated: mean, last")
     parser.add_argument("--budget", type=float, default=0.5, help="alpha is chosen among dev runs reading <= this")
     parser.add_argument("--seeds", type=int, default=2, help="random-skip seeds per random-access run")
@@ -191,33 +193,42 @@ def main() -> None:
     config = train_config(args)
     trainer, info = trained(config)
     qa, window, k = trainer.data.validation, args.window, args.k
+    dev_docs, test_docs = qa.dev[: args.dev_docs], qa.validation[: args.docs]
     sequential = ReaderConfig(reader="sequential", skip_k=k)
-    losses = window_losses(trainer, qa.dev, window=window)
+    losses = window_losses(trainer, dev_docs[:10], window=window)
     print(json.dumps(losses), flush=True)
-    dev = [{**evaluate(trainer, qa.dev, sequential, window=window)[0], "split": "dev"}]
+    dev = [{**evaluate(trainer, dev_docs, sequential, window=window)[0], "split": "dev"}]
     chosen = {}
     for pooling in args.poolings.split(","):
         runs = []
         for alpha in [float(a) for a in args.alphas.split(",")]:
             access = ReaderConfig(reader="random-access", skip_k=k, skip_alpha=alpha, pooling=pooling)
-            runs.append({**evaluate(trainer, qa.dev, access, window=window)[0], "split": "dev"})
+            runs.append({**evaluate(trainer, dev_docs, access, window=window)[0], "split": "dev"})
             print(runs[-1], flush=True)
         dev += runs
-        chosen[pooling] = choose(runs, args.budget)["alpha"]
-    rows = [{**evaluate(trainer, qa.validation, sequential, window=window)[0], "split": "validation"}]
-    for pooling in args.poolings.split(","):
-        for alpha in [float(a) for a in args.alphas.split(",")]:
-            access = ReaderConfig(reader="random-access", skip_k=k, skip_alpha=alpha, pooling=pooling)
-            row, lengths = evaluate(trainer, qa.validation, access, window=window)
-            rows.append({**row, "split": "validation", "chosen_on_dev": alpha == chosen[pooling]})
-            drawn = ReaderConfig(reader="random-skip", skip_k=k, skip_lengths=",".join(map(str, lengths)))
-            for seed in range(args.seeds):
-                skip = evaluate(trainer, qa.validation, drawn, window=window, seed=seed)[0]
-                rows.append({**skip, "alpha": alpha, "pooling": pooling, "split": "validation"})
-            head = truncated(trainer, qa.validation, row["read_fraction"], window=window, k=k)
-            rows.append({**head, "alpha": alpha, "pooling": pooling, "split": "validation"})
-            print(rows[-args.seeds - 2 :], flush=True)
+        chosen[pooling] = choose(runs, args.budget)
+    # Validation: each pooling's chosen alpha, and more alphas of the pooling that did best on dev (the curve).
+    best = max(chosen.values(), key=lambda r: (r["accuracy"], -r["read_fraction"]))["pooling"]
+    points = [(pooling, row["alpha"]) for pooling, row in chosen.items()]
+    points += [(best, float(a)) for a in args.test_alphas.split(",") if (best, float(a)) not in points]
+    rows = [{**evaluate(trainer, test_docs, sequential, window=window)[0], "split": "validation"}]
+    for pooling, alpha in points:
+        access = ReaderConfig(reader="random-access", skip_k=k, skip_alpha=alpha, pooling=pooling)
+        row, lengths = evaluate(trainer, test_docs, access, window=window)
+        rows.append({**row, "split": "validation", "chosen_on_dev": alpha == chosen[pooling]["alpha"]})
+        drawn = ReaderConfig(reader="random-skip", skip_k=k, skip_lengths=",".join(map(str, lengths)))
+        for seed in range(args.seeds):
+            skip = evaluate(trainer, test_docs, drawn, window=window, seed=seed)[0]
+            rows.append({**skip, "alpha": alpha, "pooling": pooling, "split": "validation"})
+        head = truncated(trainer, test_docs, row["read_fraction"], window=window, k=k)
+        rows.append({**head, "alpha": alpha, "pooling": pooling, "split": "validation"})
+        print(rows[-args.seeds - 2 :], flush=True)
+    chosen = {pooling: row["alpha"] for pooling, row in chosen.items()}
     write(Path(args.out), rows, dev, chosen, losses, info, args, config)
+
+
+def _ratio(value: float, full: float) -> str:
+    return f"{value / full:.3f}" if full else "—"
 
 
 def _mean_std(values: list[float]) -> str:
@@ -245,9 +256,9 @@ def write(
         "",
         f"Model: gpt2-tiny trained {args.steps} steps by `tensorslim train --task longqa` with the "
         f"{args.train_reader} reader as its data source (α = {args.train_alpha:g}, mean pooling; "
-        f"{info['train_s']:.0f} s the first time, then cached). Documents of {options['doc_tokens']} tokens, "
-        f"two BBC passages of {options['passage_tokens']} tokens each (one holds the fact, at least "
-        f"{options['fact_lead']} tokens in), window L = {args.window}, K = {args.k}, {args.distractors} distractor "
+        f"{info['train_s']:.0f} s the first time, then cached). Documents of {options.doc_tokens} tokens, "
+        f"two BBC passages of {options.passage_tokens} tokens each (one holds the fact, at least "
+        f"{options.fact_lead} tokens in), window L = {args.window}, K = {args.k}, {args.distractors} distractor "
         f"facts; 8 answers (chance 0.125). α chosen on {args.dev_docs} development documents, then "
         f"{args.docs} validation documents read.",
         "",
@@ -267,7 +278,7 @@ def write(
         "|---|---|---|---|---|---|---|",
         *(
             f"| {r['pooling']} | {r['alpha']:g} | {r['read_fraction']:.3f} | {r['accuracy']:.3f} | "
-            f"{r['accuracy'] / dev_full:.3f} | {r['facts_read']:.3f} | "
+            f"{_ratio(r['accuracy'], dev_full)} | {r['facts_read']:.3f} | "
             f"{'**yes**' if chosen[r['pooling']] == r['alpha'] else ''} |"
             for r in dev[1:]
         ),
@@ -290,7 +301,7 @@ def write(
         mark = " (chosen on dev)" if row["chosen_on_dev"] else ""
         lines.append(
             f"| {row['pooling']} | {row['alpha']:g}{mark} | {row['read_fraction']:.3f} | {row['accuracy']:.3f} | "
-            f"{row['accuracy'] / full:.3f} | {row['facts_read']:.3f} | {_mean_std(rs_acc)} (read "
+            f"{_ratio(row['accuracy'], full)} | {row['facts_read']:.3f} | {_mean_std(rs_acc)} (read "
             f"{_mean_std([r['read_fraction'] for r in skips])}, "
             f"fact read {_mean_std([r['facts_read'] for r in skips])})"
             f" | {gap:+.1f} | {head['accuracy']:.3f} (read {head['read_fraction']:.3f}) | {row['extra_model_rows']} |"
