@@ -47,50 +47,58 @@ COMMAND = "python " + " ".join(sys.argv)
 SET_VALIDATION, SET_DEV = 100, 50  # documents the QA set holds; a run reads the first --docs / --dev-docs of them
 
 
-def train_config(args: argparse.Namespace) -> TrainConfig:
+def train_config(args: argparse.Namespace, *, stage: int) -> TrainConfig:
+    """Stage 1 (``--init-steps``): QA on short documents (512 tokens, two 128-token passages, fact >= 48 tokens in),
+    read sequentially, where answer windows are frequent enough for a 2-layer model to learn to copy the answer.
+    Stage 2 (``--steps``): the benchmark's long documents, read by ``--train-reader`` (the data server)."""
+    first = stage == 1
     return TrainConfig(
         preset="gpt2-tiny",
         task="longqa",
         method="dense",
-        steps=args.steps,
+        steps=args.init_steps if first else args.steps,
         batch_size=32,
         seq_len=args.window,
         lr=3e-3,
-        eval_every=args.steps,
+        eval_every=args.init_steps if first else args.steps,
         eval_blocks=SET_VALIDATION,
-        checkpoint_every=args.steps,
+        checkpoint_every=args.init_steps if first else args.steps,
         progress=False,
         tensorboard=False,
         out_dir=str(cache_dir("runs", "reading_qa")),
         task_options={
-            "reader": args.train_reader,
+            "reader": "sequential" if first else args.train_reader,
             "skip_k": args.k,
-            "skip_alpha": args.train_alpha,
+            "skip_alpha": 4.0 if first else args.train_alpha,
             "pooling": "mean",
-            "dev_docs": SET_DEV,
+            "dev_docs": 0 if first else SET_DEV,
             "distractors": args.distractors,
-            "doc_tokens": args.doc_tokens,
-            "passage_tokens": args.passage_tokens,
-            "fact_lead": args.fact_lead,
+            "doc_tokens": 512 if first else args.doc_tokens,
+            "passage_tokens": 128 if first else args.passage_tokens,
+            "fact_lead": 48 if first else args.fact_lead,
             "answer_weight": 5.0,
         },
     )
 
 
-def trained(config: TrainConfig) -> tuple[Trainer, dict]:
-    """The trained run: from the cache when this exact config was trained before, else trained now."""
-    key = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+def trained(config: TrainConfig, *, init: tuple[str, dict] | None = None) -> tuple[Trainer, dict, str]:
+    """The trained run (from the cache when this exact config, from this exact start, was trained before, else
+    trained now by the Trainer) and its cache key. ``init``: the key and weights of the run it starts from."""
+    described = json.dumps({**config.to_dict(), **({"init": init[0]} if init else {})}, sort_keys=True, default=str)
+    key = hashlib.sha256(described.encode()).hexdigest()[:16]
     weights = cache_dir("models") / f"reading_qa-{key}.pt"
     trainer = Trainer(replace(config, out_dir=str(cache_dir("runs", f"reading_qa-{key}"))))
     if weights.exists():
         saved = torch.load(weights)
         trainer.model.load_state_dict(saved["model"])
-        return trainer, saved["train"]
+        return trainer, saved["train"], key
+    if init is not None:
+        trainer.model.load_state_dict(init[1])  # in place: the Trainer's optimizer holds these same parameters
     start = time.perf_counter()
     result = trainer.run()
     info = {"train_s": time.perf_counter() - start, "val_metrics": result.val_metrics, "final_loss": result.losses[-1]}
     torch.save({"model": trainer.model.state_dict(), "train": info}, weights)
-    return trainer, info
+    return trainer, info, key
 
 
 def evaluate(trainer: Trainer, docs: list, config: ReaderConfig, *, window: int, seed: int = 0) -> tuple[dict, list]:
@@ -170,7 +178,8 @@ def choose(rows: list[dict], budget: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--init-steps", type=int, default=300, help="stage 1: QA steps on short documents (0: none)")
+    parser.add_argument("--steps", type=int, default=150, help="stage 2: QA steps on the long documents")
     parser.add_argument("--docs", type=int, default=60, help=f"validation documents read (<= {SET_VALIDATION})")
     parser.add_argument("--dev-docs", type=int, default=40, help=f"development documents, alpha chosen (<= {SET_DEV})")
     parser.add_argument("--window", type=int, default=64)
@@ -180,9 +189,9 @@ def main() -> None:
     parser.add_argument("--passage-tokens", type=int, default=256)
     parser.add_argument("--fact-lead", type=int, default=128)
     parser.add_argument("--train-reader", default="random-access")
-    parser.add_argument("--train-alpha", type=float, default=6.0)
-    parser.add_argument("--alphas", default="4,6,7,8,12", help="the alpha grid tried on the development documents")
-    parser.add_argument("--test-alphas", default="4,8,12", help="more alphas read on validation (best pooling)")
+    parser.add_argument("--train-alpha", type=float, default=3.0)
+    parser.add_argument("--alphas", default="2,2.5,3,3.5,4,6", help="the alpha grid tried on the development documents")
+    parser.add_argument("--test-alphas", default="2,4,6", help="more alphas read on validation (best pooling)")
     parser.add_argument("--poolings", default="mean,last", help="comma-separated: mean, last")
     parser.add_argument("--budget", type=float, default=0.5, help="alpha is chosen among dev runs reading <= this")
     parser.add_argument("--seeds", type=int, default=2, help="random-skip seeds per random-access run")
@@ -190,8 +199,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    config = train_config(args)
-    trainer, info = trained(config)
+    init = None
+    if args.init_steps:
+        first, first_info, first_key = trained(train_config(args, stage=1))
+        init = (first_key, first.model.state_dict())
+        del first
+    config = train_config(args, stage=2)
+    trainer, info, _ = trained(config, init=init)
+    info = {**info, "stage1": first_info if init else None}
     qa, window, k = trainer.data.validation, args.window, args.k
     dev_docs, test_docs = qa.dev[: args.dev_docs], qa.validation[: args.docs]
     sequential = ReaderConfig(reader="sequential", skip_k=k)
