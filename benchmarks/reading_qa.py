@@ -269,9 +269,16 @@ def write(
         f"Command: `{COMMAND}` (machine: {platform.processor() or platform.machine()}, shared by several jobs, "
         "2 cores; accuracies are deterministic; the one time, training, is of that shared, loaded machine).",
         "",
-        f"Model: gpt2-tiny trained {args.steps} steps by `tensorslim train --task longqa` with the "
-        f"{args.train_reader} reader as its data source (α = {args.train_alpha:g}, mean pooling; "
-        f"{info['train_s']:.0f} s the first time, then cached). Documents of {options.doc_tokens} tokens, "
+        "Model: gpt2-tiny trained by the `longqa` task through the Trainer: "
+        + (
+            f"{args.init_steps} steps of sequential reading on 512-token documents (two 128-token passages, fact "
+            f"at least 48 tokens in; {info['stage1']['train_s']:.0f} s), then "
+            if info.get("stage1")
+            else ""
+        )
+        + f"{args.steps} steps on the documents below with the {args.train_reader} reader as its data source "
+        f"(α = {args.train_alpha:g}, mean pooling; {info['train_s']:.0f} s; both cached). Documents of "
+        f"{options.doc_tokens} tokens, "
         f"two BBC passages of {options.passage_tokens} tokens each (one holds the fact, at least "
         f"{options.fact_lead} tokens in), window L = {args.window}, K = {args.k}, {args.distractors} distractor "
         f"facts; 8 answers (chance 0.125). α chosen on {args.dev_docs} development documents, then "

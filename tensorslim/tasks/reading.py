@@ -184,7 +184,13 @@ def _fixed_validation(docs: list[np.ndarray], *, window: int, blocks: int) -> tu
 
 @dataclass(frozen=True, kw_only=True)
 class LongQAOptions(ReaderConfig):
-    """The reader's options and the shape of the synthetic QA set (:class:`tensorslim.data.longqa.LongQASpec`)."""
+    """The reader's options and the shape of the synthetic QA set (:class:`tensorslim.data.longqa.LongQASpec`).
+
+    ``α`` defaults to 4: the value chosen on the development documents by ``benchmarks/reading_qa.py`` (the most
+    accurate that reads at most half of the tokens; mean pooling). It depends on the model's loss on easy text.
+    """
+
+    skip_alpha: float = option(4.0, "random access: a window of pooled loss C skips K*floor(alpha/C) tokens")
 
     qa_docs: int = option(800, "longqa: training documents (validation: --eval-blocks documents)")
     dev_docs: int = option(0, "longqa: development documents, from other held-out articles (for choosing alpha)")
