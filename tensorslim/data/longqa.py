@@ -69,6 +69,8 @@ class LongQASet:
 
     Attributes:
         train, validation: the documents.
+        dev: development documents (empty unless asked for): held out like the validation ones, from other articles;
+            for choosing a reader's settings without looking at the validation documents.
         tokenizer: the tokenizer that made them.
         answer_words: the possible answers: the tokenizer's rarest whole-word tokens in the training articles.
         answer_ids: the token id of each answer word.
@@ -79,6 +81,7 @@ class LongQASet:
 
     train: list[QADocument]
     validation: list[QADocument]
+    dev: list[QADocument]
     tokenizer: Any
     answer_words: list[str]
     answer_ids: list[int]
@@ -93,12 +96,13 @@ class LongQASpec:
 
     train_docs: int = 800
     validation_docs: int = 200
-    doc_tokens: int = 1024
-    passage_tokens: int = 192
+    dev_docs: int = 0
+    doc_tokens: int = 2048
+    passage_tokens: int = 256
     passages: int = 2
     distractors: int = 0
     block: int = 16
-    lead: int = 64
+    lead: int = 128
     answers: int = 8
     seed: int = 0
 
@@ -106,6 +110,7 @@ class LongQASpec:
         for name in ("train_docs", "validation_docs", "doc_tokens", "passage_tokens", "passages", "block", "answers"):
             require_int(name, getattr(self, name))
         require_int("lead", self.lead, minimum=0)
+        require_int("dev_docs", self.dev_docs, minimum=0)
         require_int("distractors", self.distractors, minimum=0)
         if self.distractors >= self.passages:
             raise ValueError(f"distractors={self.distractors} is invalid; allowed: < passages={self.passages}")
@@ -132,11 +137,17 @@ def build_longqa(spec: LongQASpec, tokenizer: Any) -> LongQASet:
     from tensorslim.data import bbcnews_labelled, bbcnews_split
 
     texts, _, _ = bbcnews_labelled()
+    train_articles, test_articles = bbcnews_split()
+    held_out = np.random.default_rng([spec.seed, 3]).permutation(test_articles)
+    half = len(held_out) // 2  # validation and development documents never share an article
     pools = {}
     for split, indices, count, offset in (
-        ("train", bbcnews_split()[0], spec.train_docs, 0),
-        ("validation", bbcnews_split()[1], spec.validation_docs, 1),
+        ("train", train_articles, spec.train_docs, 0),
+        ("validation", held_out[:half], spec.validation_docs, 1),
+        ("dev", held_out[half:], spec.dev_docs, 2),
     ):
+        if count == 0:
+            continue
         rng = np.random.default_rng([spec.seed, offset])
         # A random pool of articles, a few per passage needed: tokenizing every article would dominate small sets.
         pool = rng.permutation(indices)[: max(4 * count * spec.passages, 64)]
@@ -153,6 +164,7 @@ def build_longqa(spec: LongQASpec, tokenizer: Any) -> LongQASet:
     return LongQASet(
         train=made["train"],
         validation=made["validation"],
+        dev=made.get("dev", []),
         tokenizer=tokenizer,
         answer_words=words,
         answer_ids=answer_ids,

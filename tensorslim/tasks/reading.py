@@ -184,12 +184,19 @@ def _fixed_validation(docs: list[np.ndarray], *, window: int, blocks: int) -> tu
 
 @dataclass(frozen=True, kw_only=True)
 class LongQAOptions(ReaderConfig):
-    """The reader's options and the shape of the synthetic QA set (:class:`tensorslim.data.longqa.LongQASpec`)."""
+    """The reader's options and the shape of the synthetic QA set (:class:`tensorslim.data.longqa.LongQASpec`).
+
+    ``α`` defaults to 4: the value chosen on the development documents by ``benchmarks/reading_qa.py`` (the most
+    accurate that reads at most half of the tokens; mean pooling). It depends on the model's loss on easy text.
+    """
+
+    skip_alpha: float = option(4.0, "random access: a window of pooled loss C skips K*floor(alpha/C) tokens")
 
     qa_docs: int = option(800, "longqa: training documents (validation: --eval-blocks documents)")
-    doc_tokens: int = option(1024, "longqa: tokens per document")
-    passage_tokens: int = option(192, "longqa: tokens per BBC passage (two per document, one holds the fact)")
-    fact_lead: int = option(64, "longqa: a fact sits at least this many tokens into its passage")
+    dev_docs: int = option(0, "longqa: development documents, from other held-out articles (for choosing alpha)")
+    doc_tokens: int = option(2048, "longqa: tokens per document")
+    passage_tokens: int = option(256, "longqa: tokens per BBC passage (two per document, one holds the fact)")
+    fact_lead: int = option(128, "longqa: a fact sits at least this many tokens into its passage")
     distractors: int = option(0, "longqa: passages holding a fact about another name (0 or 1)")
     answer_weight: float = option(1.0, "longqa: weight of the answer's cross-entropy next to the window's LM loss")
 
@@ -334,6 +341,7 @@ def build_qa_set(config: Any, options: LongQAOptions, *, model_name: str, valida
     spec = LongQASpec(
         train_docs=options.qa_docs,
         validation_docs=validation_docs,
+        dev_docs=options.dev_docs,
         doc_tokens=options.doc_tokens,
         passage_tokens=options.passage_tokens,
         block=options.skip_k,

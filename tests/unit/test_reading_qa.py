@@ -52,6 +52,23 @@ def test_documents_hold_the_asked_fact_whole_block_aligned_inside_a_passage(qa, 
             assert asked.lower() not in words(tokenizer.decode(doc.tokens[b:e].tolist()))
 
 
+def test_development_documents_are_held_out_from_other_articles_than_the_validation_ones(qa, tokenizer) -> None:
+    assert qa.dev == []  # none unless asked for
+    with_dev = build_longqa(LongQASpec(**{**SPEC.__dict__, "dev_docs": 12}), tokenizer)
+    assert len(with_dev.dev) == 12 and all(len(d.tokens) == SPEC.doc_tokens for d in with_dev.dev)
+    # Asking for development documents changes neither the training nor the validation documents.
+    for a, b in zip(qa.train + qa.validation, with_dev.train + with_dev.validation, strict=True):
+        assert np.array_equal(a.tokens, b.tokens) and a.fact == b.fact
+
+    # A passage opens with its article's first `lead` tokens: no opening is shared by the two held-out sets.
+    def openings(docs):
+        return {tuple(d.tokens[b : b + SPEC.lead].tolist()) for d in docs for b, _ in d.passages}
+
+    assert openings(with_dev.dev) and not openings(with_dev.dev) & openings(with_dev.validation)
+    with pytest.raises(ValueError, match="dev_docs=-1"):
+        LongQASpec(**{**SPEC.__dict__, "dev_docs": -1})
+
+
 def test_the_set_is_deterministic_by_seed(qa, tokenizer) -> None:
     again = build_longqa(SPEC, tokenizer)
     other = build_longqa(LongQASpec(**{**SPEC.__dict__, "seed": 4}), tokenizer)
