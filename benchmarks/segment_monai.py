@@ -31,6 +31,7 @@ from torch import nn
 
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 from tensorslim.models.unet import UNetConfig
+from tensorslim.segment.masks import largest_component
 from tensorslim.segment.metrics import case_metrics
 from tensorslim.tasks.segment import predict
 from tensorslim.train.config import TrainConfig
@@ -95,18 +96,24 @@ def one_run(preset: str, lr: float, args: argparse.Namespace, seed: int, folder:
     trainer = Trainer(config)
     result = trainer.run()
     seconds = time.perf_counter() - start
-    test = trainer.task.held_out("test")
-    predicted = predict(trainer.model.eval(), test.inputs).numpy()
-    scores = [case_metrics(p, t, test.spacing) for p, t in zip(predicted, test.targets.numpy(), strict=True)]
-    return {
+    row = {
         "model": preset,
         "lr": lr,
         "seed": seed,
         "params": sum(p.numel() for p in trainer.model.parameters()),
         "seconds": round(seconds, 1),
         "val_dice": result.val_metrics["val_dice"],
-        **{k: float(np.nanmean([s[k] for s in scores])) for k in METRICS},
     }
+    for split in ("val", "test"):
+        cases = trainer.task.held_out(split)
+        predicted = predict(trainer.model.eval(), cases.inputs).numpy()
+        for post, masks in (("", predicted), ("lcc_", [largest_component(p) for p in predicted])):
+            scores = [case_metrics(p, t, cases.spacing) for p, t in zip(masks, cases.targets.numpy(), strict=True)]
+            prefix = "" if split == "test" else "val_"
+            for k in METRICS if split == "test" else ("dice", "com_mm"):
+                row[f"{post}{prefix}{k}"] = float(np.nanmean([s[k] for s in scores]))
+    row["val_dice"] = result.val_metrics["val_dice"]
+    return row
 
 
 def best_lr(rows: list[dict], model: str) -> float:
