@@ -56,9 +56,10 @@ class SegmentOptions:
 @dataclass(frozen=True, kw_only=True)
 class IntensityAugment:
     """Random intensity changes of the image channel during training, in the manner of nnU-Net's default
-    augmentation (Isensee et al., arXiv 1809.10486, §2.3 and its supplement): each sample independently gets, each
-    with probability ``p``, a gamma (drawn below or above 1 with equal odds), a multiplicative brightness, a smooth
-    multiplicative bias field (as in TorchIO's ``RandomBiasField``) and additive Gaussian noise.
+    augmentation (Isensee et al., arXiv 1809.10486): each sample independently gets, each with probability ``p``, a
+    gamma (drawn below or above 1 with equal odds), a multiplicative brightness, a smooth multiplicative bias field
+    (as in TorchIO's ``RandomBiasField``; not in nnU-Net) and additive Gaussian noise. The gamma and brightness
+    ranges are nnU-Net's defaults; one probability for all four is our simplification (nnU-Net uses 0.1-0.3).
 
     arXiv 2205.09107 trains with nnU-Net (§2); without such augmentation a network trained on a few clean cases keys
     on absolute intensities and breaks under a test-time intensity shift.
