@@ -172,24 +172,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lrs", default="0.003,0.01,0.03", help="comma-separated learning-rate grid (both models)")
+    parser.add_argument("--reuse", action="store_true", help="keep the runs of the results file with the same settings")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared machine: one thread per run
     register()
     lrs = [float(x) for x in args.lrs.split(",")]
+    settings = (
+        f"--dataset {args.dataset} --inputs {args.inputs} --train-cases {args.train_cases} --steps {args.steps} "
+        f"--batch-size {args.batch_size}"
+    )
+    command = f"python benchmarks/segment_monai.py {settings} --seeds {args.seeds} --lrs {args.lrs}"
+    out = Path("benchmarks/results") / f"segment_monai_{args.dataset}"
+    done = {}
+    if args.reuse and out.with_suffix(".json").exists():  # runs are deterministic: keep those already measured
+        old = json.loads(out.with_suffix(".json").read_text())
+        if old.get("settings") == settings:
+            done = {(r["model"], r["lr"], r["seed"]): r for r in old["runs"]}
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(args.seeds):
             for lr in lrs:
                 for preset in MODELS:
-                    rows.append(one_run(preset, lr, args, seed, Path(folder)))
-                    print(rows[-1], flush=True)
-    command = (
-        f"python benchmarks/segment_monai.py --dataset {args.dataset} --inputs {args.inputs} "
-        f"--train-cases {args.train_cases} --seeds {args.seeds} --steps {args.steps} --batch-size {args.batch_size} "
-        f"--lrs {args.lrs}"
-    )
-    out = Path("benchmarks/results") / f"segment_monai_{args.dataset}"
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": rows}, indent=2) + "\n")
+                    row = done.get((preset, lr, seed)) or one_run(preset, lr, args, seed, Path(folder))
+                    rows.append(row)
+                    print(row, flush=True)
+    record = {"command": command, "settings": settings, "runs": rows}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     text = report(args, rows, command)
     out.with_suffix(".md").write_text(text)
     print(text)
