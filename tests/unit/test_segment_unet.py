@@ -25,6 +25,10 @@ def test_unet_shapes_and_registry_overrides() -> None:
         UNetConfig(in_channels=3)
     with pytest.raises(ValueError, match="are invalid for model='unet-small'"):
         build_model("unet-small", depth=3)
+    deep = build_model("unet-deep", in_channels=1, image_size=32)  # five levels: sides must be multiples of 16
+    assert deep(torch.zeros(1, 1, 32, 32)).shape == (1, 1, 32, 32) and len(deep.down) == 5
+    with pytest.raises(ValueError, match="allowed: a multiple of 16"):
+        build_model("unet-deep", image_size=40)
 
 
 def test_books_count_a_unet_per_pixel() -> None:
