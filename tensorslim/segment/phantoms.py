@@ -4,7 +4,10 @@ arXiv 2205.09107 segments the heart in CT (§3, data: 20 patients), which does n
 stand in for it. Every organ is placed relative to the body ellipse (its centre, axes and rotation) with a small
 independent jitter, so the body silhouette carries most, not all, of the heart's position and shape: that coupling
 is our choice and sets how well a silhouette alone can segment the heart. Intensities are CT-like on a 0..1 scale
-(air 0, lung ≈ 0.08, soft tissue ≈ 0.5, contrast-filled heart ≈ 0.62, bone ≈ 0.9), drawn per case.
+(air 0, lung ≈ 0.08, soft tissue ≈ 0.5, bone ≈ 0.9), drawn per case. The heart is a myocardial wall barely brighter
+than soft tissue around a blood pool whose brightness follows the contrast agent's timing (none to arterial phase),
+shared by the descending aorta: a heart painted one uniform grey level lets a network trained on one case segment
+"that grey level", which no test-time intensity change leaves in place.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 The paper gives a U-Net either a global binary mask alone (scenario 1: it must find the structure from shape and
 position) or the mask as a second channel beside the image (scenario 2: a shape/position clue when training cases
 are few). This task trains either on our offline data (:mod:`tensorslim.segment.data`): ``train_cases`` cases drawn
-by the run's seed from the training pool, augmented by small random affine moves of input and target together;
-loss = soft Dice + binary cross-entropy (the paper's loss is not stated). The validation set is clean; the test set
+by the run's seed from the training pool, augmented by small random affine moves of input and target together and
+(by default) nnU-Net-style intensity changes of the image channel (:class:`IntensityAugment`); loss = soft Dice +
+binary cross-entropy (the paper's loss is not stated). The validation set is clean; the test set
 (:meth:`Segmentation.held_out`) carries the intensity shift, so the image channel feels it and the mask does not.
 """
 
