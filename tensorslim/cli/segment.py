@@ -28,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--train-cases", default="1,2,4,8", help="comma-separated training-set sizes")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (0, 1, ...)")
-    parser.add_argument("--preset", default="unet-small", help="U-Net preset: unet-small (8-64 ch) or unet (16-128)")
+    parser.add_argument(
+        "--preset", default="unet-small", help="U-Net preset: unet-small (8-64 ch), unet (16-128), unet-deep (8-128)"
+    )
     parser.add_argument("--image-size", type=int, default=96, help="image side in pixels")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=8, help="images per step")
