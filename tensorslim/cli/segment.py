@@ -28,12 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--train-cases", default="1,2,4,8", help="comma-separated training-set sizes")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (0, 1, ...)")
-    parser.add_argument("--preset", default="unet-small", help="U-Net preset: unet-small (8-64 ch) or unet (16-128)")
+    parser.add_argument(
+        "--preset", default="unet-small", help="U-Net preset: unet-small (8-64 ch), unet (16-128), unet-deep (8-128)"
+    )
     parser.add_argument("--image-size", type=int, default=96, help="image side in pixels")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps per run")
     parser.add_argument("--batch-size", type=int, default=8, help="images per step")
     parser.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (AdamW, warm-up then cosine)")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True, help="random affine moves")
+    parser.add_argument(
+        "--intensity", default="nnunet", help="image-channel intensity augmentation: none, nnunet (default), strong"
+    )
     parser.add_argument("--overlay-cases", type=int, default=4, help="test cases shown in the overlay figure")
     parser.add_argument("--out-dir", default=None, help="where results go (default: runs/segment-<dataset>)")
     parser.add_argument("--keep-runs", action="store_true", help="keep each run's folder (checkpoint, metrics)")
@@ -56,6 +61,7 @@ def command_line(args: argparse.Namespace) -> str:
     flags += [f"--seeds {args.seeds}", f"--preset {args.preset}", f"--image-size {args.image_size}"]
     flags += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--lr {args.lr}"]
     flags += [] if args.augment else ["--no-augment"]
+    flags += [f"--intensity {args.intensity}"]
     return "tensorslim segment " + " ".join(flags)
 
 
@@ -71,7 +77,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"overlay_cases={args.overlay_cases} is invalid; allowed: an integer >= 0")
     settings = [
         SegmentOptions(
-            dataset=args.dataset, inputs=mode, train_cases=n, image_size=args.image_size, augment=args.augment
+            dataset=args.dataset,
+            inputs=mode,
+            train_cases=n,
+            image_size=args.image_size,
+            augment=args.augment,
+            intensity=args.intensity,
         )
         for n in sizes
         for mode in modes

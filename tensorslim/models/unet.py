@@ -121,3 +121,11 @@ register_model(
         help="2-D U-Net, 4 levels of 8-64 channels (CPU-sized segmentation)",
     )
 )
+register_model(
+    ModelPreset(
+        name="unet-deep",
+        family=UNET,
+        config=UNetConfig(channels=(8, 16, 32, 64, 128)),
+        help="2-D U-Net, 5 levels of 8-128 channels (nnU-Net's depth at 96 x 96: pooled down to 6 x 6)",
+    )
+)

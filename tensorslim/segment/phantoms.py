@@ -4,7 +4,10 @@ arXiv 2205.09107 segments the heart in CT (§3, data: 20 patients), which does n
 stand in for it. Every organ is placed relative to the body ellipse (its centre, axes and rotation) with a small
 independent jitter, so the body silhouette carries most, not all, of the heart's position and shape: that coupling
 is our choice and sets how well a silhouette alone can segment the heart. Intensities are CT-like on a 0..1 scale
-(air 0, lung ≈ 0.08, soft tissue ≈ 0.5, contrast-filled heart ≈ 0.62, bone ≈ 0.9), drawn per case.
+(air 0, lung ≈ 0.08, soft tissue ≈ 0.5, bone ≈ 0.9), drawn per case. The heart is a myocardial wall barely brighter
+than soft tissue around a blood pool whose brightness follows the contrast agent's timing (none to arterial phase),
+shared by the descending aorta: a heart painted one uniform grey level lets a network trained on one case segment
+"that grey level", which no test-time intensity change leaves in place.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 from scipy import ndimage
 
 FOV_MM = 384.0  # square field of view, so pixel size = FOV_MM / size (4 mm at 96 × 96)
+BLOOD_CONTRAST = 0.16  # largest blood-pool brightening over soft tissue (≈ 320 HU on a 2000 HU window)
 
 
 def ellipse(shape: tuple[int, int], center: tuple[float, float], axes: tuple[float, float], angle: float) -> np.ndarray:
@@ -46,16 +50,27 @@ def heart_case(rng: np.random.Generator, *, size: int) -> tuple[np.ndarray, np.n
     for side in (-1, 1):
         center, axes = place((-0.02, side * 0.45), (0.62, 0.33), jitter=0.8)
         lungs |= ellipse(shape, center, axes, angle + side * rng.normal(0, 0.05)) & body
-    center, axes = place((-0.28, 0.12), (0.42, 0.30), jitter=0.4)
-    heart = ellipse(shape, center, axes, angle + np.deg2rad(rng.normal(30, 4))) & body
+    heart_center, heart_axes = place((-0.28, 0.12), (0.42, 0.30), jitter=0.4)
+    heart_angle = angle + np.deg2rad(rng.normal(30, 4))
+    heart = ellipse(shape, heart_center, heart_axes, heart_angle) & body
     center, axes = place((0.72, 0.0), (0.16, 0.11), jitter=0.4)
     spine = ellipse(shape, center, axes, angle) & body
 
     image = np.zeros(shape, dtype=np.float32)
-    image[body] = rng.uniform(0.46, 0.54)
+    tissue = rng.uniform(0.46, 0.54)
+    image[body] = tissue
     image[lungs] = rng.uniform(0.05, 0.11)
-    image[heart] = rng.uniform(0.58, 0.66)
+    rng.uniform(0.58, 0.66)  # the former uniform heart level: drawn still, so every later draw stays the same
     image[spine] = rng.uniform(0.85, 0.95)
     texture = ndimage.gaussian_filter(rng.standard_normal(shape), 1.5 * unit) * 0.04 * np.sqrt(unit)
+    # The heart is a myocardial wall barely brighter than the surrounding soft tissue around a blood pool whose
+    # brightness depends on the contrast agent's timing, from none (non-contrast CT: blood ≈ muscle) to arterial
+    # phase; the descending aorta, beside the spine, carries the same blood.
+    blood = tissue + rng.uniform(0.0, BLOOD_CONTRAST)
+    image[heart] = tissue + rng.uniform(0.01, 0.04)
+    pool = ellipse(shape, heart_center, heart_axes * rng.uniform(0.6, 0.75), heart_angle)
+    image[pool] = blood
+    center, axes = place((0.45, -0.12), (0.1, 0.07), jitter=0.4)
+    image[ellipse(shape, center, axes, 0.0) & body & ~spine & ~heart] = blood
     image = np.where(body, np.clip(image + texture, 0.02, 1.0), 0.0).astype(np.float32)
     return image, heart, FOV_MM / size

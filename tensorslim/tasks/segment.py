@@ -3,8 +3,9 @@
 The paper gives a U-Net either a global binary mask alone (scenario 1: it must find the structure from shape and
 position) or the mask as a second channel beside the image (scenario 2: a shape/position clue when training cases
 are few). This task trains either on our offline data (:mod:`tensorslim.segment.data`): ``train_cases`` cases drawn
-by the run's seed from the training pool, augmented by small random affine moves of input and target together;
-loss = soft Dice + binary cross-entropy (the paper's loss is not stated). The validation set is clean; the test set
+by the run's seed from the training pool, augmented by small random affine moves of input and target together and
+(by default) nnU-Net-style intensity changes of the image channel (:class:`IntensityAugment`); loss = soft Dice +
+binary cross-entropy (the paper's loss is not stated). The validation set is clean; the test set
 (:meth:`Segmentation.held_out`) carries the intensity shift, so the image channel feels it and the mask does not.
 """
 
@@ -33,12 +34,15 @@ class SegmentOptions:
     train_cases: int = option(8, "training cases drawn from the pool (brain 26, heart 12)")
     image_size: int = option(96, "image side in pixels (a multiple of the U-Net's 2 ** (levels - 1))")
     augment: bool = option(True, "random small affine moves of input and target together")
+    intensity: str = option("nnunet", "image-channel intensity augmentation: none, nnunet or strong")
 
     def __post_init__(self) -> None:
         from tensorslim.segment.data import check_dataset, check_inputs
 
         pool = check_dataset(self.dataset).sizes["train"]
         check_inputs(self.inputs)
+        if self.intensity not in INTENSITY_AUGMENTS:
+            raise ValueError(f"intensity={self.intensity!r} is unknown; allowed: {list(INTENSITY_AUGMENTS)}")
         require_int("image_size", self.image_size, minimum=8)
         if (
             isinstance(self.train_cases, bool)
@@ -48,6 +52,59 @@ class SegmentOptions:
             raise ValueError(
                 f"train_cases={self.train_cases!r} is invalid; allowed: 1..{pool} for dataset {self.dataset!r}"
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntensityAugment:
+    """Random intensity changes of the image channel during training, in the manner of nnU-Net's default
+    augmentation (Isensee et al., arXiv 1809.10486): each sample independently gets, each with probability ``p``, a
+    gamma (drawn below or above 1 with equal odds), a multiplicative brightness, a smooth multiplicative bias field
+    (as in TorchIO's ``RandomBiasField``; not in nnU-Net) and additive Gaussian noise. The gamma and brightness
+    ranges are nnU-Net's defaults; one probability for all four is our simplification (nnU-Net uses 0.1-0.3).
+
+    arXiv 2205.09107 trains with nnU-Net (§2); without such augmentation a network trained on a few clean cases keys
+    on absolute intensities and breaks under a test-time intensity shift.
+
+    Attributes:
+        p: probability of each of the four transforms, per sample.
+        gamma: the gamma range (low < 1 < high) on images clipped to 0..1.
+        brightness: the range of the multiplicative brightness factor.
+        bias: amplitude of the bias field ``1 ± bias`` (a 4 × 4 random grid, bilinearly upsampled).
+        noise: largest standard deviation of the Gaussian noise (drawn uniformly in ``[0, noise]``).
+    """
+
+    p: float = 0.3
+    gamma: tuple[float, float] = (0.7, 1.5)
+    brightness: tuple[float, float] = (0.75, 1.25)
+    bias: float = 0.2
+    noise: float = 0.05
+
+    def apply(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Augmented copies of ``images`` ``(B, H, W)`` (0..1 scale)."""
+        n = len(images)
+
+        def chosen() -> torch.Tensor:  # (B, 1, 1): which samples get a transform
+            return (torch.rand(n, 1, 1, generator=generator) < self.p).float()
+
+        def uniform(low: float, high: float) -> torch.Tensor:  # (B, 1, 1)
+            return low + (high - low) * torch.rand(n, 1, 1, generator=generator)
+
+        below = torch.rand(n, 1, 1, generator=generator) < 0.5
+        gamma = torch.where(below, uniform(self.gamma[0], 1.0), uniform(1.0, self.gamma[1]))
+        out = images.clamp(0, 1) ** (1 + chosen() * (gamma - 1))
+        out = out * (1 + chosen() * (uniform(*self.brightness) - 1))
+        coarse = torch.rand(n, 1, 4, 4, generator=generator) * 2 - 1
+        field = F.interpolate(coarse, size=images.shape[-2:], mode="bilinear", align_corners=True)[:, 0]
+        out = out * (1 + chosen() * self.bias * field)
+        sigma = chosen() * uniform(0.0, self.noise)
+        return out + sigma * torch.randn(images.shape, generator=generator)
+
+
+INTENSITY_AUGMENTS: dict[str, IntensityAugment | None] = {
+    "none": None,
+    "nnunet": IntensityAugment(),
+    "strong": IntensityAugment(p=0.8, gamma=(0.5, 2.0), bias=0.3),
+}
 
 
 @dataclass(frozen=True)
@@ -76,17 +133,30 @@ class AugmentedStream:
     the target are re-thresholded after the bilinear resampling.
     """
 
-    def __init__(self, split: SegmentSplit, *, batch_size: int, seed: int, augment: bool, binary: tuple[int, ...]):
+    def __init__(
+        self,
+        split: SegmentSplit,
+        *,
+        batch_size: int,
+        seed: int,
+        augment: bool,
+        binary: tuple[int, ...],
+        intensity: IntensityAugment | None = None,
+        image_channel: int | None = None,
+    ):
         self.inputs = split.inputs
         self.targets = split.targets.float().unsqueeze(1)
         self.batch_size, self.seed, self.augment, self.binary = batch_size, seed, augment, binary
+        self.intensity, self.image_channel = intensity, image_channel
         self.step = 0
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
         self.step += 1
         index = torch.randint(len(self.inputs), (self.batch_size,), generator=generator)
-        inputs, targets = self.inputs[index], self.targets[index]
+        inputs, targets = self.inputs[index].clone(), self.targets[index]
+        if self.intensity is not None and self.image_channel is not None:
+            inputs[:, self.image_channel] = self.intensity.apply(inputs[:, self.image_channel], generator)
         if not self.augment:
             return inputs, targets
         theta = random_affine(self.batch_size, generator)
@@ -144,6 +214,8 @@ class Segmentation(Task):
                 seed=config.seed,
                 augment=settings.augment,
                 binary=binary,
+                intensity=INTENSITY_AUGMENTS[settings.intensity],
+                image_channel=0 if settings.inputs.startswith("image") else None,
             ),
             validation=self.held_out("val"),
             model_overrides={"in_channels": input_channels(settings.inputs), "image_size": settings.image_size},

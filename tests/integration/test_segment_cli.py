@@ -20,6 +20,7 @@ from tensorslim.cli.main import main
         (["--dataset", "brain", "--train-cases", "27"], "allowed: 1..26 for dataset 'brain'"),
         (["--train-cases", "two"], "train_cases='two' is invalid"),
         (["--seeds", "0"], "seeds=0 is invalid"),
+        (["--intensity", "wild"], "intensity='wild' is unknown"),
         (["--image-size", "36"], "image_size=36 is invalid; allowed: a multiple of 8"),
     ],
 )

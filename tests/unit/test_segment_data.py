@@ -61,12 +61,18 @@ def test_brain_ventricles_sit_on_dark_csf_of_the_warped_t1() -> None:
         assert spacing == pytest.approx(200 / 64)
 
 
-def test_heart_phantom_is_inside_the_body_and_brighter_than_tissue() -> None:
-    image, heart, spacing = heart_case(np.random.default_rng(1), size=96)
-    body = global_mask(image)
-    assert heart.sum() > 200 and (heart & ~body).sum() == 0
-    assert image[heart].mean() > image[body & ~heart & (image > 0.3) & (image < 0.8)].mean()
+def test_heart_phantom_is_inside_the_body_and_its_contrast_varies_per_case() -> None:
+    contrasts = []
+    for seed in range(12):
+        image, heart, spacing = heart_case(np.random.default_rng(seed), size=96)
+        body = global_mask(image)
+        assert heart.sum() > 200 and (heart & ~body).sum() == 0
+        tissue = np.median(image[body & ~heart & (image > 0.3) & (image < 0.8)])
+        assert image[heart].mean() > tissue  # the myocardial wall and the blood pool are never darker than tissue
+        contrasts.append(np.percentile(image[heart], 90) - tissue)
     assert spacing == 4.0
+    # Contrast-agent timing: some hearts barely stand out (non-contrast), others are clearly brighter (arterial).
+    assert min(contrasts) < 0.06 and max(contrasts) > 0.12
 
 
 @pytest.mark.parametrize("dataset", ["heart", "brain"])

@@ -62,3 +62,19 @@ def test_empty_prediction_has_no_distance() -> None:
     a = square((20, 20), 2, 2, 5)
     metrics = case_metrics(np.zeros_like(a), a, (1.0, 1.0))
     assert metrics["dice"] == 0.0 and np.isnan(metrics["hd95_mm"]) and np.isnan(metrics["com_mm"])
+
+
+def test_largest_component_drops_a_stray_blob_and_its_centre_of_mass_pull() -> None:
+    from tensorslim.segment.masks import largest_component
+
+    target = square((40, 40), 10, 10, 8)  # centre (13.5, 13.5)
+    pred = target | square((40, 40), 35, 35, 2)  # a 4-pixel blob far away: centre moves by 4/68 of (22, 22)
+    assert com_distance(pred, target, (2.0, 2.0)) == pytest.approx(2.0 * np.hypot(22, 22) * 4 / 68)
+    kept = largest_component(pred)
+    assert np.array_equal(kept, target) and com_distance(kept, target, (2.0, 2.0)) == 0.0
+    diagonal = np.zeros((6, 6), dtype=bool)
+    diagonal[[1, 2, 3], [1, 2, 3]] = True  # touching corners: one 8-connected component
+    assert np.array_equal(largest_component(diagonal), diagonal)
+    assert not largest_component(np.zeros((5, 5), dtype=bool)).any()
+    with pytest.raises(ValueError, match="allowed: a 2-D"):
+        largest_component(np.zeros(5, dtype=bool))

@@ -10,7 +10,7 @@ from tensorslim.books import flops_per_token
 from tensorslim.models.registry import build_model, get_model
 from tensorslim.models.unet import UNet, UNetConfig
 from tensorslim.segment.metrics import dice
-from tensorslim.tasks.segment import SegmentOptions, predict, segment_loss
+from tensorslim.tasks.segment import IntensityAugment, SegmentOptions, predict, segment_loss
 
 
 def test_unet_shapes_and_registry_overrides() -> None:
@@ -25,6 +25,10 @@ def test_unet_shapes_and_registry_overrides() -> None:
         UNetConfig(in_channels=3)
     with pytest.raises(ValueError, match="are invalid for model='unet-small'"):
         build_model("unet-small", depth=3)
+    deep = build_model("unet-deep", in_channels=1, image_size=32)  # five levels: sides must be multiples of 16
+    assert deep(torch.zeros(1, 1, 32, 32)).shape == (1, 1, 32, 32) and len(deep.down) == 5
+    with pytest.raises(ValueError, match="allowed: a multiple of 16"):
+        build_model("unet-deep", image_size=40)
 
 
 def test_books_count_a_unet_per_pixel() -> None:
@@ -51,6 +55,7 @@ def test_loss_is_small_for_confident_right_logits() -> None:
         ({"train_cases": 0}, "train_cases=0 is invalid; allowed: 1..12"),
         ({"train_cases": 13}, "train_cases=13 is invalid; allowed: 1..12"),
         ({"dataset": "brain", "train_cases": 27}, "allowed: 1..26"),
+        ({"intensity": "wild"}, "intensity='wild' is unknown"),
     ],
 )
 def test_bad_options(fields: dict, message: str) -> None:
@@ -99,3 +104,35 @@ def test_stream_is_deterministic_and_resumes() -> None:
     assert torch.equal(x, batches[2][0]) and torch.equal(y, batches[2][1])
     assert set(x[:, 1].unique().tolist()) <= {0.0, 1.0} and set(y.unique().tolist()) <= {0.0, 1.0}
     assert not torch.equal(batches[0][0], batches[1][0])
+
+
+def test_intensity_augment_gamma_alone_matches_its_formula() -> None:
+    # Only the gamma transform, always on: each sample is x ** g with one g per sample, below or above 1.
+    images = torch.rand(64, 8, 8) * 0.9 + 0.05
+    augment = IntensityAugment(p=1.0, gamma=(0.7, 1.5), brightness=(1.0, 1.0), bias=0.0, noise=0.0)
+    out = augment.apply(images, torch.Generator().manual_seed(0))
+    gammas = torch.log(out) / torch.log(images)  # (64, 8, 8), constant within a sample
+    assert torch.allclose(gammas, gammas[:, :1, :1].expand_as(gammas), atol=1e-4)
+    per_sample = gammas[:, 0, 0]
+    assert per_sample.min() >= 0.7 - 1e-4 and per_sample.max() <= 1.5 + 1e-4
+    assert (per_sample < 1).any() and (per_sample > 1).any()
+    # p = 0: nothing changes; the same generator seed: the same draw.
+    off = IntensityAugment(p=0.0).apply(images, torch.Generator().manual_seed(0))
+    assert torch.equal(off, images)
+    assert torch.equal(augment.apply(images, torch.Generator().manual_seed(0)), out)
+
+
+def test_intensity_augment_touches_only_the_image_channel() -> None:
+    from tensorslim.tasks.segment import AugmentedStream, SegmentSplit
+
+    inputs = torch.rand(2, 2, 16, 16)
+    inputs[:, 1] = (inputs[:, 1] > 0.5).float()
+    split = SegmentSplit(inputs, torch.rand(2, 16, 16) > 0.5, np.zeros((2, 16, 16)), (1.0, 1.0))
+    stream = AugmentedStream(
+        split, batch_size=8, seed=0, augment=False, binary=(1,), intensity=IntensityAugment(p=1.0), image_channel=0
+    )
+    x, _ = stream.next_batch()
+    index = torch.randint(2, (8,), generator=torch.Generator().manual_seed(0))  # the stream's draw of batch 0
+    assert torch.equal(x[:, 1], inputs[index, 1])  # the mask channel is untouched
+    assert (x[:, 0] - inputs[index, 0]).abs().mean() > 0.02  # the image channel changed
+    assert torch.equal(inputs[:, 1], (inputs[:, 1] > 0.5).float())  # and the stored cases are not modified

@@ -1,0 +1,96 @@
+"""Choose the image-channel intensity augmentation on validation cases: each setting trains through the one Trainer
+and is scored on the clean validation cases, on the same validation cases under the test-time intensity shift (a
+fresh draw of the shift, not the test cases') and, for the record only, on the test cases.
+
+    python benchmarks/segment_select.py --datasets brain,heart --inputs image,image+mask --train-cases 1,4 \
+        --intensity none,nnunet --seeds 1 --out benchmarks/results/segment_intensity_select
+
+writes ``<out>.jsonl`` (one line per run, appended as it goes) and ``<out>.md``. The choice is made on the shifted
+validation Dice; test Dice is never looked at for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tensorslim.segment.data import IntensityShift, load_split
+from tensorslim.segment.metrics import case_metrics
+from tensorslim.tasks.segment import predict
+from tensorslim.train.config import TrainConfig
+from tensorslim.train.trainer import Trainer
+
+
+def score(trainer: Trainer, cases: object) -> float:
+    split = trainer.task._split(cases)
+    predicted = predict(trainer.model.eval(), split.inputs).numpy()
+    targets = split.targets.numpy()
+    return float(np.mean([case_metrics(p, t, split.spacing)["dice"] for p, t in zip(predicted, targets, strict=True)]))
+
+
+def one_run(dataset: str, inputs: str, n: int, intensity: str, seed: int, args: argparse.Namespace) -> dict:
+    options = {"dataset": dataset, "inputs": inputs, "train_cases": n, "intensity": intensity}
+    with tempfile.TemporaryDirectory() as folder:
+        config = TrainConfig(
+            preset="unet-small",
+            task="segment",
+            method="dense",
+            task_options=options,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=96 * 96,
+            lr=1e-2,
+            warmup_fraction=0.05,
+            eval_every=args.steps,
+            checkpoint_every=args.steps,
+            seed=seed,
+            out_dir=folder,
+            progress=False,
+            tensorboard=False,
+        )
+        start = time.perf_counter()
+        trainer = Trainer(config)
+        trainer.run()
+        seconds = time.perf_counter() - start
+        return {
+            **options,
+            "seed": seed,
+            "seconds": round(seconds, 1),
+            "val_clean": score(trainer, load_split(dataset, "val", size=96)),
+            "val_shift": score(trainer, load_split(dataset, "val", size=96, shift=IntensityShift())),
+            "test": score(trainer, load_split(dataset, "test", size=96, shift=IntensityShift())),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", default="brain,heart")
+    parser.add_argument("--inputs", default="image,image+mask")
+    parser.add_argument("--train-cases", default="1,4")
+    parser.add_argument("--intensity", default="none,nnunet")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--out", default="benchmarks/results/segment_intensity_select")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # a shared machine: one thread per run
+    out = Path(args.out)
+    with out.with_suffix(".jsonl").open("a") as log:
+        for dataset in args.datasets.split(","):
+            for n in (int(x) for x in args.train_cases.split(",")):
+                for intensity in args.intensity.split(","):
+                    for inputs in args.inputs.split(","):
+                        for seed in range(args.seeds):
+                            row = one_run(dataset, inputs, n, intensity, seed, args)
+                            print(json.dumps(row), file=log, flush=True)
+                            print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
