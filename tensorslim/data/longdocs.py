@@ -33,6 +33,8 @@ NEEDLE_VALUES = (
 )
 # fmt: on
 DEPTHS = (0.1, 0.3, 0.5, 0.7)
+# The ``needles-recalled`` set: four needles early, each stated once more (recalled) in the middle, asked at the end.
+RECALLED_DEPTHS, RECALLS = (0.05, 0.15, 0.25, 0.35), (0.45, 0.55, 0.65, 0.75)
 
 
 def long_tokenizer(vocab_size: int = 4096) -> TextTokenizer:
@@ -130,29 +132,37 @@ def needle_documents(
     length: int,
     count: int,
     depths: tuple[float, ...] = DEPTHS,
+    recalls: tuple[float, ...] = (),
     split: str = "test",
     seed: int = 0,
 ) -> NeedleSet:
-    """``count`` needle documents of ``length`` tokens (one key per depth), filler from the BBC ``split``."""
-    if not depths or not all(0.0 <= d < 1.0 for d in depths):
+    """``count`` needle documents of ``length`` tokens (one key per depth), filler from the BBC ``split``.
+
+    With ``recalls`` (one depth per needle), needle ``i`` is also stated once more at depth ``recalls[i]`` of the
+    body, before the final restatements: a recall on the way, which makes the needle attended again.
+    """
+    if not depths or not all(0.0 <= d < 1.0 for d in (*depths, *recalls)):
         raise ValueError(f"depths={depths!r} is invalid; allowed: a non-empty tuple of numbers in [0, 1)")
     if len(depths) > len(NEEDLE_VALUES):
         raise ValueError(f"depths={depths!r} asks for too many needles; allowed: at most {len(NEEDLE_VALUES)}")
+    if recalls and len(recalls) != len(depths):
+        raise ValueError(f"recalls={recalls!r} is invalid; allowed: () or one depth per needle ({len(depths)})")
     generator = torch.Generator().manual_seed(seed)
     ids = torch.empty(count, length, dtype=torch.long)
     answers = torch.zeros(count, length, dtype=torch.bool)
     query_depth = torch.full((count, length), -1.0)
+    stated = sorted([(d, i) for i, d in enumerate(depths)] + [(d, i) for i, d in enumerate(recalls)])
     for n in range(count):
         facts = _facts(tokenizer, len(depths), generator)
         order = torch.randperm(len(depths), generator=generator).tolist()
-        body = length - 2 * sum(len(k) + len(v) for k, v in facts)
-        if body < len(depths):
+        body = length - sum(len(facts[i][0]) + len(facts[i][1]) for i in [*order, *(i for _, i in stated)])
+        if body < len(stated):
             raise ValueError(f"length={length} is too short for {len(depths)} needles; allowed: a longer length")
         text, cut = _filler_text(tokenizer, split, body, generator), 0
         doc: list[int] = []
-        for depth, (key, value) in zip(depths, facts, strict=True):
+        for depth, i in stated:
             at = int(depth * body)
-            doc += text[cut:at] + key + value
+            doc += text[cut:at] + facts[i][0] + facts[i][1]
             cut = at
         doc += text[cut:]
         for i in order:

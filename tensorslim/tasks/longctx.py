@@ -26,7 +26,7 @@ from tensorslim.tasks.lm import causal_lm_loss
 @dataclass(frozen=True, kw_only=True)
 class LongContextOptions:
     needles: float = option(0.5, "share of training blocks that are needle documents, in [0, 1] (at most 4,000)")
-    needle_keys: int = option(8, "facts per training needle document")
+    needle_keys: int = option(8, "facts per training needle document (fewer if the block is short)")
     mentions: int = option(3, "times each fact is stated in a training needle document (>= 2: the later are recalls)")
 
     def __post_init__(self) -> None:
@@ -56,7 +56,7 @@ class LongContextLM(Task):
             tokenizer,
             length=config.seq_len,
             count=n_needles,
-            keys=self.settings.needle_keys,
+            keys=max(1, min(self.settings.needle_keys, config.seq_len // (8 * self.settings.mentions))),
             mentions=self.settings.mentions,
             seed=config.seed,
         )

@@ -298,8 +298,18 @@ def test_needle_documents_are_deterministic_by_seed_and_hold_their_facts() -> No
             pairs = [i for i in range(len(ids) - 1) if ids[i] == key]
             assert len(pairs) == 2 and all(ids[i + 1] == value for i in pairs)
             assert pairs[0] < 0.75 * len(ids) < pairs[1]  # planted in the body, asked at the end
+    recalled = needle_documents(tokenizer, length=200, count=2, depths=(0.1, 0.2), recalls=(0.6, 0.4), seed=7)
+    for n in range(2):
+        ids = recalled.ids[n].tolist()
+        for depth, recall in ((0.1, 0.6), (0.2, 0.4)):
+            (at,) = (recalled.query_depth[n] == depth).nonzero()[:, 0].tolist()
+            places = [i for i in range(len(ids) - 1) if ids[i] == ids[at - 1]]
+            assert len(places) == 3 and all(ids[i + 1] == ids[at] for i in places)  # planted, recalled, asked
+            assert abs(places[1] / 200 - recall) < 0.12  # the recall sits near its depth (facts shift it a little)
     with pytest.raises(ValueError, match=r"depths=\(1.5,\) is invalid"):
         needle_documents(tokenizer, length=200, count=1, depths=(1.5,))
+    with pytest.raises(ValueError, match=r"recalls=\(0.5,\) is invalid"):
+        needle_documents(tokenizer, length=200, count=1, depths=(0.1, 0.2), recalls=(0.5,))
 
 
 def test_needle_training_documents_state_each_fact_several_times() -> None:
