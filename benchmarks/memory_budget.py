@@ -49,6 +49,27 @@ def train_model(run_dir: Path) -> None:
         cli(["train", *TRAIN_FLAGS.split(), "--out-dir", str(run_dir), "--no-progress"])
 
 
+@torch.no_grad()
+def recall_by_distance(model: torch.nn.Module, tokenizer: object) -> dict[str, float]:
+    """Full attention on held-out training-style documents (8 facts stated 3 times each): the share of statements
+    whose value the model predicts from the key, at a key's first statement (chance: no way to know it) and at later
+    ones less or more than 64 tokens after the previous statement. Chance for a guess among the values: 1/32."""
+    from tensorslim.data.longdocs import NEEDLE_KEYS, needle_training_documents
+
+    docs = needle_training_documents(tokenizer, length=256, count=24, keys=8, mentions=3, split="test", seed=5)
+    keys = {tokenizer.encode_batch([k])[0][0] for k in NEEDLE_KEYS}
+    predicted = model.eval()(docs).argmax(-1)  # (N, L)
+    hits: dict[str, list[bool]] = {"first": [], "within 64": [], "beyond 64": []}
+    for n, doc in enumerate(docs.tolist()):
+        last: dict[int, int] = {}
+        for i, token in enumerate(doc[:-1]):
+            if token in keys:
+                kind = "first" if token not in last else ("within 64" if i - last[token] < 64 else "beyond 64")
+                hits[kind].append(int(predicted[n, i]) == doc[i + 1])
+                last[token] = i
+    return {kind: sum(h) / len(h) for kind, h in hits.items()}
+
+
 def exactness(model: torch.nn.Module, ids: torch.Tensor, *, chunk: int) -> float:
     """Max |logit difference| between full attention and a memory holding the whole document."""
     import copy
@@ -112,6 +133,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     ids = sets["stdlib"][:1]
     checks = {
+        "recall_by_distance": recall_by_distance(model, tokenizer),
         "ours_max_abs_diff": exactness(model, ids, chunk=args.chunk),
         "hf_llama_max_abs_diff": hf_llama_exactness(args.length, chunk=args.chunk),
         "peak_entries_max_over_bounded_runs": max(r["peak_entries"] for r in rows if r["capacity"] < args.length),
@@ -190,7 +212,10 @@ def write(rows: list[dict], checks: dict, args: argparse.Namespace) -> None:
         f"Peak attended entries over all bounded runs: {checks['peak_entries_max_over_bounded_runs']} "
         f"(capacity + chunk at 50%: {checks['capacity_plus_chunk_at_50pct']}).",
         "",
-        f"Model (`--run`): `tensorslim train {TRAIN_FLAGS}`; {model_line(Path(args.run))}",
+        f"Model (`--run`): `tensorslim train {TRAIN_FLAGS}`; {model_line(Path(args.run))} On held-out "
+        "training-style documents (8 facts stated 3 times), full attention predicts the value of a restated fact "
+        + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in checks["recall_by_distance"].items())
+        + " (first statements cannot be known; a guess among the 32 values is right 3.1% of the time).",
         "",
         *goal_lines(rows),
         "",
