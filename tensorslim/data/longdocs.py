@@ -200,6 +200,18 @@ def needle_training_documents(
     return docs
 
 
+def repeated_documents(
+    tokenizer: TextTokenizer, *, length: int, count: int, split: str = "train", seed: int = 0
+) -> torch.Tensor:
+    """``(count, length)``: a random BBC passage of ``length // 2`` tokens read twice. Every token of the second
+    reading is predicted by finding the same token in the first and copying its successor, the "induction head"
+    mechanism (Olsson et al., arXiv 2209.11895) that needle recall needs; training on it grows that mechanism fast."""
+    generator = torch.Generator().manual_seed(seed)
+    half = (length + 1) // 2
+    docs = [_filler_text(tokenizer, split, half, generator) for _ in range(count)]
+    return torch.tensor([(doc + doc)[:length] for doc in docs], dtype=torch.long).view(count, length)
+
+
 def needle_accuracy(logits: torch.Tensor, needles: NeedleSet) -> dict[str, float]:
     """Share of needles recalled: every value token of a restatement predicted (argmax) from its prefix. Overall and
     per depth. ``logits`` ``(N, L, V)``."""

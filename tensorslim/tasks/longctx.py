@@ -28,12 +28,15 @@ class LongContextOptions:
     needles: float = option(0.5, "share of training blocks that are needle documents, in [0, 1] (at most 4,000)")
     needle_keys: int = option(8, "facts per training needle document (fewer if the block is short)")
     mentions: int = option(3, "times each fact is stated in a training needle document (>= 2: the later are recalls)")
+    repeats: float = option(0.0, "share of needle documents replaced by a BBC passage read twice, in [0, 1)")
 
     def __post_init__(self) -> None:
         if isinstance(self.needles, bool) or not isinstance(self.needles, int | float) or not 0 <= self.needles <= 1:
             raise ValueError(f"needles={self.needles!r} is invalid; allowed: a share in [0, 1]")
         require_int("needle_keys", self.needle_keys)
         require_int("mentions", self.mentions, minimum=2)
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int | float) or not 0 <= self.repeats < 1:
+            raise ValueError(f"repeats={self.repeats!r} is invalid; allowed: a share in [0, 1)")
 
 
 @register_task
@@ -45,7 +48,13 @@ class LongContextLM(Task):
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream, build_lm_data
-        from tensorslim.data.longdocs import DEPTHS, long_tokenizer, needle_documents, needle_training_documents
+        from tensorslim.data.longdocs import (
+            DEPTHS,
+            long_tokenizer,
+            needle_documents,
+            needle_training_documents,
+            repeated_documents,
+        )
 
         tokenizer = long_tokenizer(config.vocab_size or 4096)
         keys = max(1, min(4, config.seq_len // 96))  # held-out needles per document: a short block holds fewer
@@ -60,7 +69,9 @@ class LongContextLM(Task):
             mentions=self.settings.mentions,
             seed=config.seed,
         )
-        train = torch.cat([code.train[: max(1, len(code.train) - n_needles)], needle_blocks])
+        n_repeats = round(n_needles * self.settings.repeats)
+        repeated = repeated_documents(tokenizer, length=config.seq_len, count=n_repeats, seed=config.seed)
+        train = torch.cat([code.train[: max(1, len(code.train) - n_needles)], needle_blocks[n_repeats:], repeated])
         held_out = needle_documents(
             tokenizer, length=config.seq_len, count=config.eval_blocks, depths=DEPTHS[:keys], seed=config.seed
         )

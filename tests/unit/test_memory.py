@@ -329,6 +329,17 @@ def test_needle_training_documents_state_each_fact_several_times() -> None:
         needle_training_documents(tokenizer, length=256, count=1, keys=5, mentions=1)
 
 
+def test_repeated_documents_read_one_passage_twice() -> None:
+    from tensorslim.data.longdocs import long_tokenizer, repeated_documents
+    from tensorslim.tasks.longctx import LongContextOptions
+
+    docs = repeated_documents(long_tokenizer(), length=101, count=3, seed=2)
+    assert docs.shape == (3, 101) and torch.equal(docs[:, :50], docs[:, 51:101])
+    assert not torch.equal(docs[0], docs[1])
+    with pytest.raises(ValueError, match=r"repeats=1 is invalid; allowed: a share in \[0, 1\)"):
+        LongContextOptions(repeats=1)
+
+
 def test_lookahead_rows_put_the_labelled_cue_within_reach_of_cls_only() -> None:
     from tensorslim.data.longdocs import long_tokenizer
     from tensorslim.tasks.lookahead import CUES, lookahead_rows
