@@ -16,35 +16,25 @@ from tensorslim.data.corpus import bbcnews_labelled, bbcnews_split, load_corpus
 from tensorslim.data.tokenizer import TextTokenizer, load_tokenizer
 
 TOPICS = ("business", "entertainment", "politics", "sport", "tech")
-NEEDLE_KEYS = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-    "mike",
-    "november",
-    "oscar",
-    "papa",
-    "quebec",
-    "romeo",
-    "sierra",
-    "tango",
-    "uniform",
-    "victor",
-    "whiskey",
-    "xray",
-    "yankee",
-    "zulu",
-]
+# Needle keys and values: words that are one token of the stdlib BPE (vocabulary 4096) and never occur in BBC News,
+# so that a key is unambiguous in the filler and its value (the next token) is recalled by matching that one token.
+# fmt: off
+NEEDLE_KEYS = (
+    " tuple", " codecs", " parser", " socket", " widget", " turtle", " handler", " buffer", " timeout", " namespace",
+    " logger", " kwargs", " callback", " charset", " traceback", " cookie", " pickle", " locale", " loader",
+    " descriptor", " dispatch", " iterator", " opcode", " lambda", " wrapper", " operand", " selector", " coroutine",
+    " mailbox", " debugger", " readline", " font",
+)
+NEEDLE_VALUES = (
+    " header", " filename", " prefix", " thread", " variable", " debug", " integer", " indent", " strings", " codec",
+    " lineno", " parameter", " newline", " subclass", " color", " hash", " compiler", " globals", " stdout",
+    " iterable", " params", " datetime", " subprocess", " whitespace", " threading", " inspect", " syntax",
+    " builtin", " stderr", " constructor", " python", " append",
+)
+# fmt: on
 DEPTHS = (0.1, 0.3, 0.5, 0.7)
+# The ``needles-recalled`` set: four needles early, each stated once more (recalled) in the middle, asked at the end.
+RECALLED_DEPTHS, RECALLS = (0.05, 0.15, 0.25, 0.35), (0.45, 0.55, 0.65, 0.75)
 
 
 def long_tokenizer(vocab_size: int = 4096) -> TextTokenizer:
@@ -108,8 +98,8 @@ def _cut(stream: torch.Tensor, *, length: int, count: int, what: str) -> torch.T
 
 @dataclass(frozen=True)
 class NeedleSet:
-    """Multi-key needle documents: ``keys`` facts ``" The code of KEY is VALUE."`` hidden in BBC filler at the given
-    depths, then asked again at the end in shuffled order.
+    """Multi-key needle documents: facts ``" KEY VALUE."`` (two code words, e.g. ``" socket stdout."``) hidden in BBC
+    filler at the given depths, then stated again at the end in shuffled order (where the value must be recalled).
 
     Attributes:
         ids: ``(N, L)`` tokens.
@@ -122,49 +112,104 @@ class NeedleSet:
     query_depth: torch.Tensor
 
 
+def _facts(tokenizer: TextTokenizer, count: int, generator: torch.Generator) -> list[tuple[list[int], list[int]]]:
+    """``count`` facts with distinct random keys: ``(key tokens, value tokens + ".")`` each."""
+    keys = [NEEDLE_KEYS[i] for i in torch.randperm(len(NEEDLE_KEYS), generator=generator)[:count]]
+    values = [NEEDLE_VALUES[i] for i in torch.randperm(len(NEEDLE_VALUES), generator=generator)[:count]]
+    period = tokenizer.encode_batch(["."])[0]
+    return [(k, v + period) for k, v in zip(tokenizer.encode_batch(keys), tokenizer.encode_batch(values), strict=True)]
+
+
+def _filler_text(tokenizer: TextTokenizer, split: str, body: int, generator: torch.Generator) -> list[int]:
+    filler = _filler(tokenizer, split)
+    start = int(torch.randint(0, len(filler) - body, (1,), generator=generator))
+    return filler[start : start + body].tolist()
+
+
 def needle_documents(
     tokenizer: TextTokenizer,
     *,
     length: int,
     count: int,
     depths: tuple[float, ...] = DEPTHS,
+    recalls: tuple[float, ...] = (),
     split: str = "test",
     seed: int = 0,
 ) -> NeedleSet:
-    """``count`` needle documents of ``length`` tokens (one key per depth), filler from the BBC ``split``."""
-    if not depths or not all(0.0 <= d < 1.0 for d in depths):
+    """``count`` needle documents of ``length`` tokens (one key per depth), filler from the BBC ``split``.
+
+    With ``recalls`` (one depth per needle), needle ``i`` is also stated once more at depth ``recalls[i]`` of the
+    body, before the final restatements: a recall on the way, which makes the needle attended again.
+    """
+    if not depths or not all(0.0 <= d < 1.0 for d in (*depths, *recalls)):
         raise ValueError(f"depths={depths!r} is invalid; allowed: a non-empty tuple of numbers in [0, 1)")
+    if len(depths) > len(NEEDLE_VALUES):
+        raise ValueError(f"depths={depths!r} asks for too many needles; allowed: at most {len(NEEDLE_VALUES)}")
+    if recalls and len(recalls) != len(depths):
+        raise ValueError(f"recalls={recalls!r} is invalid; allowed: () or one depth per needle ({len(depths)})")
     generator = torch.Generator().manual_seed(seed)
-    filler = _filler(tokenizer, split)
     ids = torch.empty(count, length, dtype=torch.long)
     answers = torch.zeros(count, length, dtype=torch.bool)
     query_depth = torch.full((count, length), -1.0)
+    stated = sorted([(d, i) for i, d in enumerate(depths)] + [(d, i) for i, d in enumerate(recalls)])
     for n in range(count):
-        keys = [NEEDLE_KEYS[i] for i in torch.randperm(len(NEEDLE_KEYS), generator=generator)[: len(depths)]]
-        values = [str(int(v)) for v in torch.randint(100, 1000, (len(depths),), generator=generator)]
-        prefixes = tokenizer.encode_batch([f" The code of {key} is" for key in keys])
-        suffixes = tokenizer.encode_batch([f" {value}." for value in values])
-        facts = [p + s for p, s in zip(prefixes, suffixes, strict=True)]
+        facts = _facts(tokenizer, len(depths), generator)
         order = torch.randperm(len(depths), generator=generator).tolist()
-        tail = sum((len(facts[i]) for i in order), 0)
-        body = length - tail - sum(len(f) for f in facts)
-        if body < len(depths):
+        body = length - sum(len(facts[i][0]) + len(facts[i][1]) for i in [*order, *(i for _, i in stated)])
+        if body < len(stated):
             raise ValueError(f"length={length} is too short for {len(depths)} needles; allowed: a longer length")
-        start = int(torch.randint(0, len(filler) - body, (1,), generator=generator))
-        text, cut = filler[start : start + body].tolist(), 0
+        text, cut = _filler_text(tokenizer, split, body, generator), 0
         doc: list[int] = []
-        for depth, fact in zip(depths, facts, strict=True):
+        for depth, i in stated:
             at = int(depth * body)
-            doc += text[cut:at] + fact
+            doc += text[cut:at] + facts[i][0] + facts[i][1]
             cut = at
         doc += text[cut:]
         for i in order:
-            begin = len(doc) + len(prefixes[i])
-            doc += facts[i]
-            answers[n, begin : begin + len(suffixes[i])] = True
-            query_depth[n, begin : begin + len(suffixes[i])] = depths[i]
+            key, value = facts[i]
+            begin = len(doc) + len(key)
+            doc += key + value
+            answers[n, begin : begin + len(value) - 1] = True  # the value's tokens, not the period
+            query_depth[n, begin : begin + len(value) - 1] = depths[i]
         ids[n] = torch.tensor(doc)
     return NeedleSet(ids=ids, answers=answers, query_depth=query_depth)
+
+
+def needle_training_documents(
+    tokenizer: TextTokenizer, *, length: int, count: int, keys: int, mentions: int, split: str = "train", seed: int = 0
+) -> torch.Tensor:
+    """``(count, length)`` training documents: ``keys`` facts ``" KEY VALUE."``, each stated ``mentions`` times at
+    uniformly random places in BBC filler, so that every statement after the first can be predicted only by recalling
+    the first, from any distance (a dense retrieval signal next to the language modelling of the filler)."""
+    if keys < 1 or mentions < 2 or keys > len(NEEDLE_VALUES):
+        raise ValueError(f"keys={keys}, mentions={mentions} are invalid; allowed: 1..{len(NEEDLE_VALUES)} keys, >= 2")
+    generator = torch.Generator().manual_seed(seed)
+    docs = torch.empty(count, length, dtype=torch.long)
+    for n in range(count):
+        statements = [fact for fact in _facts(tokenizer, keys, generator) for _ in range(mentions)]
+        body = length - sum(len(k) + len(v) for k, v in statements)
+        if body < len(statements):
+            raise ValueError(f"length={length} is too short for {keys} keys x {mentions} mentions")
+        places = torch.randint(0, body, (len(statements),), generator=generator).tolist()
+        order = torch.randperm(len(statements), generator=generator).tolist()  # which mention lands where
+        text, cut, doc = _filler_text(tokenizer, split, body, generator), 0, []
+        for at, i in zip(sorted(places), order, strict=True):
+            doc += text[cut:at] + statements[i][0] + statements[i][1]
+            cut = at
+        docs[n] = torch.tensor(doc + text[cut:])
+    return docs
+
+
+def repeated_documents(
+    tokenizer: TextTokenizer, *, length: int, count: int, split: str = "train", seed: int = 0
+) -> torch.Tensor:
+    """``(count, length)``: a random BBC passage of ``length // 2`` tokens read twice. Every token of the second
+    reading is predicted by finding the same token in the first and copying its successor, the "induction head"
+    mechanism (Olsson et al., arXiv 2209.11895) that needle recall needs; training on it grows that mechanism fast."""
+    generator = torch.Generator().manual_seed(seed)
+    half = (length + 1) // 2
+    docs = [_filler_text(tokenizer, split, half, generator) for _ in range(count)]
+    return torch.tensor([(doc + doc)[:length] for doc in docs], dtype=torch.long).view(count, length)
 
 
 def needle_accuracy(logits: torch.Tensor, needles: NeedleSet) -> dict[str, float]:

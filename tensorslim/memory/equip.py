@@ -140,7 +140,8 @@ class HFLlamaMemoryAttention(MemoryAttention):
 
 
 class BertMemoryAttention(MemoryAttention):
-    """Drop-in for Hugging Face's ``BertSelfAttention`` (no padding: the attention mask is unused)."""
+    """Drop-in for Hugging Face's ``BertSelfAttention`` (no padding: the attention mask is unused). Each call is one
+    document, read from an empty memory."""
 
     def __init__(self, inner: nn.Module, *, config: MemoryConfig) -> None:
         heads = inner.num_attention_heads
@@ -155,6 +156,9 @@ class BertMemoryAttention(MemoryAttention):
         )
 
     def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, None]:
+        # An encoder call reads one whole document: nothing streams from the previous call (its batch, its
+        # positions and its autograd graph belong to other documents).
+        self.store.reset()
         return self.attend(hidden_states), None
 
 

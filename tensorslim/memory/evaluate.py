@@ -14,7 +14,12 @@ from tensorslim.memory.config import MemoryConfig
 from tensorslim.memory.equip import equip_memory_, memory_stores
 from tensorslim.memory.streaming import stream_logits, stream_nll
 
-DATA = ("stdlib", "needles", *(f"bbc-{topic}" for topic in ("business", "entertainment", "politics", "sport", "tech")))
+DATA = (
+    "stdlib",
+    "needles",
+    "needles-recalled",
+    *(f"bbc-{topic}" for topic in ("business", "entertainment", "politics", "sport", "tech")),
+)
 
 
 def full_attention(length: int, *, chunk: int) -> MemoryConfig:
@@ -23,13 +28,19 @@ def full_attention(length: int, *, chunk: int) -> MemoryConfig:
 
 
 def documents(data: str, tokenizer: object, *, length: int, count: int, seed: int = 0) -> object:
-    """``(count, length)`` token ids for ``stdlib`` / ``bbc-<topic>``, or a needle set for ``needles``."""
+    """``(count, length)`` token ids for ``stdlib`` / ``bbc-<topic>``, or a needle set for ``needles`` (stated once,
+    asked at the end) / ``needles-recalled`` (stated early, once more in the middle, asked at the end)."""
     from tensorslim.data import longdocs
 
     if data == "stdlib":
         return longdocs.stdlib_documents(tokenizer, length=length, count=count)
     if data == "needles":
         return longdocs.needle_documents(tokenizer, length=length, count=count, seed=seed)
+    if data == "needles-recalled":
+        depths, recalls = longdocs.RECALLED_DEPTHS, longdocs.RECALLS
+        return longdocs.needle_documents(
+            tokenizer, length=length, count=count, depths=depths, recalls=recalls, seed=seed
+        )
     if data.startswith("bbc-"):
         return longdocs.bbc_topic_documents(tokenizer, topic=data[4:], length=length, count=count)
     raise ValueError(f"data={data!r} is unknown; allowed: {list(DATA)}")

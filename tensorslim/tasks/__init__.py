@@ -5,6 +5,7 @@ from tensorslim.tasks import (  # noqa: F401 - each module registers its task
     distill,
     lm,
     longctx,
+    lookahead,
     mlm,
     reading,
     segment,

@@ -2,8 +2,9 @@
 multi-key needles (:mod:`tensorslim.data.longdocs`), so that one small model serves both the streaming-perplexity and
 the needle-retrieval benchmarks of the bounded memory (:mod:`tensorslim.memory`).
 
-Training blocks: a share ``needles`` of needle documents (BBC train-split filler, facts at shifted depths, restated at
-the end), the rest stdlib train-split blocks. Evaluation: the loss on held-out blocks of both kinds, and the share
+Training blocks: a share ``needles`` of needle documents (BBC train-split filler with ``needle_keys`` facts, each stated
+``mentions`` times at random places, so every later statement is a recall from some distance), the rest stdlib
+train-split blocks. Evaluation: the loss on held-out blocks of both kinds, and the share
 of held-out needles recalled with full attention.
 """
 
@@ -16,21 +17,26 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensorslim._checks import require_int
 from tensorslim.options import option
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, register_task
 from tensorslim.tasks.lm import causal_lm_loss
-
-# Needle depths of the training documents: four sets, shifted so that no depth is seen only at one offset.
-_TRAIN_DEPTHS = tuple(tuple(round(d + shift, 2) for d in (0.05, 0.25, 0.45, 0.65)) for shift in (0.0, 0.05, 0.1, 0.15))
 
 
 @dataclass(frozen=True, kw_only=True)
 class LongContextOptions:
     needles: float = option(0.5, "share of training blocks that are needle documents, in [0, 1] (at most 4,000)")
+    needle_keys: int = option(8, "facts per training needle document (fewer if the block is short)")
+    mentions: int = option(3, "times each fact is stated in a training needle document (>= 2: the later are recalls)")
+    repeats: float = option(0.0, "share of needle documents replaced by a BBC passage read twice, in [0, 1)")
 
     def __post_init__(self) -> None:
         if isinstance(self.needles, bool) or not isinstance(self.needles, int | float) or not 0 <= self.needles <= 1:
             raise ValueError(f"needles={self.needles!r} is invalid; allowed: a share in [0, 1]")
+        require_int("needle_keys", self.needle_keys)
+        require_int("mentions", self.mentions, minimum=2)
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int | float) or not 0 <= self.repeats < 1:
+            raise ValueError(f"repeats={self.repeats!r} is invalid; allowed: a share in [0, 1)")
 
 
 @register_task
@@ -42,27 +48,30 @@ class LongContextLM(Task):
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream, build_lm_data
-        from tensorslim.data.longdocs import DEPTHS, long_tokenizer, needle_documents
+        from tensorslim.data.longdocs import (
+            DEPTHS,
+            long_tokenizer,
+            needle_documents,
+            needle_training_documents,
+            repeated_documents,
+        )
 
         tokenizer = long_tokenizer(config.vocab_size or 4096)
-        keys = max(1, min(4, config.seq_len // 96))  # needles per document: a short block holds fewer
+        keys = max(1, min(4, config.seq_len // 96))  # held-out needles per document: a short block holds fewer
         code = build_lm_data("stdlib", tokenizer=None, vocab_size=tokenizer.vocab_size, seq_len=config.seq_len)
         n_needles = round(len(code.train) * self.settings.needles / max(1e-9, 1 - self.settings.needles))
         n_needles = min(n_needles, 4000)
-        per_set = max(1, n_needles // len(_TRAIN_DEPTHS)) if n_needles else 0
-        needle_blocks = [
-            needle_documents(
-                tokenizer,
-                length=config.seq_len,
-                count=per_set,
-                depths=depths[:keys],
-                split="train",
-                seed=config.seed + i,
-            ).ids
-            for i, depths in enumerate(_TRAIN_DEPTHS)
-            if per_set
-        ]
-        train = torch.cat([code.train[: max(1, len(code.train) - n_needles)], *needle_blocks])
+        needle_blocks = needle_training_documents(
+            tokenizer,
+            length=config.seq_len,
+            count=n_needles,
+            keys=max(1, min(self.settings.needle_keys, config.seq_len // (8 * self.settings.mentions))),
+            mentions=self.settings.mentions,
+            seed=config.seed,
+        )
+        n_repeats = round(n_needles * self.settings.repeats)
+        repeated = repeated_documents(tokenizer, length=config.seq_len, count=n_repeats, seed=config.seed)
+        train = torch.cat([code.train[: max(1, len(code.train) - n_needles)], needle_blocks[n_repeats:], repeated])
         held_out = needle_documents(
             tokenizer, length=config.seq_len, count=config.eval_blocks, depths=DEPTHS[:keys], seed=config.seed
         )

@@ -46,3 +46,38 @@ def test_bad_input_is_one_line_and_exit_2(flags: list[str], message: str, capsys
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
+
+
+def test_lookahead_task_trains_minilm_with_a_waiting_memory_through_the_trainer(tmp_path: Path) -> None:
+    """The wiring of benchmarks/memory_lookahead.py: the Trainer builds MiniLM for ``lookahead``, the memory is
+    equipped in place (same parameters, so the optimizer still updates them) and one step trains through it."""
+    import torch
+
+    from tensorslim.memory import MemoryConfig, equip_memory_, memory_stores
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import Trainer
+
+    config = TrainConfig(
+        preset="minilm",
+        task="lookahead",
+        method="dense",
+        steps=1,
+        batch_size=2,
+        seq_len=24,
+        lr=1e-4,
+        eval_every=1,
+        eval_blocks=4,
+        checkpoint_every=1,
+        progress=False,
+        tensorboard=False,
+        out_dir=str(tmp_path / "run"),
+        task_options={"max_distance": 8, "examples": 8},
+    )
+    trainer = Trainer(config)
+    equip_memory_(trainer.model, MemoryConfig(capacity=16, chunk=4, wait=8))
+    store = memory_stores(trainer.model)[0]
+    before = trainer.model.bert.encoder.layer[0].attention.self.q_proj.weight.detach().clone()
+    result = trainer.run()
+    after = trainer.model.bert.encoder.layer[0].attention.self.q_proj.weight
+    assert not torch.equal(before, after) and store.peak <= 16 + 4
+    assert 0.0 <= result.val_metrics["val_accuracy"] <= 1.0

@@ -218,6 +218,18 @@ def test_wait_and_capacity_covering_the_input_equal_full_bidirectional_attention
         assert torch.allclose(model(ids).last_hidden_state, reference, atol=1e-5, rtol=0)
 
 
+def test_each_encoder_call_reads_one_document_from_an_empty_memory() -> None:
+    """A second document (another batch size) must not see the first one's entries, and its gradients flow."""
+    fresh = tiny_bert()
+    equip_memory_(fresh, MemoryConfig(capacity=32, chunk=8, wait=8, policy="lra"))
+    used = tiny_bert()
+    equip_memory_(used, MemoryConfig(capacity=32, chunk=8, wait=8, policy="lra"))
+    first, second = torch.randint(0, 97, (3, 40)), torch.randint(0, 97, (2, 56))
+    used(first).last_hidden_state.sum().backward()
+    reference = fresh(second).last_hidden_state
+    assert torch.allclose(used(second).last_hidden_state, reference, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("wait", [0, 5, 23])
 def test_each_query_sees_exactly_wait_later_tokens(wait: int) -> None:
     """One BERT self-attention layer with an unbounded memory: query i attends keys j <= i + wait."""
@@ -270,16 +282,79 @@ def test_models_that_cannot_be_equipped() -> None:
 
 
 def test_needle_documents_are_deterministic_by_seed_and_hold_their_facts() -> None:
-    from tensorslim.data.longdocs import long_tokenizer, needle_documents
+    from tensorslim.data.longdocs import NEEDLE_KEYS, NEEDLE_VALUES, long_tokenizer, needle_documents
 
     tokenizer = long_tokenizer()
     first, again, other = (needle_documents(tokenizer, length=200, count=3, seed=s) for s in (7, 7, 8))
     assert torch.equal(first.ids, again.ids) and torch.equal(first.answers, again.answers)
     assert not torch.equal(first.ids, other.ids)
+    key_ids = {tokenizer.encode_batch([k])[0][0] for k in NEEDLE_KEYS}
     for n in range(3):
-        text = tokenizer.decode(first.ids[n].tolist())
-        for depth in (0.1, 0.3, 0.5, 0.7):  # each recalled value appears twice: the fact and its restatement
-            value = tokenizer.decode(first.ids[n][first.query_depth[n] == depth].tolist()).strip(" .")
-            assert value.isdigit() and text.count(f" is {value}.") == 2
+        ids = first.ids[n].tolist()
+        for depth in (0.1, 0.3, 0.5, 0.7):  # each recalled value follows its key twice: the fact, its restatement
+            (at,) = (first.query_depth[n] == depth).nonzero()[:, 0].tolist()
+            key, value = ids[at - 1], ids[at]
+            assert key in key_ids and tokenizer.decode([value]) in NEEDLE_VALUES
+            pairs = [i for i in range(len(ids) - 1) if ids[i] == key]
+            assert len(pairs) == 2 and all(ids[i + 1] == value for i in pairs)
+            assert pairs[0] < 0.75 * len(ids) < pairs[1]  # planted in the body, asked at the end
+    recalled = needle_documents(tokenizer, length=200, count=2, depths=(0.1, 0.2), recalls=(0.6, 0.4), seed=7)
+    for n in range(2):
+        ids = recalled.ids[n].tolist()
+        for depth, recall in ((0.1, 0.6), (0.2, 0.4)):
+            (at,) = (recalled.query_depth[n] == depth).nonzero()[:, 0].tolist()
+            places = [i for i in range(len(ids) - 1) if ids[i] == ids[at - 1]]
+            assert len(places) == 3 and all(ids[i + 1] == ids[at] for i in places)  # planted, recalled, asked
+            assert abs(places[1] / 200 - recall) < 0.12  # the recall sits near its depth (facts shift it a little)
     with pytest.raises(ValueError, match=r"depths=\(1.5,\) is invalid"):
         needle_documents(tokenizer, length=200, count=1, depths=(1.5,))
+    with pytest.raises(ValueError, match=r"recalls=\(0.5,\) is invalid"):
+        needle_documents(tokenizer, length=200, count=1, depths=(0.1, 0.2), recalls=(0.5,))
+
+
+def test_needle_training_documents_state_each_fact_several_times() -> None:
+    from tensorslim.data.longdocs import NEEDLE_KEYS, long_tokenizer, needle_training_documents
+
+    tokenizer = long_tokenizer()
+    docs = needle_training_documents(tokenizer, length=256, count=2, keys=5, mentions=3, seed=1)
+    assert docs.shape == (2, 256)
+    assert torch.equal(docs, needle_training_documents(tokenizer, length=256, count=2, keys=5, mentions=3, seed=1))
+    key_ids = {tokenizer.encode_batch([k])[0][0] for k in NEEDLE_KEYS}
+    for doc in docs.tolist():
+        keys = [token for token in doc[:-1] if token in key_ids]
+        assert len(set(keys)) == 5 and all(keys.count(k) == 3 for k in set(keys))
+        for key in set(keys):  # every mention carries the same value
+            assert len({doc[i + 1] for i in range(len(doc) - 1) if doc[i] == key}) == 1
+    with pytest.raises(ValueError, match="mentions=1 are invalid"):
+        needle_training_documents(tokenizer, length=256, count=1, keys=5, mentions=1)
+
+
+def test_repeated_documents_read_one_passage_twice() -> None:
+    from tensorslim.data.longdocs import long_tokenizer, repeated_documents
+    from tensorslim.tasks.longctx import LongContextOptions
+
+    docs = repeated_documents(long_tokenizer(), length=101, count=3, seed=2)
+    assert docs.shape == (3, 101) and torch.equal(docs[:, :50], docs[:, 51:101])
+    assert not torch.equal(docs[0], docs[1])
+    with pytest.raises(ValueError, match=r"repeats=1 is invalid; allowed: a share in \[0, 1\)"):
+        LongContextOptions(repeats=1)
+
+
+def test_lookahead_rows_put_the_labelled_cue_within_reach_of_cls_only() -> None:
+    from tensorslim.data.longdocs import long_tokenizer
+    from tensorslim.tasks.lookahead import CUES, lookahead_rows
+
+    tokenizer = long_tokenizer()
+    rows, vocab = lookahead_rows(tokenizer, count=50, seq_len=40, max_distance=12, split="test", seed=3)
+    assert rows.shape == (50, 41) and vocab > tokenizer.vocab_size  # [CLS] is a new id after the BPE's
+    cues = torch.tensor([tokenizer.encode_batch([c])[0][0] for c in CUES])
+    ids, labels = rows[:, 1:], rows[:, 0]
+    assert (ids[:, 0] == tokenizer.vocab_size).all()  # [CLS] first
+    found = torch.isin(ids, cues)
+    assert (found.sum(dim=1) == 1).all()  # exactly one cue word per document
+    where = found.nonzero()[:, 1]
+    assert where.min() >= 1 and where.max() <= 12 and len(set(where.tolist())) > 6
+    assert torch.equal(ids[found], cues[labels])  # the cue is the label's word
+    assert torch.equal(rows, lookahead_rows(tokenizer, count=50, seq_len=40, max_distance=12, split="test", seed=3)[0])
+    with pytest.raises(ValueError, match="max_distance=40 does not fit seq_len=40"):
+        lookahead_rows(tokenizer, count=1, seq_len=40, max_distance=40, split="test", seed=0)
