@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from tensorslim.cli.finetune import summarize, write_summary
+import pytest
+
+from tensorslim.cli.finetune import chosen_lr, summarize, write_summary
 from tensorslim.cli.main import main
 
 
@@ -53,3 +55,25 @@ def test_unknown_adapter_is_a_one_line_error(tmp_path, capsys) -> None:
     assert main(["finetune", "--adapter", "ia3", "--out", str(tmp_path / "x")]) == 2
     error = capsys.readouterr().err.strip()
     assert "adapter='ia3' is unknown" in error and "\n" not in error
+
+
+def test_lr_from_reuses_the_rate_chosen_most_often_on_the_development_set() -> None:
+    def run(seed: int, lr: float, dev: float) -> dict:
+        return {"method": "lora", "k": 100, "seed": seed, "lr": lr, "dev_accuracy": dev, "grid": [1e-3, 5e-3]}
+
+    # 5e-3 wins seeds 0 and 1, 1e-3 wins seed 2 (by far): the majority, not the mean, decides.
+    runs = [run(0, 1e-3, 0.5), run(0, 5e-3, 0.6), run(1, 1e-3, 0.5), run(1, 5e-3, 0.55)]
+    runs += [run(2, 1e-3, 0.9), run(2, 5e-3, 0.1)]
+    assert chosen_lr(runs, "lora", 100) == 5e-3
+    # One seed each: the tie goes to the higher mean development accuracy (1e-3: 0.7 vs 0.35).
+    assert chosen_lr(runs[:2] + runs[4:], "lora", 100) == 1e-3
+    with pytest.raises(ValueError, match="no complete lora grid at K=500"):
+        chosen_lr(runs, "lora", 500)
+
+
+def test_a_run_with_its_own_grid_is_complete_with_that_grid() -> None:
+    run = {"method": "lora", "k": 1000, "seed": 0, "dev_accuracy": 0.5, "test_accuracy": 0.7, "trainable": 1}
+    # One rate reused from another K (--lr-from): complete; without a grid field it needs LR_GRIDS["lora"].
+    (row,) = summarize([{**run, "lr": 5e-3, "grid": [5e-3]}])["table"]
+    assert (row["k"], row["seeds"], row["mean"]) == (1000, 1, 70.0)
+    assert summarize([{**run, "lr": 5e-3}])["table"] == []
