@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/finetune/adapters", help="output prefix: .jsonl, .json, .md, .png")
     parser.add_argument("--run-dir", default="runs/finetune", help="folder of the individual Trainer runs")
     parser.add_argument("--summarize", action="store_true", help="only rebuild the table and figure from <out>.jsonl")
+    parser.add_argument(
+        "--inference",
+        default=None,
+        metavar="JSON",
+        help="take the inference ratios from this benchmarks/adapters_inference.py result (deployed forms, realistic "
+        "batches) instead of the sweep's own",
+    )
 
 
 def _methods(text: str) -> list[str]:
@@ -94,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
     summary = summarize(_read(raw))
+    if args.inference:
+        use_inference(summary, json.loads(Path(args.inference).read_text()))
     write_summary(summary, out)
     print(out.with_suffix(".md").read_text())
     return 0
@@ -261,6 +270,15 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     ]
     commands = sorted({r.get("command", "") for r in records} - {""})
     return {"table": table, "commands": commands}
+
+
+def use_inference(summary: dict[str, Any], measured: dict[str, Any]) -> None:
+    """Put the inference ratios of an ``adapters_inference.py`` result (its ``table``: method → ratio) into the
+    summary's rows, and its command beside the sweep's."""
+    for row in summary["table"]:
+        if row["method"] in measured["table"]:
+            row["inference_ratio"] = measured["table"][row["method"]]
+    summary["commands"] = [*summary["commands"], measured["command"]]
 
 
 def _best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:

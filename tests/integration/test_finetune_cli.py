@@ -77,3 +77,15 @@ def test_a_run_with_its_own_grid_is_complete_with_that_grid() -> None:
     (row,) = summarize([{**run, "lr": 5e-3, "grid": [5e-3]}])["table"]
     assert (row["k"], row["seeds"], row["mean"]) == (1000, 1, 70.0)
     assert summarize([{**run, "lr": 5e-3}])["table"] == []
+
+
+def test_inference_ratios_from_the_inference_benchmark_replace_the_sweeps(tmp_path) -> None:
+    from tensorslim.cli.finetune import use_inference
+
+    run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
+    summary = summarize([{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}])
+    use_inference(summary, {"table": {"lora": 1.02, "prompt": 1.9}, "command": "python benchmarks/x.py"})
+    (row,) = summary["table"]
+    assert row["inference_ratio"] == 1.02 and summary["commands"][-1] == "python benchmarks/x.py"
+    write_summary(summary, tmp_path / "s")
+    assert "| 1.02× |" in (tmp_path / "s.md").read_text()
