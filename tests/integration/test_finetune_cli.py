@@ -89,3 +89,13 @@ def test_inference_ratios_from_the_inference_benchmark_replace_the_sweeps(tmp_pa
     assert row["inference_ratio"] == 1.02 and summary["commands"][-1] == "python benchmarks/x.py"
     write_summary(summary, tmp_path / "s")
     assert "| 1.02× |" in (tmp_path / "s.md").read_text()
+
+
+def test_adapter_methods_default_to_a_rate_of_their_finetune_grid() -> None:
+    from tensorslim.cli.finetune import LR_GRIDS
+    from tensorslim.train.config import TrainConfig
+
+    for method in ("lora", "prefix", "adapter", "prompt", "unipelt", "unipelt-prompt", "peft-lora", "peft-prompt"):
+        config = TrainConfig(preset="minilm", task="classify", method=method, data="bbcnews-titles")
+        assert config.peak_lr() in LR_GRIDS[method], method  # the sweep's choice, not the model recipe's
+    assert TrainConfig(preset="minilm", method="prompt", lr=1e-3).peak_lr() == 1e-3  # a given rate wins
