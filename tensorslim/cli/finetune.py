@@ -66,11 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default="runs/finetune", help="folder of the individual Trainer runs")
     parser.add_argument("--summarize", action="store_true", help="only rebuild the table and figure from <out>.jsonl")
     parser.add_argument(
-        "--inference",
+        "--costs",
         default=None,
         metavar="JSON",
-        help="take the inference ratios from this benchmarks/adapters_inference.py result (deployed forms, realistic "
-        "batches) instead of the sweep's own",
+        help="take train-step times and inference ratios from this benchmarks/adapters_costs.py result (measured "
+        "side by side, deployed forms) instead of the sweep's own",
     )
 
 
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
     summary = summarize(_read(raw))
-    if args.inference:
-        use_inference(summary, json.loads(Path(args.inference).read_text()))
+    if args.costs:
+        use_costs(summary, json.loads(Path(args.costs).read_text()))
     write_summary(summary, out)
     print(out.with_suffix(".md").read_text())
     return 0
@@ -272,12 +272,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"table": table, "commands": commands}
 
 
-def use_inference(summary: dict[str, Any], measured: dict[str, Any]) -> None:
-    """Put the inference ratios of an ``adapters_inference.py`` result (its ``table``: method → ratio) into the
-    summary's rows, and its command beside the sweep's."""
+def use_costs(summary: dict[str, Any], measured: dict[str, Any]) -> None:
+    """Put the inference ratios (``table``: method → ratio) and train-step seconds (``step_seconds``) of an
+    ``adapters_costs.py`` result into the summary's rows, and its command beside the sweep's."""
     for row in summary["table"]:
         if row["method"] in measured["table"]:
             row["inference_ratio"] = measured["table"][row["method"]]
+        if row["method"] in measured.get("step_seconds", {}):
+            row["step_s"] = measured["step_seconds"][row["method"]]
     summary["commands"] = [*summary["commands"], measured["command"]]
 
 

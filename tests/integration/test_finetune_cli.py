@@ -79,16 +79,20 @@ def test_a_run_with_its_own_grid_is_complete_with_that_grid() -> None:
     assert summarize([{**run, "lr": 5e-3}])["table"] == []
 
 
-def test_inference_ratios_from_the_inference_benchmark_replace_the_sweeps(tmp_path) -> None:
-    from tensorslim.cli.finetune import use_inference
+def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> None:
+    from tensorslim.cli.finetune import use_costs
 
     run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
-    summary = summarize([{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}])
-    use_inference(summary, {"table": {"lora": 1.02, "prompt": 1.9}, "command": "python benchmarks/x.py"})
-    (row,) = summary["table"]
-    assert row["inference_ratio"] == 1.02 and summary["commands"][-1] == "python benchmarks/x.py"
+    records = [{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}]
+    records.append({**records[0], "method": "prompt", "step_s": 9.0})
+    summary = summarize(records)
+    measured = {"table": {"lora": 1.02, "prompt": 1.9}, "step_seconds": {"lora": 0.2, "prompt": 0.3}}
+    use_costs(summary, {**measured, "command": "python benchmarks/x.py"})
+    rows = {row["method"]: row for row in summary["table"]}
+    assert (rows["lora"]["inference_ratio"], rows["prompt"]["step_s"]) == (1.02, 0.3)
+    assert summary["commands"][-1] == "python benchmarks/x.py"
     write_summary(summary, tmp_path / "s")
-    assert "| 1.02× |" in (tmp_path / "s.md").read_text()
+    assert "| prompt | 70.0 ± 0.0 (1) | 1 | 1.50× | 1.90× |" in (tmp_path / "s.md").read_text()
 
 
 def test_adapter_methods_default_to_a_rate_of_their_finetune_grid() -> None:
