@@ -320,7 +320,7 @@ def write_summary(summary: dict[str, Any], out: Path) -> None:
     """``<out>.json``, ``<out>.md`` (a table) and ``<out>.png`` (accuracy bars, step and inference costs)."""
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     table = summary["table"]
-    sizes = sorted({row["k"] for row in table})
+    sizes = sorted({row["k"] for row in table}, key=lambda k: (k == 0, k))  # 0 ("all") last
     methods = list(dict.fromkeys(row["method"] for row in table))
     lora_step = next((row["step_s"] for row in table if row["method"] == "lora" and "step_s" in row), math.nan)
     lines = [

@@ -103,3 +103,9 @@ def test_adapter_methods_default_to_a_rate_of_their_finetune_grid() -> None:
         config = TrainConfig(preset="minilm", task="classify", method=method, data="bbcnews-titles")
         assert config.peak_lr() in LR_GRIDS[method], method  # the sweep's choice, not the model recipe's
     assert TrainConfig(preset="minilm", method="prompt", lr=1e-3).peak_lr() == 1e-3  # a given rate wins
+
+
+def test_the_table_puts_all_of_the_training_split_after_the_sizes(tmp_path) -> None:
+    run = {"method": "lora", "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7, "grid": [5e-3]}
+    write_summary(summarize([{**run, "k": 0}, {**run, "k": 100}, {**run, "k": 1000}]), tmp_path / "s")
+    assert "| method | K=100 | K=1000 | K=all |" in (tmp_path / "s.md").read_text()
