@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -51,11 +52,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dev-size", type=int, default=100, help="development examples drawn from the training split")
     parser.add_argument("--epochs", type=float, default=5.0, help="passes over the K examples (steps = epochs·K/batch)")
     parser.add_argument("--max-steps", type=int, default=400, help="cap on optimizer steps per run")
+    parser.add_argument(
+        "--lr-from",
+        type=int,
+        default=None,
+        metavar="K",
+        help="at other sizes, run each method only at the rate its development accuracy chose most often at this K "
+        "(those runs must be in <out>.jsonl)",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=16, help="tokens per title ([CLS] included)")
     parser.add_argument("--out", default="runs/finetune/adapters", help="output prefix: .jsonl, .json, .md, .png")
     parser.add_argument("--run-dir", default="runs/finetune", help="folder of the individual Trainer runs")
     parser.add_argument("--summarize", action="store_true", help="only rebuild the table and figure from <out>.jsonl")
+    parser.add_argument(
+        "--costs",
+        default=None,
+        metavar="JSON",
+        help="take train-step times and inference ratios from this benchmarks/adapters_costs.py result (measured "
+        "side by side, deployed forms) instead of the sweep's own",
+    )
 
 
 def _methods(text: str) -> list[str]:
@@ -79,10 +95,14 @@ def run(args: argparse.Namespace) -> int:
                 if (TFIDF, k, seed, 0.0) not in done:
                     _append(raw, {**_tfidf(args, k, seed), "command": command})
                 for method in methods:
-                    for lr in LR_GRIDS[method]:
+                    grid = _grid(args, method, k, _read(raw))
+                    for lr in grid:
                         if (method, k, seed, lr) not in done:
-                            _append(raw, {**_one_run(args, method, k, seed, lr), "command": command})
+                            record = _one_run(args, method, k, seed, lr)
+                            _append(raw, {**record, "grid": list(grid), "command": command})
     summary = summarize(_read(raw))
+    if args.costs:
+        use_costs(summary, json.loads(Path(args.costs).read_text()))
     write_summary(summary, out)
     print(out.with_suffix(".md").read_text())
     return 0
@@ -90,12 +110,40 @@ def run(args: argparse.Namespace) -> int:
 
 def _argv(args: argparse.Namespace) -> list[str]:
     sizes = " ".join(str(k) for k in args.train_size)
+    reuse = [] if args.lr_from is None else [f"--lr-from {args.lr_from}"]
     return [
         f"--model {args.model} --adapter {args.adapter} --data {args.data} --train-size {sizes}",
         f"--seeds {args.seeds} --first-seed {args.first_seed}",
         f"--dev-size {args.dev_size} --epochs {args.epochs:g} --max-steps {args.max_steps}",
+        *reuse,
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
+
+
+def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str, Any]]) -> tuple[float, ...]:
+    """The learning rates ``method`` runs at size ``k``: its grid, or with ``--lr-from K0`` (and ``k ≠ K0``) the one
+    rate chosen by development accuracy at ``K0``."""
+    if args.lr_from is None or k == args.lr_from:
+        return LR_GRIDS[method]
+    return (chosen_lr(records, method, args.lr_from),)
+
+
+def chosen_lr(records: list[dict[str, Any]], method: str, k: int) -> float:
+    """The rate that won on the development set in most seeds of ``method`` at size ``k``; a tie goes to the rate
+    with the higher mean development accuracy.
+
+    Raises:
+        ValueError: no complete grid of ``method`` at ``k`` among ``records``.
+    """
+    best = _best_runs([r for r in records if r["method"] == method and r["k"] == k])
+    if not best:
+        raise ValueError(f"lr_from={k}: no complete {method} grid at K={k} in the runs file; run that size first")
+    wins: dict[float, list[float]] = {}
+    for r in best.values():
+        wins.setdefault(r["lr"], []).append(r["_dev"])
+    mine = [r for r in records if r["method"] == method and r["k"] == k]
+    mean_dev = {lr: statistics.fmean(r["dev_accuracy"] for r in mine if r["lr"] == lr) for lr in wins}
+    return max(wins, key=lambda lr: (len(wins[lr]), mean_dev[lr]))
 
 
 def _key(record: dict[str, Any]) -> tuple:
@@ -144,6 +192,7 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     )
     trainer = Trainer(config)
     result = trainer.run()
+    shutil.rmtree(Path(config.out_dir) / "checkpoints", ignore_errors=True)  # ~90 MB a run; the sweep needs none
     counts = trainable_parameters(trainer.model)
     record = {
         "method": method,
@@ -203,16 +252,7 @@ def _tfidf(args: argparse.Namespace, k: int, seed: int) -> dict[str, Any]:
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per (method, K): the test accuracy of the best-on-dev learning rate, mean ± std over seeds, and the costs.
     A (method, K, seed) whose grid is not complete (an interrupted sweep) is left out."""
-    grids: dict[tuple, set[float]] = {}
-    for r in records:
-        grids.setdefault((r["method"], r["k"], r["seed"]), set()).add(r["lr"])
-    complete = {key for key, lrs in grids.items() if key[0] == TFIDF or lrs >= set(LR_GRIDS.get(key[0], ()))}
-    best: dict[tuple, dict[str, Any]] = {}
-    for r in (r for r in records if (r["method"], r["k"], r["seed"]) in complete):
-        key = (r["method"], r["k"], r["seed"])
-        dev = r["dev_accuracy"] if r["dev_accuracy"] == r["dev_accuracy"] else 0.0  # NaN (TF-IDF): no choice
-        if key not in best or dev > best[key]["_dev"]:
-            best[key] = {**r, "_dev": dev}
+    best = _best_runs(records)
     rows: dict[tuple, list[float]] = {}
     for (method, k, _), r in sorted(best.items()):
         rows.setdefault((method, k), []).append(100 * r["test_accuracy"])
@@ -230,6 +270,36 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     ]
     commands = sorted({r.get("command", "") for r in records} - {""})
     return {"table": table, "commands": commands}
+
+
+def use_costs(summary: dict[str, Any], measured: dict[str, Any]) -> None:
+    """Put the inference ratios (``table``: method → ratio) and train-step seconds (``step_seconds``) of an
+    ``adapters_costs.py`` result into the summary's rows, and its command beside the sweep's."""
+    for row in summary["table"]:
+        if row["method"] in measured["table"]:
+            row["inference_ratio"] = measured["table"][row["method"]]
+        if row["method"] in measured.get("step_seconds", {}):
+            row["step_s"] = measured["step_seconds"][row["method"]]
+    summary["commands"] = [*summary["commands"], measured["command"]]
+
+
+def _best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """Per (method, K, seed) whose grid is complete (the rates in its ``grid`` field, else ``LR_GRIDS``): the run
+    with the best development accuracy, its dev accuracy as ``_dev``."""
+    grids: dict[tuple, set[float]] = {}
+    wanted: dict[tuple, set[float]] = {}
+    for r in records:
+        key = (r["method"], r["k"], r["seed"])
+        grids.setdefault(key, set()).add(r["lr"])
+        wanted[key] = set(r.get("grid", LR_GRIDS.get(r["method"], ())))
+    complete = {key for key, lrs in grids.items() if key[0] == TFIDF or lrs >= wanted[key]}
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in (r for r in records if (r["method"], r["k"], r["seed"]) in complete):
+        key = (r["method"], r["k"], r["seed"])
+        dev = r["dev_accuracy"] if r["dev_accuracy"] == r["dev_accuracy"] else 0.0  # NaN (TF-IDF): no choice
+        if key not in best or dev > best[key]["_dev"]:
+            best[key] = {**r, "_dev": dev}
+    return best
 
 
 def _costs(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -250,7 +320,7 @@ def write_summary(summary: dict[str, Any], out: Path) -> None:
     """``<out>.json``, ``<out>.md`` (a table) and ``<out>.png`` (accuracy bars, step and inference costs)."""
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     table = summary["table"]
-    sizes = sorted({row["k"] for row in table})
+    sizes = sorted({row["k"] for row in table}, key=lambda k: (k == 0, k))  # 0 ("all") last
     methods = list(dict.fromkeys(row["method"] for row in table))
     lora_step = next((row["step_s"] for row in table if row["method"] == "lora" and "step_s" in row), math.nan)
     lines = [

@@ -203,6 +203,18 @@ _HELP = {
     "unipelt-prompt": "UniPELT + a prompt tuning layer (arXiv 2405.05493)",
 }
 _BERT_ONLY = ("hf-bert",)
+# Default peak learning rates: the rate the development set chose in every seed of the K = 100 BBC-titles sweep
+# (benchmarks/results/adapters_bbc_titles.md); the soft prompt wants ten times the adapters' rate.
+DEFAULT_LR = {
+    "lora": 5e-3,
+    "prefix": 5e-3,
+    "adapter": 5e-3,
+    "prompt": 5e-2,
+    "unipelt": 5e-3,
+    "unipelt-prompt": 5e-3,
+    "peft-lora": 5e-3,
+    "peft-prompt": 5e-2,
+}
 for _name, _modules in MODULES.items():
     register_method(
         Method(
@@ -211,6 +223,7 @@ for _name, _modules in MODULES.items():
             convert=_convert(_name),
             options=PELTOptions,
             families=tuple(LORA_TARGETS) if _modules == ("lora",) else _BERT_ONLY,
+            lr=DEFAULT_LR[_name],
         )
     )
 register_method(
@@ -220,6 +233,7 @@ register_method(
         convert=_peft_lora,
         options=PELTOptions,
         families=_BERT_ONLY,
+        lr=DEFAULT_LR["peft-lora"],
     )
 )
 register_method(
@@ -229,5 +243,6 @@ register_method(
         convert=_peft_prompt,
         options=PELTOptions,
         families=_BERT_ONLY,
+        lr=DEFAULT_LR["peft-prompt"],
     )
 )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from tensorslim.cli.finetune import summarize, write_summary
+import pytest
+
+from tensorslim.cli.finetune import chosen_lr, summarize, write_summary
 from tensorslim.cli.main import main
 
 
@@ -53,3 +55,57 @@ def test_unknown_adapter_is_a_one_line_error(tmp_path, capsys) -> None:
     assert main(["finetune", "--adapter", "ia3", "--out", str(tmp_path / "x")]) == 2
     error = capsys.readouterr().err.strip()
     assert "adapter='ia3' is unknown" in error and "\n" not in error
+
+
+def test_lr_from_reuses_the_rate_chosen_most_often_on_the_development_set() -> None:
+    def run(seed: int, lr: float, dev: float) -> dict:
+        return {"method": "lora", "k": 100, "seed": seed, "lr": lr, "dev_accuracy": dev, "grid": [1e-3, 5e-3]}
+
+    # 5e-3 wins seeds 0 and 1, 1e-3 wins seed 2 (by far): the majority, not the mean, decides.
+    runs = [run(0, 1e-3, 0.5), run(0, 5e-3, 0.6), run(1, 1e-3, 0.5), run(1, 5e-3, 0.55)]
+    runs += [run(2, 1e-3, 0.9), run(2, 5e-3, 0.1)]
+    assert chosen_lr(runs, "lora", 100) == 5e-3
+    # One seed each: the tie goes to the higher mean development accuracy (1e-3: 0.7 vs 0.35).
+    assert chosen_lr(runs[:2] + runs[4:], "lora", 100) == 1e-3
+    with pytest.raises(ValueError, match="no complete lora grid at K=500"):
+        chosen_lr(runs, "lora", 500)
+
+
+def test_a_run_with_its_own_grid_is_complete_with_that_grid() -> None:
+    run = {"method": "lora", "k": 1000, "seed": 0, "dev_accuracy": 0.5, "test_accuracy": 0.7, "trainable": 1}
+    # One rate reused from another K (--lr-from): complete; without a grid field it needs LR_GRIDS["lora"].
+    (row,) = summarize([{**run, "lr": 5e-3, "grid": [5e-3]}])["table"]
+    assert (row["k"], row["seeds"], row["mean"]) == (1000, 1, 70.0)
+    assert summarize([{**run, "lr": 5e-3}])["table"] == []
+
+
+def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> None:
+    from tensorslim.cli.finetune import use_costs
+
+    run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
+    records = [{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}]
+    records.append({**records[0], "method": "prompt", "step_s": 9.0})
+    summary = summarize(records)
+    measured = {"table": {"lora": 1.02, "prompt": 1.9}, "step_seconds": {"lora": 0.2, "prompt": 0.3}}
+    use_costs(summary, {**measured, "command": "python benchmarks/x.py"})
+    rows = {row["method"]: row for row in summary["table"]}
+    assert (rows["lora"]["inference_ratio"], rows["prompt"]["step_s"]) == (1.02, 0.3)
+    assert summary["commands"][-1] == "python benchmarks/x.py"
+    write_summary(summary, tmp_path / "s")
+    assert "| prompt | 70.0 ± 0.0 (1) | 1 | 1.50× | 1.90× |" in (tmp_path / "s.md").read_text()
+
+
+def test_adapter_methods_default_to_a_rate_of_their_finetune_grid() -> None:
+    from tensorslim.cli.finetune import LR_GRIDS
+    from tensorslim.train.config import TrainConfig
+
+    for method in ("lora", "prefix", "adapter", "prompt", "unipelt", "unipelt-prompt", "peft-lora", "peft-prompt"):
+        config = TrainConfig(preset="minilm", task="classify", method=method, data="bbcnews-titles")
+        assert config.peak_lr() in LR_GRIDS[method], method  # the sweep's choice, not the model recipe's
+    assert TrainConfig(preset="minilm", method="prompt", lr=1e-3).peak_lr() == 1e-3  # a given rate wins
+
+
+def test_the_table_puts_all_of_the_training_split_after_the_sizes(tmp_path) -> None:
+    run = {"method": "lora", "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7, "grid": [5e-3]}
+    write_summary(summarize([{**run, "k": 0}, {**run, "k": 100}, {**run, "k": 1000}]), tmp_path / "s")
+    assert "| method | K=100 | K=1000 | K=all |" in (tmp_path / "s.md").read_text()

@@ -358,3 +358,37 @@ def test_a_model_is_equipped_once() -> None:
     with pytest.raises(ValueError, match="equipped already"):
         equip_(model, unipelt())
     assert copy.deepcopy(model).pelt_config == unipelt()
+
+
+def test_prefix_encoder_starts_from_berts_init_near_zero_prefixes() -> None:
+    from tensorslim.adapters.modules import PrefixEncoder
+
+    torch.manual_seed(0)
+    enc = PrefixEncoder(length=10, dim=64, n_layers=2, n_heads=4, mlp_dim=128)
+    first, _, second = enc.transform
+    for weight in (enc.embedding.weight, first.weight, second.weight):  # UniPELT's code: BERT's N(0, 0.02)
+        assert abs(weight.std().item() - 0.02) < 0.003
+    assert not first.bias.any() and not second.bias.any()
+    # E·W₁ has std √64·0.02·0.02 ≈ 0.003, so P = W₂·tanh(·) ≈ √128·0.003·0.02 ≈ 7e-4; PyTorch's default init
+    # (E ~ N(0, 1), Kaiming-uniform weights, uniform biases) gives prefixes of about ±0.3.
+    keys, values = enc.layer(1)
+    assert keys.abs().max() < 0.01 and values.abs().max() < 0.01
+
+
+def test_prefixes_are_computed_once_without_gradients_and_again_after_a_weight_changes() -> None:
+    from tensorslim.adapters.modules import PrefixEncoder
+
+    torch.manual_seed(0)
+    enc = PrefixEncoder(length=3, dim=16, n_layers=2, n_heads=2, mlp_dim=8)
+    optimizer = torch.optim.SGD(enc.parameters(), lr=1.0)
+    with torch.no_grad():
+        cached = enc.layer(1)
+        assert enc.layer(1) is cached  # the same tensors, not recomputed
+    fresh = enc.layer(1)  # with gradients: always computed, part of the graph
+    assert fresh[0].requires_grad and fresh[0] is not cached[0]
+    (fresh[0].sum() + fresh[1].sum()).backward()
+    optimizer.step()  # an in-place update of every weight
+    with torch.no_grad():
+        after = enc.layer(1)
+    assert not torch.equal(after[0], cached[0])
+    torch.testing.assert_close(after, tuple(t.detach() for t in enc.layer(1)))

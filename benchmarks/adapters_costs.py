@@ -1,0 +1,230 @@
+"""Train-step time against LoRA and inference time against the frozen MiniLM backbone, each method side by side.
+
+**Train step.** Each method as ``tensorslim finetune`` trains it (MiniLM, 5 classes, AdamW on the trainable
+parameters): one step = forward, cross-entropy, backward, optimizer step, on one batch of 16 training titles cut and
+padded to 16 tokens (the sweep's ``--batch-size 16 --seq-len 16``). A round times ``--steps`` steps of every method in
+a rotated order; the figure is each method's median over rounds of its seconds per step. Timing every method in one
+process, interleaved, is what makes the ratios comparable on a shared machine; the sweep's own step times come from
+runs hours apart.
+
+**Inference.**
+Every method is put on the same MiniLM classifier (5 classes) in its deployed form: ungated LoRA merged into
+``W_q``/``W_v`` (``merge_lora_``, exact; peft's LoRA through its own ``merge``), prefixes computed once
+(``PrefixEncoder`` caches them without gradients), gated modules as they are (a gate depends on the input, so a
+gated LoRA cannot be merged). Input: BBC News test titles in their order, in batches of ``--batch`` titles padded to
+the longest title of the batch (MiniLM's tokenizer, ``[CLS] … [SEP]``). One round times every model once over all
+batches, in a rotated order; the ratio is the median over rounds of (model time / backbone time) within a round, so
+load changes between rounds cancel. One thread (``torch.set_num_threads(1)``).
+
+    OMP_NUM_THREADS=1 python benchmarks/adapters_costs.py --out benchmarks/results/adapters_costs
+
+Writes ``<out>.json`` and ``<out>.md``; ``tensorslim finetune --summarize --costs <out>.json`` puts both in the
+accuracy table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+# name → (registered method, deployed form)
+ARMS = {
+    "lora (merged)": ("lora", "merge"),
+    "lora (unmerged)": ("lora", None),
+    "peft-lora (merged)": ("peft-lora", "peft-merge"),
+    "adapter": ("adapter", None),
+    "prefix": ("prefix", None),
+    "prompt": ("prompt", None),
+    "peft-prompt": ("peft-prompt", None),
+    "unipelt": ("unipelt", None),
+    "unipelt-prompt": ("unipelt-prompt", None),
+}
+TRAINED = ("dense", "lora", "peft-lora", "adapter", "prefix", "prompt", "peft-prompt", "unipelt", "unipelt-prompt")
+# The method name the accuracy table uses for each arm's ratio.
+TABLE_NAMES = {
+    "lora (merged)": "lora",
+    "peft-lora (merged)": "peft-lora",
+    "adapter": "adapter",
+    "prefix": "prefix",
+    "prompt": "prompt",
+    "peft-prompt": "peft-prompt",
+    "unipelt": "unipelt",
+    "unipelt-prompt": "unipelt-prompt",
+}
+
+
+def build(method: str, deploy: str | None) -> nn.Module:
+    from tensorslim.adapters import merge_lora_
+    from tensorslim.methods import build_for_method
+
+    model, _, _ = build_for_method("minilm", method, task="classify", n_classes=5)
+    if deploy == "merge":
+        merge_lora_(model)
+    elif deploy == "peft-merge":
+        from peft.tuners.lora import LoraLayer
+
+        for module in model.modules():
+            if isinstance(module, LoraLayer):
+                module.merge()
+    return model.eval()
+
+
+def batches(size: int, count: int) -> list[dict[str, torch.Tensor]]:
+    """``count`` batches of ``size`` test titles, each padded to its longest title."""
+    import transformers
+
+    from tensorslim.data import bbcnews_titles
+    from tensorslim.models.registry import get_model
+
+    folder = get_model("minilm").tokenizer_folder()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    texts, _, _, _, test = bbcnews_titles()
+    titles = [texts[i] for i in test[: size * count]]
+    return [
+        dict(tokenizer(titles[i : i + size], padding="longest", return_tensors="pt"))
+        for i in range(0, len(titles), size)
+    ]
+
+
+def train_batch(size: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, mask, labels)``: ``size`` training titles cut and padded to ``seq_len`` tokens, as in the sweep."""
+    import transformers
+
+    from tensorslim.data import bbcnews_titles
+    from tensorslim.models.registry import get_model
+
+    folder = get_model("minilm").tokenizer_folder()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    texts, labels, _, train, _ = bbcnews_titles()
+    rows = tokenizer([texts[i] for i in train[:size]], padding="max_length", truncation=True, max_length=seq_len)
+    ids = torch.tensor(rows["input_ids"])
+    return ids, torch.tensor(rows["attention_mask"]), torch.tensor([labels[i] for i in train[:size]])
+
+
+def step_times(batch: tuple[torch.Tensor, ...], steps: int, rounds: int) -> dict[str, float]:
+    """Median over rounds of each method's seconds per training step, the methods interleaved."""
+    import torch.nn.functional as F
+
+    from tensorslim.methods import build_for_method
+
+    ids, mask, labels = batch
+    arms = {}
+    for method in TRAINED:
+        model, _, _ = build_for_method("minilm", method, task="classify", n_classes=5)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        arms[method] = (model, torch.optim.AdamW(params, lr=1e-5))
+
+    def step(method: str) -> None:
+        model, optimizer = arms[method]
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(ids, attention_mask=mask).logits
+        F.cross_entropy(logits, labels).backward()
+        optimizer.step()
+
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for name in arms:  # warm-up: optimizer states, allocator
+        step(name)
+    names = list(arms)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(name)
+            times[name].append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def measure(models: dict[str, nn.Module], data: list[dict[str, torch.Tensor]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per round of each model over all batches, the models in a rotated order each round."""
+    names = list(models)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with torch.inference_mode():
+        for name in names:  # warm-up (and the prefix caches)
+            models[name](**data[0])
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                start = time.perf_counter()
+                for inputs in data:
+                    models[name](**inputs)
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=32, help="titles per batch")
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2, help="training steps per method per round")
+    parser.add_argument("--train-rounds", type=int, default=5)
+    parser.add_argument("--out", default="bench-out/adapters_costs")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    step_seconds = step_times(train_batch(16, 16), args.steps, args.train_rounds)
+    data = batches(args.batch, args.batches)
+    models = {"frozen backbone": build("dense", None)}
+    models.update({name: build(method, deploy) for name, (method, deploy) in ARMS.items()})
+    times = measure(models, data, args.rounds)
+    base = times["frozen backbone"]
+    rows = {
+        name: {
+            "ratio": statistics.median(t / b for t, b in zip(times[name], base, strict=True)),
+            "seconds": statistics.median(times[name]),
+        }
+        for name in models
+    }
+    tokens = [int(b["attention_mask"].sum()) / len(b["attention_mask"]) for b in data]
+    padded = [b["input_ids"].shape[1] for b in data]
+    record: dict[str, Any] = {
+        "command": "OMP_NUM_THREADS=1 python benchmarks/adapters_costs.py " + " ".join(argv or sys.argv[1:]),
+        "batch": args.batch,
+        "batches": args.batches,
+        "rounds": args.rounds,
+        "tokens_per_title": statistics.fmean(tokens),
+        "padded_length": statistics.fmean(padded),
+        "load_average": os.getloadavg()[0],
+        "rows": rows,
+        "table": {TABLE_NAMES[name]: rows[name]["ratio"] for name in TABLE_NAMES},
+        "step_seconds": step_seconds,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    lora = step_seconds["lora"]
+    lines = [
+        f"```\n{record['command']}\n```\n",
+        f"**Train step** (batch 16 × 16 tokens, forward + backward + AdamW; median over {args.train_rounds} "
+        f"interleaved rounds of {args.steps} steps). One thread on a shared 2-core machine, load average "
+        f"{os.getloadavg()[0]:.0f}: noisy.\n",
+        "| method | seconds per step | step / LoRA |",
+        "|---|---|---|",
+        *(f"| {name} | {sec:.3f} | {sec / lora:.2f}× |" for name, sec in step_seconds.items()),
+        "",
+        "**Inference**",
+        "",
+        f"{args.batches} batches of {args.batch} BBC test titles, padded to the longest of each batch "
+        f"({record['tokens_per_title']:.1f} tokens per title on average, {record['padded_length']:.1f} after "
+        f"padding); median over {args.rounds} rounds of the time ratio to the frozen backbone within a round. "
+        f"One thread on a shared 2-core machine, load average {record['load_average']:.0f} at the end: noisy.\n",
+        "| model | time / frozen backbone | seconds per round (median) |",
+        "|---|---|---|",
+        *(f"| {name} | {row['ratio']:.2f}× | {row['seconds']:.3f} |" for name, row in rows.items()),
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
