@@ -29,6 +29,9 @@ class LongContextOptions:
     needle_keys: int = option(8, "facts per training needle document (fewer if the block is short)")
     mentions: int = option(3, "times each fact is stated in a training needle document (>= 2: the later are recalls)")
     repeats: float = option(0.0, "share of needle documents replaced by a BBC passage read twice, in [0, 1)")
+    fact_share: float = option(
+        0.375, "largest share of a training needle document taken by facts, in (0, 1) (the rest is BBC filler)"
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.needles, bool) or not isinstance(self.needles, int | float) or not 0 <= self.needles <= 1:
@@ -37,6 +40,9 @@ class LongContextOptions:
         require_int("mentions", self.mentions, minimum=2)
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int | float) or not 0 <= self.repeats < 1:
             raise ValueError(f"repeats={self.repeats!r} is invalid; allowed: a share in [0, 1)")
+        share = self.fact_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+            raise ValueError(f"fact_share={share!r} is invalid; allowed: a share in (0, 1)")
 
 
 @register_task
@@ -50,6 +56,7 @@ class LongContextLM(Task):
         from tensorslim.data import BatchStream, build_lm_data
         from tensorslim.data.longdocs import (
             DEPTHS,
+            NEEDLE_VALUES,
             long_tokenizer,
             needle_documents,
             needle_training_documents,
@@ -65,7 +72,7 @@ class LongContextLM(Task):
             tokenizer,
             length=config.seq_len,
             count=n_needles,
-            keys=max(1, min(self.settings.needle_keys, config.seq_len // (8 * self.settings.mentions))),
+            keys=max(1, min(self.settings.needle_keys, len(NEEDLE_VALUES), self._fact_room(config.seq_len))),
             mentions=self.settings.mentions,
             seed=config.seed,
         )
@@ -82,6 +89,10 @@ class LongContextLM(Task):
             model_overrides={"vocab_size": tokenizer.vocab_size, "max_seq_len": config.seq_len},
             tokens_per_batch=config.batch_size * config.seq_len,
         )
+
+    def _fact_room(self, seq_len: int) -> int:
+        """Facts that fit in ``fact_share`` of a block: each statement is 3 tokens (key, value, period)."""
+        return int(seq_len * self.settings.fact_share) // (3 * self.settings.mentions)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         return causal_lm_loss(logits_of(model(batch)), batch)

@@ -329,6 +329,24 @@ def test_needle_training_documents_state_each_fact_several_times() -> None:
         needle_training_documents(tokenizer, length=256, count=1, keys=5, mentions=1)
 
 
+def test_fact_share_sets_how_many_facts_a_training_block_holds() -> None:
+    from tensorslim.data.longdocs import NEEDLE_KEYS, long_tokenizer, needle_training_documents
+    from tensorslim.tasks.longctx import LongContextLM, LongContextOptions
+
+    # Each statement is 3 tokens (key, value, period): the default 3/8 of a block keeps the old cap seq_len // (8 m).
+    assert LongContextLM({"mentions": 2})._fact_room(256) == 256 // 16
+    dense = LongContextLM({"mentions": 2, "fact_share": 0.75})
+    assert dense._fact_room(128) == 16  # 16 facts x 2 statements x 3 tokens = 96 = 0.75 x 128
+    tokenizer = long_tokenizer()
+    docs = needle_training_documents(tokenizer, length=128, count=2, keys=16, mentions=2, seed=3)
+    key_ids = {tokenizer.encode_batch([k])[0][0] for k in NEEDLE_KEYS}
+    for doc in docs.tolist():
+        keys = [token for token in doc if token in key_ids]
+        assert len(keys) == 32 and len(set(keys)) == 16  # dense: a quarter of the block is filler
+    with pytest.raises(ValueError, match=r"fact_share=1 is invalid; allowed: a share in \(0, 1\)"):
+        LongContextOptions(fact_share=1)
+
+
 def test_repeated_documents_read_one_passage_twice() -> None:
     from tensorslim.data.longdocs import long_tokenizer, repeated_documents
     from tensorslim.tasks.longctx import LongContextOptions
