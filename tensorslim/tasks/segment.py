@@ -154,7 +154,7 @@ class AugmentedStream:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
         self.step += 1
         index = torch.randint(len(self.inputs), (self.batch_size,), generator=generator)
-        inputs, targets = self.inputs[index].clone(), self.targets[index]
+        inputs, targets = self.inputs[index], self.targets[index]  # indexing by a tensor copies: safe to edit
         if self.intensity is not None and self.image_channel is not None:
             inputs[:, self.image_channel] = self.intensity.apply(inputs[:, self.image_channel], generator)
         if not self.augment:
