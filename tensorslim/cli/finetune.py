@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import shutil
 import statistics
 import time
@@ -22,18 +23,22 @@ from typing import Any
 NAME = "finetune"
 HELP = "compare adapter methods (LoRA, prefix, adapter, prompt, UniPELT, peft) on low-resource classification"
 
-# One grid of two peak learning rates per method (the same size for all): the usual ranges of each family.
+# One grid of three peak learning rates per method (the same size for all), each family's own range. The middle rate
+# is the one the development set chose in every seed of the earlier two-rate grid (its top rate), so the grid
+# reaches past it on both sides.
 LR_GRIDS = {
-    "dense": (5e-5, 2e-4),
-    "lora": (1e-3, 5e-3),
-    "peft-lora": (1e-3, 5e-3),
-    "prefix": (1e-3, 5e-3),
-    "adapter": (1e-3, 5e-3),
-    "prompt": (1e-2, 5e-2),
-    "peft-prompt": (1e-2, 5e-2),
-    "unipelt": (1e-3, 5e-3),
-    "unipelt-prompt": (1e-3, 5e-3),
+    "dense": (5e-5, 2e-4, 8e-4),
+    "lora": (1e-3, 5e-3, 2e-2),
+    "peft-lora": (1e-3, 5e-3, 2e-2),
+    "prefix": (1e-3, 5e-3, 2e-2),
+    "adapter": (1e-3, 5e-3, 2e-2),
+    "prompt": (1e-2, 5e-2, 2e-1),
+    "peft-prompt": (1e-2, 5e-2, 2e-1),
+    "unipelt": (1e-3, 5e-3, 2e-2),
+    "unipelt-prompt": (1e-3, 5e-3, 2e-2),
 }
+# Methods with a soft prompt, and so a prompt initialization.
+PROMPTED = ("prompt", "peft-prompt", "unipelt-prompt")
 METHODS = tuple(LR_GRIDS)
 TFIDF = "tfidf-logreg"
 
@@ -60,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="at other sizes, run each method only at the rate its development accuracy chose most often at this K "
         "(those runs must be in <out>.jsonl)",
     )
+    parser.add_argument(
+        "--prompt-init",
+        default="labels",
+        metavar="labels|random|TEXT",
+        help="soft prompt start: 'labels' (the class names' word embeddings, Lester et al. 2021's class-label init, "
+        "arXiv 2104.08691 §3.2), 'random' (uniform in ±0.5) or the word embeddings of TEXT (default: labels)",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=16, help="tokens per title ([CLS] included)")
     parser.add_argument("--out", default="runs/finetune/adapters", help="output prefix: .jsonl, .json, .md, .png")
@@ -82,8 +94,23 @@ def _methods(text: str) -> list[str]:
     return names
 
 
+def prompt_init_text(choice: str, label_names: list[str]) -> str | None:
+    """The text a soft prompt starts from for ``--prompt-init choice``: the class names joined by spaces for
+    ``labels``, None (a random start) for ``random``, else ``choice`` itself.
+
+    Raises:
+        ValueError: ``choice`` is blank.
+    """
+    if not choice.strip():
+        raise ValueError(f"prompt_init={choice!r} is invalid; allowed: 'labels', 'random' or a non-empty text")
+    if choice == "labels":
+        return " ".join(label_names)
+    return None if choice == "random" else choice
+
+
 def run(args: argparse.Namespace) -> int:
     methods = _methods(args.adapter)
+    prompt_init_text(args.prompt_init, [])  # a bad value fails before any run
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = out.with_suffix(".jsonl")
@@ -92,12 +119,12 @@ def run(args: argparse.Namespace) -> int:
         command = "tensorslim finetune " + " ".join(_argv(args))
         for k in args.train_size:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                if (TFIDF, k, seed, 0.0) not in done:
+                if (TFIDF, k, seed, 0.0, None) not in done:
                     _append(raw, {**_tfidf(args, k, seed), "command": command})
                 for method in methods:
                     grid = _grid(args, method, k, _read(raw))
                     for lr in grid:
-                        if (method, k, seed, lr) not in done:
+                        if (method, k, seed, lr, _init_of(args, method)) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
     summary = summarize(_read(raw))
@@ -116,6 +143,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         f"--seeds {args.seeds} --first-seed {args.first_seed}",
         f"--dev-size {args.dev_size} --epochs {args.epochs:g} --max-steps {args.max_steps}",
         *reuse,
+        f"--prompt-init {shlex.quote(args.prompt_init)}",
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
 
@@ -147,7 +175,12 @@ def chosen_lr(records: list[dict[str, Any]], method: str, k: int) -> float:
 
 
 def _key(record: dict[str, Any]) -> tuple:
-    return record["method"], record["k"], record["seed"], record["lr"]
+    return record["method"], record["k"], record["seed"], record["lr"], record.get("prompt_init")
+
+
+def _init_of(args: argparse.Namespace, method: str) -> str | None:
+    """``--prompt-init`` for a method with a soft prompt (runs before it existed started at random), else None."""
+    return args.prompt_init if method in PROMPTED else None
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -167,15 +200,19 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float) -> dict[str, Any]:
     """One Trainer run; the test accuracy, the trainable parameters and the step and inference times."""
     from tensorslim.adapters import trainable_parameters
+    from tensorslim.tasks.classify import labelled_dataset
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import Trainer
 
     pool = k or 1_500  # "all": about the training split minus the development set
     steps = min(args.max_steps, max(1, math.ceil(args.epochs * pool / args.batch_size)))
+    init = _init_of(args, method)
+    options = None if init is None else {"prompt_init_text": prompt_init_text(init, labelled_dataset(args.data)[2])}
     config = TrainConfig(
         preset=args.model,
         task="classify",
         method=method,
+        options=options,
         data=args.data,
         task_options={"train_size": k, "dev_size": args.dev_size},
         steps=steps,
@@ -205,6 +242,8 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
         "trainable": counts["trainable"],
         "step_s": args.batch_size * args.seq_len / result.tokens_per_s,
     }
+    if init is not None:
+        record["prompt_init"] = init
     if seed == 0 and lr == LR_GRIDS[method][0]:
         record["inference_ratio"] = _inference_ratio(trainer, args)
     return record

@@ -27,7 +27,9 @@ class PELTOptions:
     prefix_mlp: int = option(512, "width of the prefix reparametrization MLP (0: train the prefixes directly)")
     reduction: int = option(16, "bottleneck adapter: hidden size / bottleneck size")
     prompt_length: int = option(10, "soft prompt tokens")
-    prompt_init_text: str | None = option(None, "initialize the prompt from this text's word embeddings")
+    prompt_init_text: str | None = option(
+        None, "initialize the prompt from this text's word embeddings (e.g. the class names; default: random)"
+    )
     gates: bool | None = option(None, "gate each module (default: on for unipelt*, off for single methods)")
     from_layer: int = option(0, "adapt only layers from this index on (the layer-wise variant)")
 
@@ -38,6 +40,8 @@ class PELTOptions:
             require_int(name, getattr(self, name))
         require_int("prefix_mlp", self.prefix_mlp, minimum=0)
         require_int("from_layer", self.from_layer, minimum=0)
+        if self.prompt_init_text is not None and not self.prompt_init_text.strip():
+            raise ValueError(f"prompt_init_text={self.prompt_init_text!r} is invalid; allowed: None or a non-empty text")
 
 
 # The attention projections LoRA adapts in each family (UniPELT: W_q and W_v).
@@ -86,15 +90,24 @@ def _encoder_for(context: MethodContext) -> Any:
     """Text → ids with the model's own tokenizer (for a prompt initialized from text), or None."""
     if context.options.prompt_init_text is None:
         return None
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(_tokenizer_folder(context), local_files_only=True)
+    return lambda text: tokenizer(text)["input_ids"]
+
+
+def _tokenizer_folder(context: MethodContext) -> str:
+    """The folder of the model's own tokenizer.
+
+    Raises:
+        ValueError: the model has none (a prompt cannot start from a text then).
+    """
     from tensorslim.models.registry import get_model
 
     folder = get_model(context.model_name).tokenizer_folder
     if folder is None:
         raise ValueError(f"prompt_init_text needs a model with its own tokenizer; {context.model_name!r} has none")
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder()), local_files_only=True)
-    return lambda text: tokenizer(text)["input_ids"]
+    return str(folder())
 
 
 def _count(model: nn.Module) -> int:
@@ -171,11 +184,19 @@ class _Reentry:
 
 
 def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
-    """peft's prompt tuning (``get_peft_model`` with ``PromptTuningConfig``, random init) run in place: the model's
-    forward calls peft's wrapper, which calls back the model's own forward."""
+    """peft's prompt tuning (``get_peft_model`` with ``PromptTuningConfig``; random init, or peft's ``TEXT`` init
+    from ``prompt_init_text``) run in place: the model's forward calls peft's wrapper, which calls back the model's
+    own forward."""
     import peft
 
-    config = peft.PromptTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=context.options.prompt_length)
+    text = context.options.prompt_init_text
+    start = {} if text is None else {"prompt_tuning_init": "TEXT", "prompt_tuning_init_text": text}
+    config = peft.PromptTuningConfig(
+        task_type="SEQ_CLS",
+        num_virtual_tokens=context.options.prompt_length,
+        tokenizer_name_or_path=None if text is None else _tokenizer_folder(context),
+        **start,
+    )
     before = _count(model)
     wrapper = peft.get_peft_model(model, config)
     model.peft_prompt_encoder = wrapper.prompt_encoder  # its parameters train and save with the model

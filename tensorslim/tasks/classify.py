@@ -95,7 +95,7 @@ class Classification(Task):
 
         if config.data not in DATASETS:
             raise ValueError(f"data={config.data!r} has no labels for task 'classify'; allowed: {list(DATASETS)}")
-        texts, labels, names, train_idx, test_idx = _dataset(config.data)
+        texts, labels, names, train_idx, test_idx = labelled_dataset(config.data)
         settings = self.settings
         if settings.train_size or settings.dev_size:
             train_idx, dev_idx = low_resource_split(
@@ -132,7 +132,7 @@ class Classification(Task):
         return metrics
 
 
-def _dataset(name: str) -> tuple[list[str], list[int], list[str], list[int], list[int]]:
+def labelled_dataset(name: str) -> tuple[list[str], list[int], list[str], list[int], list[int]]:
     """``(texts, labels, class names, train indices, test indices)`` of a built-in data set."""
     from tensorslim.data import bbcnews_labelled, bbcnews_split, bbcnews_titles
 

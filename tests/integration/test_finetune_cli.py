@@ -16,16 +16,17 @@ def test_finetune_runs_methods_through_the_trainer_and_writes_table_and_figure(t
     argv += ["--epochs", "1", "--out", str(out), "--run-dir", str(tmp_path / "runs")]
     assert main(argv) == 0
     runs = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
-    assert [(r["method"], r["lr"]) for r in runs] == [
-        ("tfidf-logreg", 0.0),
-        ("unipelt-prompt", 1e-3),
-        ("unipelt-prompt", 5e-3),
+    assert [(r["method"], r["lr"], r.get("prompt_init")) for r in runs] == [
+        ("tfidf-logreg", 0.0, None),
+        ("unipelt-prompt", 1e-3, "labels"),  # the class-label prompt init is the default
+        ("unipelt-prompt", 5e-3, "labels"),
+        ("unipelt-prompt", 2e-2, "labels"),
     ]
     trained = runs[1]
     assert trained["steps"] == 1 and 0 <= trained["test_accuracy"] <= 1 and trained["inference_ratio"] > 0
     assert trained["trainable"] == 2_766_637  # UniPELT + prompt on MiniLM, plus its 5-class head (1,925)
     table = out.with_suffix(".md").read_text()
-    assert "| unipelt-prompt | " in table and "tensorslim finetune --model minilm" in table
+    assert "| unipelt-prompt | " in table and "--prompt-init labels" in table
     assert out.with_suffix(".png").stat().st_size > 0
 
 
@@ -41,6 +42,7 @@ def test_summary_picks_the_learning_rate_by_development_accuracy(tmp_path) -> No
             "trainable": 10,
             "step_s": 1.0,
             "inference_ratio": 1.1,
+            "grid": [1e-3, 5e-3],
         }
         for s, lr, dev, test in [(0, 1e-3, 0.5, 0.9), (0, 5e-3, 0.6, 0.4), (1, 1e-3, 0.7, 0.8), (1, 5e-3, 0.2, 0.1)]
     ]
@@ -109,3 +111,26 @@ def test_the_table_puts_all_of_the_training_split_after_the_sizes(tmp_path) -> N
     run = {"method": "lora", "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7, "grid": [5e-3]}
     write_summary(summarize([{**run, "k": 0}, {**run, "k": 100}, {**run, "k": 1000}]), tmp_path / "s")
     assert "| method | K=100 | K=1000 | K=all |" in (tmp_path / "s.md").read_text()
+
+
+def test_prompt_init_labels_is_the_class_names_random_is_none_else_the_text() -> None:
+    from tensorslim.cli.finetune import prompt_init_text
+
+    names = ["business", "sports"]
+    assert prompt_init_text("labels", names) == "business sports"
+    assert prompt_init_text("random", names) is None
+    assert prompt_init_text("a news topic", names) == "a news topic"
+
+
+def test_blank_prompt_init_is_a_one_line_error(tmp_path, capsys) -> None:
+    assert main(["finetune", "--adapter", "prompt", "--prompt-init", " ", "--out", str(tmp_path / "x")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "prompt_init=' ' is invalid" in error and "\n" not in error
+    assert not (tmp_path / "x.jsonl").exists()  # refused before any run
+
+
+def test_runs_with_another_prompt_init_are_not_taken_for_done(tmp_path) -> None:
+    from tensorslim.cli.finetune import _key
+
+    run = {"method": "prompt", "k": 100, "seed": 0, "lr": 5e-2}
+    assert _key({**run, "prompt_init": "labels"}) != _key(run)  # runs from before the option started at random

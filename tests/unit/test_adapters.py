@@ -392,3 +392,26 @@ def test_prefixes_are_computed_once_without_gradients_and_again_after_a_weight_c
         after = enc.layer(1)
     assert not torch.equal(after[0], cached[0])
     torch.testing.assert_close(after, tuple(t.detach() for t in enc.layer(1)))
+
+
+def test_prompt_from_the_class_names_starts_where_peft_text_init_starts() -> None:
+    """Our prompt and peft's ``PromptTuningInit.TEXT`` from the same text (the classes, as ``finetune --prompt-init
+    labels`` passes) start at the same word embeddings of MiniLM's tokenizer."""
+    from tensorslim.methods import build_for_method
+
+    text = "business entertainment politics sports tech"
+    options = {"prompt_init_text": text}
+    ours, _, _ = build_for_method("minilm", "prompt", task="classify", options=options, n_classes=5)
+    theirs, _, _ = build_for_method("minilm", "peft-prompt", task="classify", options=options, n_classes=5)
+    expected = theirs.peft_prompt_encoder["default"].embedding.weight
+    torch.testing.assert_close(ours.pelt_prompt.weight, expected)
+    words = ours.get_input_embeddings().weight
+    assert not torch.equal(expected[1], expected[2]) and torch.equal(expected[1], words[2449])  # "business"
+
+
+def test_blank_prompt_init_text_is_a_one_line_error() -> None:
+    from tensorslim.methods.adapters import PELTOptions
+
+    with pytest.raises(ValueError, match="prompt_init_text=' ' is invalid") as error:
+        PELTOptions(prompt_init_text=" ")
+    assert "\n" not in str(error.value)
