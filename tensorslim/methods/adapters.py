@@ -41,7 +41,8 @@ class PELTOptions:
         require_int("prefix_mlp", self.prefix_mlp, minimum=0)
         require_int("from_layer", self.from_layer, minimum=0)
         if self.prompt_init_text is not None and not self.prompt_init_text.strip():
-            raise ValueError(f"prompt_init_text={self.prompt_init_text!r} is invalid; allowed: None or a non-empty text")
+            text = self.prompt_init_text
+            raise ValueError(f"prompt_init_text={text!r} is invalid; allowed: None or a non-empty text")
 
 
 # The attention projections LoRA adapts in each family (UniPELT: W_q and W_v).
