@@ -16,6 +16,11 @@ the longest title of the batch (MiniLM's tokenizer, ``[CLS] … [SEP]``). One ro
 batches, in a rotated order; the ratio is the median over rounds of (model time / backbone time) within a round, so
 load changes between rounds cancel. One thread (``torch.set_num_threads(1)``).
 
+**Longer inputs.** Titles average 9 tokens, so a 10-token prompt nearly doubles every layer's sequence. To show how
+that overhead shrinks with the input, the same run repeats both measurements on the first ``--long-tokens`` tokens of
+the BBC articles themselves (``--long-batch`` articles per batch, the same ``--batches`` batches, cut to
+``--long-tokens``; training batches of ``--long-batch`` training articles). ``--long-tokens 0`` skips it.
+
     OMP_NUM_THREADS=1 python benchmarks/adapters_costs.py --out benchmarks/results/adapters_costs
 
 Writes ``<out>.json`` and ``<out>.md``; ``tensorslim finetune --summarize --costs <out>.json`` puts both in the
@@ -78,34 +83,44 @@ def build(method: str, deploy: str | None) -> nn.Module:
     return model.eval()
 
 
-def batches(size: int, count: int) -> list[dict[str, torch.Tensor]]:
-    """``count`` batches of ``size`` test titles, each padded to its longest title."""
+def _tokenizer() -> Any:
     import transformers
 
-    from tensorslim.data import bbcnews_titles
     from tensorslim.models.registry import get_model
 
     folder = get_model("minilm").tokenizer_folder()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    texts, _, _, _, test = bbcnews_titles()
-    titles = [texts[i] for i in test[: size * count]]
+    return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _texts(articles: bool) -> tuple[list[str], list[int], list[int], list[int]]:
+    """``(texts, labels, train indices, test indices)``: the titles, or the whole articles (title first)."""
+    from tensorslim.data import bbcnews_labelled, bbcnews_split, bbcnews_titles
+
+    if articles:
+        texts, labels, _ = bbcnews_labelled()
+        return texts, labels, *bbcnews_split()
+    texts, labels, _, train, test = bbcnews_titles()
+    return texts, labels, train, test
+
+
+def batches(size: int, count: int, *, max_tokens: int | None = None) -> list[dict[str, torch.Tensor]]:
+    """``count`` batches of ``size`` test titles, each padded to its longest title; with ``max_tokens``, of the
+    test articles cut to ``max_tokens`` tokens."""
+    texts, _, _, test = _texts(max_tokens is not None)
+    chosen = [texts[i] for i in test[: size * count]]
+    cut = {} if max_tokens is None else {"truncation": True, "max_length": max_tokens}
+    tokenizer = _tokenizer()
     return [
-        dict(tokenizer(titles[i : i + size], padding="longest", return_tensors="pt"))
-        for i in range(0, len(titles), size)
+        dict(tokenizer(chosen[i : i + size], padding="longest", return_tensors="pt", **cut))
+        for i in range(0, len(chosen), size)
     ]
 
 
-def train_batch(size: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids, mask, labels)``: ``size`` training titles cut and padded to ``seq_len`` tokens, as in the sweep."""
-    import transformers
-
-    from tensorslim.data import bbcnews_titles
-    from tensorslim.models.registry import get_model
-
-    folder = get_model("minilm").tokenizer_folder()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    texts, labels, _, train, _ = bbcnews_titles()
-    rows = tokenizer([texts[i] for i in train[:size]], padding="max_length", truncation=True, max_length=seq_len)
+def train_batch(size: int, seq_len: int, *, articles: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, mask, labels)``: ``size`` training titles (or articles) cut and padded to ``seq_len`` tokens, as in
+    the sweep."""
+    texts, labels, train, _ = _texts(articles)
+    rows = _tokenizer()([texts[i] for i in train[:size]], padding="max_length", truncation=True, max_length=seq_len)
     ids = torch.tensor(rows["input_ids"])
     return ids, torch.tensor(rows["attention_mask"]), torch.tensor([labels[i] for i in train[:size]])
 
@@ -160,22 +175,12 @@ def measure(models: dict[str, nn.Module], data: list[dict[str, torch.Tensor]], r
     return times
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=32, help="titles per batch")
-    parser.add_argument("--batches", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=2, help="training steps per method per round")
-    parser.add_argument("--train-rounds", type=int, default=5)
-    parser.add_argument("--out", default="bench-out/adapters_costs")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    step_seconds = step_times(train_batch(16, 16), args.steps, args.train_rounds)
-    data = batches(args.batch, args.batches)
+def inference(data: list[dict[str, torch.Tensor]], rounds: int) -> dict[str, Any]:
+    """Each deployed model's median ratio to the frozen backbone (within a round) and median seconds per round, with
+    the mean real and padded tokens per input."""
     models = {"frozen backbone": build("dense", None)}
     models.update({name: build(method, deploy) for name, (method, deploy) in ARMS.items()})
-    times = measure(models, data, args.rounds)
+    times = measure(models, data, rounds)
     base = times["frozen backbone"]
     rows = {
         name: {
@@ -184,46 +189,111 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name in models
     }
-    tokens = [int(b["attention_mask"].sum()) / len(b["attention_mask"]) for b in data]
-    padded = [b["input_ids"].shape[1] for b in data]
+    return {
+        "tokens_per_input": statistics.fmean(int(b["attention_mask"].sum()) / len(b["attention_mask"]) for b in data),
+        "padded_length": statistics.fmean(b["input_ids"].shape[1] for b in data),
+        "rows": rows,
+        "table": {TABLE_NAMES[name]: rows[name]["ratio"] for name in TABLE_NAMES},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=32, help="titles per batch")
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2, help="training steps per method per round")
+    parser.add_argument("--train-rounds", type=int, default=5)
+    parser.add_argument("--long-tokens", type=int, default=128, help="tokens per article in the longer-input run")
+    parser.add_argument("--long-batch", type=int, default=4, help="articles per batch in the longer-input run")
+    parser.add_argument("--out", default="bench-out/adapters_costs")
+    args = parser.parse_args(argv)
+    if args.long_tokens < 0 or args.long_batch < 1:
+        raise SystemExit(f"--long-tokens {args.long_tokens} --long-batch {args.long_batch}: allowed >= 0 and >= 1")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    step_seconds = step_times(train_batch(16, 16), args.steps, args.train_rounds)
+    titles = inference(batches(args.batch, args.batches), args.rounds)
     record: dict[str, Any] = {
         "command": "OMP_NUM_THREADS=1 python benchmarks/adapters_costs.py " + " ".join(argv or sys.argv[1:]),
         "batch": args.batch,
         "batches": args.batches,
         "rounds": args.rounds,
-        "tokens_per_title": statistics.fmean(tokens),
-        "padded_length": statistics.fmean(padded),
-        "load_average": os.getloadavg()[0],
-        "rows": rows,
-        "table": {TABLE_NAMES[name]: rows[name]["ratio"] for name in TABLE_NAMES},
+        "tokens_per_title": titles["tokens_per_input"],
+        "padded_length": titles["padded_length"],
+        "rows": titles["rows"],
+        "table": titles["table"],
         "step_seconds": step_seconds,
     }
+    if args.long_tokens:
+        record["long"] = {
+            "tokens": args.long_tokens,
+            "batch": args.long_batch,
+            "step_seconds": step_times(
+                train_batch(args.long_batch, args.long_tokens, articles=True), args.steps, args.train_rounds
+            ),
+            **inference(batches(args.long_batch, args.batches, max_tokens=args.long_tokens), args.rounds),
+        }
+    record["load_average"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    lora = step_seconds["lora"]
+    out.with_suffix(".md").write_text(report(record, args))
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+def report(record: dict[str, Any], args: argparse.Namespace) -> str:
+    """The Markdown tables: train step against LoRA, inference against the frozen backbone, titles then (if run)
+    the longer inputs side by side."""
+    long = record.get("long")
+    steps = record["step_seconds"]
+    load = f"One thread on a shared 2-core machine, load average {record['load_average']:.0f} at the end: noisy."
+    step_head = "| method | seconds per step | step / LoRA |"
+    if long:
+        step_head += f" seconds per step, {args.long_batch} × {args.long_tokens} | step / LoRA, {args.long_tokens} |"
+    step_rows = []
+    for name, sec in steps.items():
+        row = f"| {name} | {sec:.3f} | {sec / steps['lora']:.2f}× |"
+        if long:
+            sec_long = long["step_seconds"][name]
+            row += f" {sec_long:.3f} | {sec_long / long['step_seconds']['lora']:.2f}× |"
+        step_rows.append(row)
+    inference_head = "| model | time / frozen backbone | seconds per round (median) |"
+    if long:
+        inference_head += f" time / frozen, {args.long_tokens} tokens | seconds per round, {args.long_tokens} |"
+    inference_rows = []
+    for name, row in record["rows"].items():
+        line = f"| {name} | {row['ratio']:.2f}× | {row['seconds']:.3f} |"
+        if long:
+            line += f" {long['rows'][name]['ratio']:.2f}× | {long['rows'][name]['seconds']:.3f} |"
+        inference_rows.append(line)
+    long_step = f"; articles: batch {args.long_batch} × {args.long_tokens} tokens" if long else ""
+    long_inference = (
+        f" Articles: {args.batches} batches of {args.long_batch} BBC test articles cut to {args.long_tokens} tokens "
+        f"({long['tokens_per_input']:.1f} tokens per article on average, {long['padded_length']:.1f} after padding)."
+        if long
+        else ""
+    )
     lines = [
         f"```\n{record['command']}\n```\n",
-        f"**Train step** (batch 16 × 16 tokens, forward + backward + AdamW; median over {args.train_rounds} "
-        f"interleaved rounds of {args.steps} steps). One thread on a shared 2-core machine, load average "
-        f"{os.getloadavg()[0]:.0f}: noisy.\n",
-        "| method | seconds per step | step / LoRA |",
-        "|---|---|---|",
-        *(f"| {name} | {sec:.3f} | {sec / lora:.2f}× |" for name, sec in step_seconds.items()),
+        f"**Train step** (titles: batch 16 × 16 tokens{long_step}; forward + backward + AdamW; median over "
+        f"{args.train_rounds} interleaved rounds of {args.steps} steps). {load}\n",
+        step_head,
+        "|---|---|---|" + ("---|---|" if long else ""),
+        *step_rows,
         "",
         "**Inference**",
         "",
-        f"{args.batches} batches of {args.batch} BBC test titles, padded to the longest of each batch "
+        f"Titles: {args.batches} batches of {args.batch} BBC test titles, padded to the longest of each batch "
         f"({record['tokens_per_title']:.1f} tokens per title on average, {record['padded_length']:.1f} after "
-        f"padding); median over {args.rounds} rounds of the time ratio to the frozen backbone within a round. "
-        f"One thread on a shared 2-core machine, load average {record['load_average']:.0f} at the end: noisy.\n",
-        "| model | time / frozen backbone | seconds per round (median) |",
-        "|---|---|---|",
-        *(f"| {name} | {row['ratio']:.2f}× | {row['seconds']:.3f} |" for name, row in rows.items()),
+        f"padding).{long_inference} Median over {args.rounds} rounds of the time ratio to the frozen backbone within "
+        f"a round. {load}\n",
+        inference_head,
+        "|---|---|---|" + ("---|---|" if long else ""),
+        *inference_rows,
     ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(out.with_suffix(".md").read_text())
-    return 0
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
