@@ -67,10 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompt-init",
-        default="labels",
-        metavar="labels|random|TEXT",
-        help="soft prompt start: 'labels' (the class names' word embeddings, Lester et al. 2021's class-label init, "
-        "arXiv 2104.08691 §3.2), 'random' (uniform in ±0.5) or the word embeddings of TEXT (default: labels)",
+        default="random",
+        metavar="random|labels|TEXT",
+        help="soft prompt start: 'random' (uniform in ±0.5), 'labels' (the class names' word embeddings, like Lester "
+        "et al. 2021's class-label init, arXiv 2104.08691 §3.2) or the word embeddings of TEXT (default: random; "
+        "labels lost on the development set at K=100, see docs/adapters.md)",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=16, help="tokens per title ([CLS] included)")

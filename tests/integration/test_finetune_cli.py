@@ -13,12 +13,12 @@ from tensorslim.cli.main import main
 def test_finetune_runs_methods_through_the_trainer_and_writes_table_and_figure(tmp_path, capsys) -> None:
     out = tmp_path / "adapters"
     argv = ["finetune", "--adapter", "unipelt+prompt", "--train-size", "16", "--seeds", "1", "--dev-size", "16"]
-    argv += ["--epochs", "1", "--out", str(out), "--run-dir", str(tmp_path / "runs")]
+    argv += ["--epochs", "1", "--prompt-init", "labels", "--out", str(out), "--run-dir", str(tmp_path / "runs")]
     assert main(argv) == 0
     runs = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
     assert [(r["method"], r["lr"], r.get("prompt_init")) for r in runs] == [
         ("tfidf-logreg", 0.0, None),
-        ("unipelt-prompt", 1e-3, "labels"),  # the class-label prompt init is the default
+        ("unipelt-prompt", 1e-3, "labels"),
         ("unipelt-prompt", 5e-3, "labels"),
         ("unipelt-prompt", 2e-2, "labels"),
     ]
