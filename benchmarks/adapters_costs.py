@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-out/adapters_costs")
     args = parser.parse_args(argv)
     if args.long_tokens < 0 or args.long_batch < 1:
-        raise SystemExit(f"--long-tokens {args.long_tokens} --long-batch {args.long_batch}: allowed >= 0 and >= 1")
+        parser.error(f"--long-tokens {args.long_tokens} --long-batch {args.long_batch} is invalid; allowed: >= 0, >= 1")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     step_seconds = step_times(train_batch(16, 16), args.steps, args.train_rounds)
