@@ -41,6 +41,7 @@ from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import TaskData, to_device
+from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import TrainConfig
@@ -182,6 +183,8 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.layout = layout or parallel_layout(config)
         self.device = self.layout.device
+        if config.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
         try:
             with self.layout.guarded():
                 self._build(static_step)
