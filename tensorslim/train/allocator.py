@@ -4,8 +4,8 @@ PyTorch's CPU allocator is the C library's ``malloc``. glibc serves blocks above
 with fresh ``mmap`` calls, returns them with ``munmap`` when freed, and trims the top of its heap. A training step
 frees and allocates the same tensors again every step: gradients, the bf16 copies of the weights under autocast,
 activations, the logits. So every step faults the same pages in again, and the kernel zeroes each one. A dense
-``350m`` LLaMA step took 338,000 minor page faults (1.4 GB) and 1.7 s of system time next to 3.8 s of user time
-(one thread, bf16; ``docs/speed.md``).
+``350m`` LLaMA step took about 340,000 minor page faults (1.4 GB) and 0.6–1.7 s of system time next to 3.8 s of user
+time (one thread, bf16; ``docs/speed.md``).
 
 :func:`keep_freed_memory` turns glibc's mmap path off (``M_MMAP_MAX = 0``) and stops it trimming the heap
 (``M_TRIM_THRESHOLD``), so that freed blocks stay in the heap and are reused. This is the effect that PyTorch's CPU
