@@ -10,7 +10,9 @@ time (one thread, bf16; ``docs/speed.md``).
 :func:`keep_freed_memory` turns glibc's mmap path off (``M_MMAP_MAX = 0``) and stops it trimming the heap
 (``M_TRIM_THRESHOLD``), so that freed blocks stay in the heap and are reused. This is the effect that PyTorch's CPU
 tuning guide gets from jemalloc or tcmalloc through ``LD_PRELOAD``, without a new library or a restart. The
-trade-off: the process keeps its peak memory until it exits, instead of returning it between steps.
+trade-off is memory: the process keeps its heap until it exits, and the heap fragments (glibc's aligned allocation
+cannot reuse a freed block of exactly the requested size), so the peak resident memory grows: 1.81 → 2.27–2.45 GB in
+a ``60m`` CoLA training run, against 7.9 → 2.2 s of system time (``docs/speed.md``).
 """
 
 from __future__ import annotations

@@ -183,14 +183,16 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.layout = layout or parallel_layout(config)
         self.device = self.layout.device
-        if config.keep_freed_memory and self.device.type == "cpu":
-            keep_freed_memory()
         try:
             with self.layout.guarded():
                 self._build(static_step)
         except BaseException:
             self.layout.close(ok=False)
             raise
+        if config.keep_freed_memory and self.device.type == "cpu":
+            # After the data and the model are built: their temporaries go back to the kernel as usual, and only
+            # the training steps' blocks stay in the heap for reuse.
+            keep_freed_memory()
 
     def _build(self, static_step: bool) -> None:
         config = self.config
