@@ -1,7 +1,9 @@
 """Where a train step's time goes, dense vs CoLA: torch.profiler self-CPU time grouped by operator family.
 
 Run it at 1 and at 2 threads (``--threads``) to see which families do not scale, and with ``--dtype bf16`` to see
-what bf16 autocast leaves in fp32 (elementwise work, casts, the optimizer).
+what bf16 autocast leaves in fp32 (elementwise work, casts, the optimizer). The step's minor page faults and system
+time (``getrusage``) are reported below the families: the profiler does not see the kernel's work. Like training, it
+keeps freed memory in the process (``tensorslim.train.allocator``); ``--no-keep-freed-memory`` profiles glibc's default.
 
 Usage:
     python benchmarks/profile_step.py --preset 60m --batch-size 4 --seq-len 256 --threads 2 --out /tmp/profile_60m
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from tensorslim.methods import build_for_method
 from tensorslim.models.registry import get_model
 from tensorslim.tasks.lm import causal_lm_loss
+from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import autocast
 
@@ -29,7 +34,8 @@ FAMILIES = {
     "optimizer": ("_fused_adamw", "_foreach", "adamw", "lerp", "addcdiv", "addcmul"),
     "loss (log-softmax over the vocabulary)": ("_log_softmax", "log_softmax", "cross_entropy", "nll_loss"),
     "activation": ("silu",),
-    "casts (bf16 autocast)": ("_to_copy",),
+    "copies and casts (bf16 autocast: weights, gradients)": ("_to_copy", "copy_"),
+    "zero fills (embedding gradient, loss gradient)": ("fill_", "zero_"),
 }
 
 
@@ -54,12 +60,19 @@ def profile_method(preset: str, method: str, batch: torch.Tensor, dtype: str = "
         optimizer.zero_grad(set_to_none=True)
 
     step()  # warm-up: lazy optimizer state, allocator
+    step()  # a second one: with freed memory kept, the heap reaches its steady size
+    before = resource.getrusage(resource.RUSAGE_SELF)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
+    after = resource.getrusage(resource.RUSAGE_SELF)
     seconds: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         seconds[family(event.key)] += event.self_cpu_time_total / 1e6
-    return dict(seconds)
+    kernel = {
+        "minor page faults": after.ru_minflt - before.ru_minflt,
+        "system time (s)": after.ru_stime - before.ru_stime,
+    }
+    return {**seconds, **kernel}
 
 
 def main() -> None:
@@ -69,27 +82,47 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--dtype", default="fp32", help="fp32 or bf16 (autocast)")
+    parser.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.keep_freed_memory:
+        keep_freed_memory()
     vocab = get_model(args.preset).config.vocab_size
     batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     result = {method: profile_method(args.preset, method, batch, args.dtype) for method in ("dense", "cola")}
-    labels = sorted({k for r in result.values() for k in r}, key=lambda k: -result["dense"].get(k, 0))
-    lines = ["| operator family | dense (s) | cola (s) | dense / cola |", "|---|---|---|---|"]
-    for label in [*labels, "total"]:
-        d = sum(result["dense"].values()) if label == "total" else result["dense"].get(label, 0.0)
-        c = sum(result["cola"].values()) if label == "total" else result["cola"].get(label, 0.0)
-        lines.append(f"| {label} | {d:.3f} | {c:.3f} | {d / c if c else float('inf'):.2f} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
+    print(table := markdown_table(result))
     if args.out:
-        command = "python benchmarks/profile_step.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
+        flags = [_flag(k, v) for k, v in vars(args).items() if v is not None]
+        command = "python benchmarks/profile_step.py " + " ".join(flags)
+        Path(args.out).with_suffix(".md").write_text(
+            f"# Train-step profile\n\n- command: `{command}`\n- load average at start: {load}\n\n{table}"
         )
-        Path(args.out).with_suffix(".md").write_text(f"# Train-step profile\n\n- command: `{command}`\n\n{table}")
         Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _flag(name: str, value: object) -> str:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {value}"
+
+
+def markdown_table(result: dict[str, dict[str, float]]) -> str:
+    """Operator families by dense's time, their total, then the step's page faults and system time."""
+    kernel = ("minor page faults", "system time (s)")
+    labels = sorted({k for r in result.values() for k in r} - set(kernel), key=lambda k: -result["dense"].get(k, 0))
+    lines = ["| operator family | dense (s) | cola (s) | dense / cola |", "|---|---|---|---|"]
+    for label in [*labels, "total", *kernel]:
+        if label == "total":
+            d, c = (sum(v for k, v in result[m].items() if k not in kernel) for m in ("dense", "cola"))
+        else:
+            d, c = result["dense"].get(label, 0.0), result["cola"].get(label, 0.0)
+        shown = (f"{d:,.0f}", f"{c:,.0f}") if label == "minor page faults" else (f"{d:.3f}", f"{c:.3f}")
+        lines.append(f"| {label} | {shown[0]} | {shown[1]} | {d / c if c else float('inf'):.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from tensorslim.models.registry import model_config, resolve_task
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import to_device
 from tensorslim.tasks.mlm import mask_tokens
+from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import check_preset
 from tensorslim.train.optim import build_optimizer
@@ -72,6 +73,10 @@ class BenchConfig:
         default="fp32", metadata=_help("precisions to measure, comma-separated: fp32, bf16, auto (probed)")
     )
     compile: bool = field(default=False, metadata=_help("also measure each method torch.compiled, next to eager"))
+    keep_freed_memory: bool = field(
+        default=True,
+        metadata=_help("CPU: keep freed memory in the process, as training does (no page faults each step)"),
+    )
     out: str | None = field(default=None, metadata=_help("output stem for .md/.json/.png (default: print only)"))
 
     def __post_init__(self) -> None:
@@ -205,6 +210,7 @@ def measure(config: BenchConfig) -> dict[str, Any]:
     # Process CPU time is what the step costs the machine; unlike wall time it does not grow while other
     # processes hold the cores (with one thread, so that no OpenMP thread spins while waiting for another).
     clock = time.process_time if config.timer == "cpu" else time.perf_counter
+    kept = config.keep_freed_memory and config.device == "cpu" and keep_freed_memory()
     dtypes, probes = [], {}
     for requested in config.dtype_list:
         used, probe = resolve_dtype(requested, config.device)
@@ -238,7 +244,7 @@ def measure(config: BenchConfig) -> dict[str, Any]:
     return {
         "command": "tensorslim bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
         "config": asdict(config),
-        "machine": machine_description(),
+        "machine": {**machine_description(), "keep_freed_memory": kept},
         "precision_probes": probes,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "rows": rows,
@@ -340,7 +346,8 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
             f"# tensorslim bench: {config.preset}\n\n"
             f"- command: `{result['command']}`\n- date: {result['date']}\n"
             f"- machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']} "
-            f"({machine['torch_threads']} threads), load average at start {machine['load_average']}\n\n"
+            f"({machine['torch_threads']} threads), load average at start {machine['load_average']}, "
+            f"freed memory kept in the process: {machine['keep_freed_memory']}\n\n"
         )
         stem.with_suffix(".md").write_text(header + table)
         stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

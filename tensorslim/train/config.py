@@ -31,6 +31,7 @@ RESUMABLE_CHANGES = frozenset(
         "out_dir",
         "cuda_graphs",
         "compile",
+        "keep_freed_memory",
     }
 )
 
@@ -74,6 +75,10 @@ class TrainConfig:
         ),
     )
     compile: bool = field(default=False, metadata=_help("torch.compile the model (compile time reported apart)"))
+    keep_freed_memory: bool = field(
+        default=True,
+        metadata=_help("CPU: keep freed memory in the process (no page faults each step; holds the peak until exit)"),
+    )
     seed: int = field(default=0, metadata=_help("seed of model init and data order"))
     data: str = field(
         default="stdlib",

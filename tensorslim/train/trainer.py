@@ -41,6 +41,7 @@ from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import TaskData, to_device
+from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import TrainConfig
@@ -188,6 +189,10 @@ class Trainer:
         except BaseException:
             self.layout.close(ok=False)
             raise
+        if config.keep_freed_memory and self.device.type == "cpu":
+            # After the data and the model are built: their temporaries go back to the kernel as usual, and only
+            # the training steps' blocks stay in the heap for reuse.
+            keep_freed_memory()
 
     def _build(self, static_step: bool) -> None:
         config = self.config

@@ -72,6 +72,7 @@ def test_bench_writes_table_json_and_chart(tmp_path: Path) -> None:
     assert memory["grads"] == memory["params"] and memory["optimizer"] == 2 * memory["params"] + 4 * n_tensors
     assert memory["activations"] > 0
     assert "| cola fp32 |" in out.with_suffix(".md").read_text()  # rows name the method and its precision
+    assert result["machine"]["keep_freed_memory"] is True  # the default on CPU (glibc on Linux), as in training
     assert out.with_suffix(".png").stat().st_size > 0
 
 
