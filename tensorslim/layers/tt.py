@@ -249,9 +249,8 @@ class TTLinear(nn.Module):
 
     def flops(self, tokens: int) -> int:
         """Forward matmul FLOPs for ``tokens`` rows as ``torch.utils.flop_counter`` counts them: the two planned
-        half-chains (token-independent) plus ``2·tokens·r_mid·(d_in+d_out)``, plus ``2·tokens·d_out`` for a bias (added
-        by the output GEMM)."""
-        return tt_linear_flops(self.in_factors, self.out_factors, self.ranks, tokens=tokens, bias=self.bias is not None)
+        half-chains (token-independent) plus ``2·tokens·r_mid·(d_in+d_out)``."""
+        return tt_linear_flops(self.in_factors, self.out_factors, self.ranks, tokens=tokens)
 
     def extra_repr(self) -> str:
         return (

@@ -12,7 +12,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
 from tensorslim.decomp.tt import tt_matrix_svd, tt_svd, tt_to_full, ttm_svd, ttm_to_full
-from tensorslim.functional.tt import plan_chain, tt_linear, ttm_lookup_chain, ttm_lookup_halves
+from tensorslim.functional.tt import (
+    _use_onednn,
+    plan_chain,
+    token_sum_mm,
+    tt_linear,
+    ttm_lookup_chain,
+    ttm_lookup_halves,
+)
 from tensorslim.layers.tt import TTConfig, TTLinear, resolve_ranks
 from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
 
@@ -145,11 +152,40 @@ def test_tt_linear_gradients(in_f, out_f, ranks):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_tt_linear_under_bf16_autocast_matches_fp32(bias):
+def test_tt_linear_fp32_onednn_path_matches_float64_dense(bias):
+    # From 64 tokens an fp32 CPU layer runs on oneDNN's matmul (float64, as in gradcheck above, never does).
+    in_f, out_f, ranks = (3, 2, 2), (2, 2, 3), (1, 2, 3, 4, 3, 2, 1)
+    cores64 = [c.requires_grad_() for c in _random_cores(in_f + out_f, ranks, seed=2)]
+    bias64 = torch.randn(12, dtype=torch.float64, requires_grad=True) if bias else None
+    x64 = torch.randn(131, 12, dtype=torch.float64, requires_grad=True)  # odd: a remainder after the token slices
+    grad_out = torch.randn(131, 12, dtype=torch.float64)
+    leaves64 = [x64, *cores64] + ([bias64] if bias else [])
+    weight = tt_to_full(cores64).reshape(12, 12)
+    ref_out = x64 @ weight + (bias64 if bias else 0)
+    ref = torch.autograd.grad(ref_out, leaves64, grad_out)
+    leaves = [t.detach().float().requires_grad_() for t in leaves64]
+    x, cores = leaves[0], leaves[1:7]
+    assert _use_onednn(x)
+    out = tt_linear(x, cores, leaves[7] if bias else None, n_in=3)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5 * ref_out.abs().max().item())
+    ours = torch.autograd.grad(out, leaves, grad_out.float())
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 3, 20])
+def test_token_sum_mm_equals_the_product(pieces):
+    a, b = torch.randn(10, 3, dtype=torch.float64), torch.randn(10, 5, dtype=torch.float64)
+    torch.testing.assert_close(token_sum_mm(a, b, pieces=pieces), a.t() @ b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("tokens", [32, 96])  # BLAS below 64 tokens, oneDNN from 64
+def test_tt_linear_under_bf16_autocast_matches_fp32(bias, tokens):
     # Backward runs outside autocast: it must not mix the bf16 latent with fp32 factors (it raised before).
     layer = TTLinear((4, 4), (4, 4), (1, 4, 6, 4, 1), bias=bias)
-    x = torch.randn(32, 16, requires_grad=True)
-    grad_out = torch.randn(32, 16)
+    x = torch.randn(tokens, 16, requires_grad=True)
+    grad_out = torch.randn(tokens, 16)
     params = [x, *layer.parameters()]
     ref = torch.autograd.grad(layer(x), params, grad_out)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -194,13 +230,14 @@ def test_tt_linear_from_dense_full_rank_and_comera_counts():
     assert ffn.out_factors == (12, 16, 16) and ffn.num_params() == 28960
 
 
+@pytest.mark.parametrize("tokens", [7, 70])  # 70: the counter must see the GEMMs that oneDNN would run
 @pytest.mark.parametrize("in_f,out_f,ranks", LINEAR_SHAPES[2:])
-def test_tt_linear_flops_match_flop_counter(in_f, out_f, ranks):
+def test_tt_linear_flops_match_flop_counter(in_f, out_f, ranks, tokens):
     layer = TTLinear(in_f, out_f, ranks)
-    x = torch.randn(7, layer.in_features)
+    x = torch.randn(tokens, layer.in_features)
     with FlopCounterMode(display=False) as counter:
         layer(x)
-    assert counter.get_total_flops() == layer.flops(7)
+    assert counter.get_total_flops() == layer.flops(tokens)
 
 
 def test_tt_linear_init_std_matches_comera():
