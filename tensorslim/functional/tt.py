@@ -181,48 +181,77 @@ def token_sum_mm(a: torch.Tensor, b: torch.Tensor, *, pieces: int | None = None)
 
 
 class _FactoredMatmul(torch.autograd.Function):
-    """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (width-r GEMMs only).
+    """``y_i = (x L_i) R_i + b_i`` for 2-D ``x`` and one or more factored weights that read it, with a hand-written
+    backward (width-r GEMMs only).
 
-    Four of its six GEMMs are token-parallel (``x L``, ``T R + b``, ``∂y Rᵀ``, ``∂T Lᵀ``): on CPU in fp32 or bf16,
-    from 64 tokens, they run on oneDNN's matmul, which ran them about 1.3× faster than MKL on one thread and split
-    them across two threads better (docs/speed.md). The two sums over tokens (``∂L = xᵀ ∂T``, ``∂R = Tᵀ ∂y``) run
-    as one slice of tokens per thread (:func:`token_sum_mm`). The bias gradient comes out of the ``∂R`` GEMM: the
-    latent gets a column of ones (no separate pass over ``∂y`` for a column sum).
+    ``left`` is ``[L_1 … L_n]`` side by side, so one GEMM reads ``x`` for every latent and one GEMM forms ``∂x`` for
+    all of them (CoMERA's q, k and v projections read the same input: one product of width 90 instead of three of
+    width 30, and no sum of three ``∂x``). Four of the GEMMs are token-parallel (``x L``, ``T R + b``, ``∂y Rᵀ``,
+    ``∂T Lᵀ``): on CPU in fp32 or bf16, from 64 tokens, they run on oneDNN's matmul, which ran them about 1.3× faster
+    than MKL on one thread and split them across two threads better (docs/speed.md). The sums over tokens
+    (``∂L = xᵀ ∂T``, ``∂R = Tᵀ ∂y``) run as one slice of tokens per thread (:func:`token_sum_mm`). The bias gradient
+    comes out of the ``∂R`` GEMM: the latent gets a column of ones (no separate pass over ``∂y`` for a column sum).
 
-    The token-dependent tensors saved are ``x`` and the latent ``T = x L`` (``B×r``), as in CoMERA, plus the small
+    The token-dependent tensors saved are ``x`` and the latent ``T = x L`` (``B×Σr``), as in CoMERA, plus the small
     weight-side factors. Under autocast every operand is cast to autocast's dtype once in forward, so that backward
     (which runs outside autocast) multiplies tensors of one dtype; the gradients are cast back to each input's dtype
     by autograd.
     """
 
     @staticmethod
-    def forward(ctx, x, left, right, bias):  # x (B, d_in), left (d_in, r), right (r, d_out), bias (d_out,) or None
+    def forward(ctx, x, left, ranks, *rest):  # x (B, d_in), left (d_in, Σr), rest: n rights (r_i, d_out_i), n biases
         dtype = _compute_dtype(x)
-        x, left, right = x.to(dtype).contiguous(), left.to(dtype), right.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
+        n = len(ranks)
+        x, left = x.to(dtype).contiguous(), left.to(dtype)
+        rights = [right.to(dtype) for right in rest[:n]]
+        biases = [None if bias is None else bias.to(dtype) for bias in rest[n:]]
         onednn = _use_onednn(x)
-        latent = _linear(x, left.t(), None, onednn=onednn)  # (B, r)
-        out = _linear(latent, right.t(), bias, onednn=onednn)  # (B, d_out)
-        ctx.save_for_backward(x, left, right, latent)
-        ctx.onednn, ctx.has_bias = onednn, bias is not None
-        return out
+        latent = _linear(x, left.t(), None, onednn=onednn)  # (B, Σr)
+        latents = latent.split(ranks, dim=1)  # views (B, r_i)
+        outs = [_linear(t, r.t(), b, onednn=onednn) for t, r, b in zip(latents, rights, biases, strict=True)]
+        ctx.save_for_backward(x, left, latent, *rights)
+        ctx.ranks, ctx.onednn, ctx.has_bias = ranks, onednn, [bias is not None for bias in biases]
+        return tuple(outs)  # each (B, d_out_i)
 
     @staticmethod
-    def backward(ctx, grad_out):  # grad_out (B, d_out)
-        x, left, right, latent = ctx.saved_tensors
-        grad_out = grad_out.to(x.dtype).contiguous()
-        grad_latent = _linear(grad_out, right, None, onednn=ctx.onednn)  # (B, r)
-        grad_x = _linear(grad_latent, left, None, onednn=ctx.onednn) if ctx.needs_input_grad[0] else None  # (B, d_in)
-        # (r, d_in), then transposed: a (r, B) @ (B, d) product ran faster than (d, B) @ (B, r) on one thread.
-        grad_left = token_sum_mm(grad_latent, x).t() if ctx.needs_input_grad[1] else None  # (d_in, r)
-        grad_right = grad_bias = None
-        if ctx.needs_input_grad[2] or (ctx.has_bias and ctx.needs_input_grad[3]):
-            rows = torch.cat([latent, latent.new_ones(latent.shape[0], 1)], 1) if ctx.has_bias else latent
-            grad_rows = token_sum_mm(rows, grad_out)  # (r[+1], d_out): ∂R and ∂b
-            rank = latent.shape[1]
-            grad_right = grad_rows[:rank] if ctx.needs_input_grad[2] else None
-            grad_bias = grad_rows[rank] if ctx.has_bias and ctx.needs_input_grad[3] else None
-        return grad_x, grad_left, grad_right, grad_bias
+    def backward(ctx, *grad_outs):  # grad_outs: each (B, d_out_i)
+        x, left, latent, *rights = ctx.saved_tensors
+        n, need = len(ctx.ranks), ctx.needs_input_grad
+        grad_outs = [g.to(x.dtype).contiguous() for g in grad_outs]
+        grad_latent = torch.cat([_linear(g, r, None, onednn=ctx.onednn) for g, r in zip(grad_outs, rights)], 1)
+        grad_x = _linear(grad_latent, left, None, onednn=ctx.onednn) if need[0] else None  # (B, d_in)
+        # (Σr, d_in), then transposed: a (r, B) @ (B, d) product ran faster than (d, B) @ (B, r) on one thread.
+        grad_left = token_sum_mm(grad_latent, x).t() if need[1] else None  # (d_in, Σr)
+        grad_rights, grad_biases = [None] * n, [None] * n
+        for i, (t, g, has_bias) in enumerate(zip(latent.split(ctx.ranks, dim=1), grad_outs, ctx.has_bias)):
+            if need[3 + i] or (has_bias and need[3 + n + i]):
+                rows = torch.cat([t, t.new_ones(t.shape[0], 1)], 1) if has_bias else t
+                grad_rows = token_sum_mm(rows, g)  # (r_i[+1], d_out_i): ∂R_i and ∂b_i
+                grad_rights[i] = grad_rows[: ctx.ranks[i]] if need[3 + i] else None
+                grad_biases[i] = grad_rows[ctx.ranks[i]] if has_bias and need[3 + n + i] else None
+        return grad_x, grad_left, None, *grad_rights, *grad_biases
+
+
+def factored_linear(
+    x: torch.Tensor, factors: Sequence[tuple[torch.Tensor, torch.Tensor]], biases: Sequence[torch.Tensor | None]
+) -> list[torch.Tensor]:
+    """``y_i = x L_i R_i + b_i`` for factored weights that read the same ``x`` (one GEMM reads ``x`` for all).
+
+    Args:
+        x: ``(..., d_in)``.
+        factors: ``(L_i, R_i)`` pairs, ``L_i (d_in, r_i)``, ``R_i (r_i, d_out_i)``.
+        biases: ``(d_out_i,)`` or None, one per pair.
+
+    Returns:
+        ``[(..., d_out_i)]``.
+    """
+    lefts = [left for left, _ in factors]
+    left = lefts[0] if len(lefts) == 1 else torch.cat(lefts, 1)  # (d_in, Σr)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, left.shape[0])  # (B, d_in)
+    ranks = tuple(lf.shape[1] for lf in lefts)
+    outs = _FactoredMatmul.apply(x2, left, ranks, *(right for _, right in factors), *biases)
+    return [out.reshape(*lead, out.shape[1]) for out in outs]
 
 
 def tt_linear(
@@ -237,13 +266,9 @@ def tt_linear(
         n_in: how many leading cores carry input modes.
 
     Returns:
-        ``(..., d_out)``.
+        ``(..., d_out)``, via the ``(..., r_mid)`` latent.
     """
-    left, right = tt_linear_factors(cores, n_in=n_in)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, left.shape[0])  # (B, d_in)
-    out = _FactoredMatmul.apply(x2, left, right, bias)  # (B, d_out), via the (B, r_mid) latent
-    return out.reshape(*lead, right.shape[1])
+    return factored_linear(x, [tt_linear_factors(cores, n_in=n_in)], [bias])[0]
 
 
 def tt_linear_flops(in_factors: Sequence[int], out_factors: Sequence[int], ranks: Sequence[int], *, tokens: int) -> int:

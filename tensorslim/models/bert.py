@@ -22,6 +22,7 @@ from torch import nn
 
 from tensorslim._checks import require_int
 from tensorslim.functional.dropout import Dropout, attention
+from tensorslim.layers.tt import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 # How the classifier summarizes the sequence: CoMERA / BERT take the first ([CLS]) token; "mean" (our addition)
@@ -86,8 +87,10 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         b, t, d = x.shape
+        # One product for q, k and v when they are TT layers (CoMERA): x is read once for the three.
         heads = [
-            proj(x).view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for proj in (self.q, self.k, self.v)
+            y.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)
+            for y in linear_many(x, (self.q, self.k, self.v))
         ]
         p = self.dropout if self.training else 0.0
         out = attention(*heads, key_mask=key_mask, dropout_p=p)  # (B, h, T, d/h); key_mask (B, T): True = attend

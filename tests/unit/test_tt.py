@@ -14,13 +14,14 @@ from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
 from tensorslim.decomp.tt import tt_matrix_svd, tt_svd, tt_to_full, ttm_svd, ttm_to_full
 from tensorslim.functional.tt import (
     _use_onednn,
+    factored_linear,
     plan_chain,
     token_sum_mm,
     tt_linear,
     ttm_lookup_chain,
     ttm_lookup_halves,
 )
-from tensorslim.layers.tt import TTConfig, TTLinear, resolve_ranks
+from tensorslim.layers.tt import TTConfig, TTLinear, linear_many, resolve_ranks
 from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
 
 # (in_factors, out_factors, ranks): 2, 3, 4 and 6 cores, including an uneven input/output split.
@@ -171,6 +172,52 @@ def test_tt_linear_fp32_onednn_path_matches_float64_dense(bias):
     ours = torch.autograd.grad(out, leaves, grad_out.float())
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_factored_linear_shared_input_gradcheck():
+    # Three factored weights reading one x (one with no bias, different ranks and widths), float64.
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(3, 5), (2, 4), (4, 5)]
+    lefts = [torch.randn(6, r, generator=gen, dtype=torch.float64, requires_grad=True) for r, _ in shapes]
+    rights = [torch.randn(r, d, generator=gen, dtype=torch.float64, requires_grad=True) for r, d in shapes]
+    biases = [torch.randn(5, dtype=torch.float64, requires_grad=True), None, torch.randn(5, dtype=torch.float64)]
+    biases[2].requires_grad_()
+    x = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    def run(x, *flat):
+        factors = list(zip(flat[:3], flat[3:6], strict=True))
+        return tuple(factored_linear(x, factors, [flat[6], None, flat[7]]))
+
+    inputs = (x, *lefts, *rights, biases[0], biases[2])
+    assert torch.autograd.gradcheck(run, inputs)
+    outs = run(*inputs)
+    for out, left, right, bias in zip(outs, lefts, rights, biases, strict=True):
+        torch.testing.assert_close(out, x @ left @ right + (0 if bias is None else bias), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tokens", [10, 96])  # BLAS below 64 tokens, oneDNN from 64
+def test_linear_many_equals_the_layers_one_by_one(tokens):
+    torch.manual_seed(4)
+    layers = [
+        TTLinear.from_dense(nn.Linear(24, 24), TTConfig(rank=5, init="random", rank_gates=True)) for _ in range(3)
+    ]
+    layers[1].bias = None
+    with torch.no_grad():
+        layers[2].gates[0][1] = 1e-3  # a pruned rank
+    x = torch.randn(tokens, 24, requires_grad=True)
+    grads_out = [torch.randn(tokens, 24) for _ in layers]
+    params = [x, *(p for layer in layers for p in layer.parameters())]
+    fused = linear_many(x, tuple(layers))
+    ref = [layer(x) for layer in layers]
+    for a, b in zip(fused, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    ours = torch.autograd.grad(fused, params, grads_out)
+    expected = torch.autograd.grad(ref, params, grads_out)
+    for a, b in zip(ours, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    # Layers of other kinds (or a single one) run one by one.
+    mixed = (layers[0], nn.Linear(24, 24))
+    assert [y.shape for y in linear_many(x, mixed)] == [(tokens, 24), (tokens, 24)]
 
 
 @pytest.mark.parametrize("pieces", [1, 2, 3, 20])
