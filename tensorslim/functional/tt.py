@@ -218,12 +218,13 @@ class _FactoredMatmul(torch.autograd.Function):
         x, left, latent, *rights = ctx.saved_tensors
         n, need = len(ctx.ranks), ctx.needs_input_grad
         grad_outs = [g.to(x.dtype).contiguous() for g in grad_outs]
-        grad_latent = torch.cat([_linear(g, r, None, onednn=ctx.onednn) for g, r in zip(grad_outs, rights)], 1)
+        grad_latents = [_linear(g, r, None, onednn=ctx.onednn) for g, r in zip(grad_outs, rights, strict=True)]
+        grad_latent = grad_latents[0] if n == 1 else torch.cat(grad_latents, 1)  # (B, Σr)
         grad_x = _linear(grad_latent, left, None, onednn=ctx.onednn) if need[0] else None  # (B, d_in)
         # (Σr, d_in), then transposed: a (r, B) @ (B, d) product ran faster than (d, B) @ (B, r) on one thread.
         grad_left = token_sum_mm(grad_latent, x).t() if need[1] else None  # (d_in, Σr)
         grad_rights, grad_biases = [None] * n, [None] * n
-        for i, (t, g, has_bias) in enumerate(zip(latent.split(ctx.ranks, dim=1), grad_outs, ctx.has_bias)):
+        for i, (t, g, has_bias) in enumerate(zip(latent.split(ctx.ranks, dim=1), grad_outs, ctx.has_bias, strict=True)):
             if need[3 + i] or (has_bias and need[3 + n + i]):
                 rows = torch.cat([t, t.new_ones(t.shape[0], 1)], 1) if has_bias else t
                 grad_rows = token_sum_mm(rows, g)  # (r_i[+1], d_out_i): ∂R_i and ∂b_i
