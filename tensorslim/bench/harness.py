@@ -347,7 +347,9 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
             f"# tensorslim bench: {config.preset}\n\n"
             f"- command: `{result['command']}`\n- date: {result['date']}\n"
             f"- machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']} "
-            f"({machine['torch_threads']} threads), load average at start {machine['load_average']}\n\n"
+            f"({machine['torch_threads']} threads), load average at start {machine['load_average']}"
+            + (f", OMP_WAIT_POLICY={machine['omp_wait_policy']}" if machine.get("omp_wait_policy") else "")
+            + "\n\n"
         )
         stem.with_suffix(".md").write_text(header + table)
         stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
