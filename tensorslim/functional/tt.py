@@ -205,7 +205,7 @@ class _FactoredMatmul(torch.autograd.Function):
         x, left = x.to(dtype).contiguous(), left.to(dtype)
         rights = [right.to(dtype) for right in rest[:n]]
         biases = [None if bias is None else bias.to(dtype) for bias in rest[n:]]
-        onednn = _use_onednn(x)
+        onednn = _use_onednn(x) and min(ranks) > 0  # oneDNN rejects an empty (pruned-to-zero) rank
         latent = _linear(x, left.t(), None, onednn=onednn)  # (B, Σr)
         latents = latent.split(ranks, dim=1)  # views (B, r_i)
         outs = [_linear(t, r.t(), b, onednn=onednn) for t, r, b in zip(latents, rights, biases, strict=True)]

@@ -195,6 +195,20 @@ def test_factored_linear_shared_input_gradcheck():
         torch.testing.assert_close(out, x @ left @ right + (0 if bias is None else bias), rtol=1e-12, atol=1e-12)
 
 
+def test_factored_linear_with_a_pruned_to_zero_rank():
+    # CoMERA's gates can prune a middle rank to 0; at 80 fp32 tokens (the oneDNN size) the empty factor must work.
+    x = torch.randn(80, 6, requires_grad=True)
+    live = (torch.randn(6, 3, requires_grad=True), torch.randn(3, 5, requires_grad=True))
+    empty = (torch.zeros(6, 0, requires_grad=True), torch.zeros(0, 5, requires_grad=True))
+    bias = torch.randn(5, requires_grad=True)
+    outs = factored_linear(x, [live, empty], [None, bias])
+    torch.testing.assert_close(outs[0], x @ live[0] @ live[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[1], bias.expand(80, 5))
+    grad_x, grad_bias = torch.autograd.grad(outs[0].sum() + outs[1].sum(), (x, bias))
+    torch.testing.assert_close(grad_x, (live[0] @ live[1]).sum(1).expand(80, 6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_bias, torch.full((5,), 80.0))
+
+
 @pytest.mark.parametrize("tokens", [10, 96])  # BLAS below 64 tokens, oneDNN from 64
 def test_linear_many_equals_the_layers_one_by_one(tokens):
     torch.manual_seed(4)
