@@ -140,7 +140,13 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 # splits them across threads better; its per-call set-up (about 16 µs) makes MKL the faster choice below a few dozen
 # tokens (decoding). benchmarks/tt_kernel.py measures both.
 _ONEDNN_MIN_TOKENS = 64
-_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@lru_cache(maxsize=1)
+def _onednn_dtypes() -> tuple[torch.dtype, ...]:
+    if not torch.backends.mkldnn.is_available():
+        return ()
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
 def _use_onednn(x: torch.Tensor) -> bool:
@@ -148,9 +154,8 @@ def _use_onednn(x: torch.Tensor) -> bool:
     return (
         _get_current_dispatch_mode() is None
         and x.device.type == "cpu"
-        and x.dtype in _ONEDNN_DTYPES
         and x.shape[0] >= _ONEDNN_MIN_TOKENS
-        and torch.backends.mkldnn.is_available()
+        and x.dtype in _onednn_dtypes()
     )
 
 
