@@ -138,7 +138,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 # The token-dependent GEMMs of a TT layer have one side of width r ≈ 30. On CPU, oneDNN's matmul runs the
 # token-parallel ones (tokens × d against a width-r side, either way) about 1.3× faster than MKL on one thread and
 # splits them across threads better; its per-call set-up (about 16 µs) makes MKL the faster choice below a few dozen
-# tokens (decoding). benchmarks/tt_kernel.py measures both.
+# tokens (decoding). docs/speed.md has the figures; benchmarks/tt_kernel.py times the layer before and after.
 _ONEDNN_MIN_TOKENS = 64
 
 
@@ -171,7 +171,7 @@ def token_sum_mm(a: torch.Tensor, b: torch.Tensor, *, pieces: int | None = None)
 
     The token axis is cut into one slice per thread (``pieces``, default torch's thread count) and the slices'
     ``(m, n)`` products are one batched GEMM, then summed: BLAS splits a GEMM whose only long axis is the reduction
-    axis poorly across threads (two threads ran it about 1.3× faster than one; sliced, about 1.7×).
+    axis poorly across threads (at 4,096 tokens × 768, two threads ran it 1.25× faster than one; sliced, 1.7×).
     """
     pieces = torch.get_num_threads() if pieces is None else pieces
     chunk = a.shape[0] // max(pieces, 1)
