@@ -169,11 +169,12 @@ def _linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
 def token_sum_mm(a: torch.Tensor, b: torch.Tensor, *, pieces: int | None = None) -> torch.Tensor:
     """``aᵀ b`` for ``a (B, m)``, ``b (B, n)`` with ``m`` small: a sum over the B tokens.
 
-    The token axis is cut into one slice per thread (``pieces``, default torch's thread count) and the slices'
+    The token axis is cut into one slice per thread (``pieces``, default torch's CPU thread count) and the slices'
     ``(m, n)`` products are one batched GEMM, then summed: BLAS splits a GEMM whose only long axis is the reduction
     axis poorly across threads (at 4,096 tokens × 768, two threads ran it 1.25× faster than one; sliced, 1.7×).
     """
-    pieces = torch.get_num_threads() if pieces is None else pieces
+    if pieces is None:
+        pieces = torch.get_num_threads() if a.device.type == "cpu" else 1
     chunk = a.shape[0] // max(pieces, 1)
     if pieces <= 1 or chunk == 0:
         return a.t() @ b
