@@ -4,8 +4,9 @@ machine disturb it less than the wall clock).
 
 1. TT linear 768×768 (CoMERA shapes [12,8,8 ‖ 8,8,12], r=30, bias), forward+backward on ``--tokens`` rows: the
    previous ``_FactoredMatmul`` (latent ``(B, r)``, ``addmm`` bias, column-sum bias gradient; kept below only as this
-   diagnostic's baseline) vs :func:`tensorslim.functional.tt.tt_linear` now (latent ``(r, B)``, bias as a GEMM row),
-   and dense ``nn.Linear``.
+   diagnostic's baseline) vs :func:`tensorslim.functional.tt.tt_linear` as it is now (in round 3, when the results
+   file was written: latent ``(r, B)``, bias as a GEMM row; since round 4, ``benchmarks/tt_kernel.py``), and dense
+   ``nn.Linear``.
 2. 4-bit ``QuantLinear`` forward at batch 1 (decode) for the ``350m`` MLP shape 1024→2736: dequantizing every call
    with the previous bit-by-bit unpacking, dequantizing every call now (``set_weight_cache(model, False)``), and the
    default cached dequantized weight; dense ``nn.Linear`` for reference.

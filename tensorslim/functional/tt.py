@@ -28,6 +28,7 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 # A contraction tree over a run of cores: a leaf is a core index, a node is (left subtree, right subtree).
 Tree = int | tuple["Tree", "Tree"]
@@ -134,45 +135,130 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+# The token-dependent GEMMs of a TT layer have one side of width r ≈ 30. On CPU, oneDNN's matmul runs the
+# token-parallel ones (tokens × d against a width-r side, either way) about 1.3× faster than MKL on one thread and
+# splits them across threads better; its per-call set-up (about 16 µs) makes MKL the faster choice below a few dozen
+# tokens (decoding). docs/speed.md has the figures; benchmarks/tt_kernel.py times the layer before and after.
+_ONEDNN_MIN_TOKENS = 64
+
+
+@lru_cache(maxsize=1)
+def _onednn_dtypes() -> tuple[torch.dtype, ...]:
+    if not torch.backends.mkldnn.is_available():
+        return ()
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
+
+def _use_onednn(x: torch.Tensor) -> bool:
+    # Not under a Python dispatch mode (FlopCounterMode, fake tensors): they know BLAS GEMMs, not oneDNN's op.
+    return (
+        _get_current_dispatch_mode() is None
+        and x.device.type == "cpu"
+        and x.shape[0] >= _ONEDNN_MIN_TOKENS
+        and x.dtype in _onednn_dtypes()
+    )
+
+
+def _linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, onednn: bool) -> torch.Tensor:
+    """``a @ weightᵀ + bias`` for ``a (M, K)``, ``weight (N, K)``: oneDNN's matmul, or ``F.linear`` (BLAS)."""
+    if onednn:
+        return torch.ops.mkldnn._linear_pointwise(a, weight.contiguous(), bias, "none", [], "")
+    return F.linear(a, weight, bias)
+
+
+def token_sum_mm(a: torch.Tensor, b: torch.Tensor, *, pieces: int | None = None) -> torch.Tensor:
+    """``aᵀ b`` for ``a (B, m)``, ``b (B, n)`` with ``m`` small: a sum over the B tokens.
+
+    The token axis is cut into one slice per thread (``pieces``, default torch's CPU thread count) and the slices'
+    ``(m, n)`` products are one batched GEMM, then summed: BLAS splits a GEMM whose only long axis is the reduction
+    axis poorly across threads (at 4,096 tokens × 768, two threads ran it 1.25× faster than one; sliced, 1.7×).
+    """
+    if pieces is None:
+        pieces = torch.get_num_threads() if a.device.type == "cpu" else 1
+    chunk = a.shape[0] // max(pieces, 1)
+    if pieces <= 1 or chunk == 0:
+        return a.t() @ b
+    head = pieces * chunk
+    a_head = a[:head].reshape(pieces, chunk, a.shape[1]).transpose(1, 2)  # (pieces, m, chunk)
+    out = torch.bmm(a_head, b[:head].reshape(pieces, chunk, b.shape[1])).sum(0)  # (m, n)
+    if head < a.shape[0]:
+        out.addmm_(a[head:].t(), b[head:])
+    return out
+
+
 class _FactoredMatmul(torch.autograd.Function):
-    """``y = (x L) R + b`` for 2-D ``x`` with a hand-written backward (width-r GEMMs only).
+    """``y_i = (x L_i) R_i + b_i`` for 2-D ``x`` and one or more factored weights that read it, with a hand-written
+    backward (width-r GEMMs only).
 
-    The rank-r latent is kept transposed, ``Tᵀ = Lᵀ xᵀ`` of shape ``(r, B)``, so every GEMM whose output has width
-    r writes the token axis contiguously instead: a ``(B, d) @ (d, 30)`` GEMM, whose 30-wide output rows vectorize
-    badly, ran about 1.5× slower on one CPU thread than the same product written as ``(30, d) @ (d, B)``
-    (docs/speed.md). The bias is one more row of ``R`` against a row of ones in ``Tᵀ``, so the output GEMM adds it
-    (no separate broadcast copy) and ``∂b`` comes out of the ``∂R`` GEMM (no separate column sum).
+    ``left`` is ``[L_1 … L_n]`` side by side, so one GEMM reads ``x`` for every latent and one GEMM forms ``∂x`` for
+    all of them (CoMERA's q, k and v projections read the same input: one product of width 90 instead of three of
+    width 30, and no sum of three ``∂x``). Four of the GEMMs are token-parallel (``x L``, ``T R + b``, ``∂y Rᵀ``,
+    ``∂T Lᵀ``): on CPU in fp32 or bf16, from 64 tokens, they run on oneDNN's matmul, which ran them about 1.3× faster
+    than MKL on one thread and split them across two threads better (docs/speed.md). The sums over tokens
+    (``∂L = xᵀ ∂T``, ``∂R = Tᵀ ∂y``) run as one slice of tokens per thread (:func:`token_sum_mm`). The bias gradient
+    comes out of the ``∂R`` GEMM: the latent gets a column of ones (no separate pass over ``∂y`` for a column sum).
 
-    The token-dependent tensors saved are ``x`` and ``Tᵀ`` (``r×B``), as in CoMERA, plus the small weight-side
-    factors. Under autocast every operand is cast to autocast's dtype once in forward, so that backward (which runs
-    outside autocast) multiplies tensors of one dtype; the gradients are cast back to each input's dtype by autograd.
+    The token-dependent tensors saved are ``x`` and the latent ``T = x L`` (``B×Σr``), as in CoMERA, plus the small
+    weight-side factors. Under autocast every operand is cast to autocast's dtype once in forward, so that backward
+    (which runs outside autocast) multiplies tensors of one dtype; the gradients are cast back to each input's dtype
+    by autograd.
     """
 
     @staticmethod
-    def forward(ctx, x, left, right, bias):  # x (B, d_in), left (d_in, r), right (r, d_out), bias (d_out,) or None
+    def forward(ctx, x, left, ranks, *rest):  # x (B, d_in), left (d_in, Σr), rest: n rights (r_i, d_out_i), n biases
         dtype = _compute_dtype(x)
-        x, left, right = x.to(dtype), left.to(dtype), right.to(dtype)
-        latent_t = left.t() @ x.t()  # (r, B): tokens on the contiguous axis
-        if bias is not None:
-            latent_t = torch.cat([latent_t, latent_t.new_ones(1, latent_t.shape[1])])  # (r+1, B)
-            right = torch.cat([right, bias.to(dtype)[None]])  # (r+1, d_out)
-        out = latent_t.t() @ right  # (B, d_out)
-        ctx.save_for_backward(x, left, right, latent_t)
-        ctx.rank = left.shape[1]
-        return out
+        n = len(ranks)
+        x, left = x.to(dtype).contiguous(), left.to(dtype)
+        rights = [right.to(dtype) for right in rest[:n]]
+        biases = [None if bias is None else bias.to(dtype) for bias in rest[n:]]
+        onednn = _use_onednn(x) and min(ranks) > 0  # oneDNN rejects an empty (pruned-to-zero) rank
+        latent = _linear(x, left.t(), None, onednn=onednn)  # (B, Σr)
+        latents = latent.split(ranks, dim=1)  # views (B, r_i)
+        outs = [_linear(t, r.t(), b, onednn=onednn) for t, r, b in zip(latents, rights, biases, strict=True)]
+        ctx.save_for_backward(x, left, latent, *rights)
+        ctx.ranks, ctx.onednn, ctx.has_bias = ranks, onednn, [bias is not None for bias in biases]
+        return tuple(outs)  # each (B, d_out_i)
 
     @staticmethod
-    def backward(ctx, grad_out):  # grad_out (B, d_out)
-        x, left, right, latent_t = ctx.saved_tensors
-        rank = ctx.rank
-        grad_out = grad_out.contiguous().to(x.dtype)
-        grad_latent_t = right[:rank] @ grad_out.t()  # (r, B)
-        grad_x = grad_latent_t.t() @ left.t() if ctx.needs_input_grad[0] else None  # (B, d_in)
-        grad_left = (grad_latent_t @ x).t() if ctx.needs_input_grad[1] else None  # (d_in, r)
-        grad_rows = latent_t @ grad_out if any(ctx.needs_input_grad[2:]) else None  # (r[+1], d_out): ∂R and ∂b
-        grad_right = grad_rows[:rank] if ctx.needs_input_grad[2] else None
-        grad_bias = grad_rows[rank] if right.shape[0] > rank and ctx.needs_input_grad[3] else None
-        return grad_x, grad_left, grad_right, grad_bias
+    def backward(ctx, *grad_outs):  # grad_outs: each (B, d_out_i)
+        x, left, latent, *rights = ctx.saved_tensors
+        n, need = len(ctx.ranks), ctx.needs_input_grad
+        grad_outs = [g.to(x.dtype).contiguous() for g in grad_outs]
+        grad_latents = [_linear(g, r, None, onednn=ctx.onednn) for g, r in zip(grad_outs, rights, strict=True)]
+        grad_latent = grad_latents[0] if n == 1 else torch.cat(grad_latents, 1)  # (B, Σr)
+        grad_x = _linear(grad_latent, left, None, onednn=ctx.onednn) if need[0] else None  # (B, d_in)
+        # (Σr, d_in), then transposed: a (r, B) @ (B, d) product ran faster than (d, B) @ (B, r) on one thread.
+        grad_left = token_sum_mm(grad_latent, x).t() if need[1] else None  # (d_in, Σr)
+        grad_rights, grad_biases = [None] * n, [None] * n
+        for i, (t, g, has_bias) in enumerate(zip(latent.split(ctx.ranks, dim=1), grad_outs, ctx.has_bias, strict=True)):
+            if need[3 + i] or (has_bias and need[3 + n + i]):
+                rows = torch.cat([t, t.new_ones(t.shape[0], 1)], 1) if has_bias else t
+                grad_rows = token_sum_mm(rows, g)  # (r_i[+1], d_out_i): ∂R_i and ∂b_i
+                grad_rights[i] = grad_rows[: ctx.ranks[i]] if need[3 + i] else None
+                grad_biases[i] = grad_rows[ctx.ranks[i]] if has_bias and need[3 + n + i] else None
+        return grad_x, grad_left, None, *grad_rights, *grad_biases
+
+
+def factored_linear(
+    x: torch.Tensor, factors: Sequence[tuple[torch.Tensor, torch.Tensor]], biases: Sequence[torch.Tensor | None]
+) -> list[torch.Tensor]:
+    """``y_i = x L_i R_i + b_i`` for factored weights that read the same ``x`` (one GEMM reads ``x`` for all).
+
+    Args:
+        x: ``(..., d_in)``.
+        factors: ``(L_i, R_i)`` pairs, ``L_i (d_in, r_i)``, ``R_i (r_i, d_out_i)``.
+        biases: ``(d_out_i,)`` or None, one per pair.
+
+    Returns:
+        ``[(..., d_out_i)]``.
+    """
+    lefts = [left for left, _ in factors]
+    left = lefts[0] if len(lefts) == 1 else torch.cat(lefts, 1)  # (d_in, Σr)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, left.shape[0])  # (B, d_in)
+    ranks = tuple(lf.shape[1] for lf in lefts)
+    outs = _FactoredMatmul.apply(x2, left, ranks, *(right for _, right in factors), *biases)
+    return [out.reshape(*lead, out.shape[1]) for out in outs]
 
 
 def tt_linear(
@@ -187,25 +273,19 @@ def tt_linear(
         n_in: how many leading cores carry input modes.
 
     Returns:
-        ``(..., d_out)``.
+        ``(..., d_out)``, via the ``(..., r_mid)`` latent.
     """
-    left, right = tt_linear_factors(cores, n_in=n_in)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, left.shape[0])  # (B, d_in)
-    out = _FactoredMatmul.apply(x2, left, right, bias)  # (B, d_out), via the (B, r_mid) latent
-    return out.reshape(*lead, right.shape[1])
+    return factored_linear(x, [tt_linear_factors(cores, n_in=n_in)], [bias])[0]
 
 
-def tt_linear_flops(
-    in_factors: Sequence[int], out_factors: Sequence[int], ranks: Sequence[int], *, tokens: int, bias: bool = False
-) -> int:
-    """Matmul FLOPs of :func:`tt_linear` on ``tokens`` rows, as ``torch.utils.flop_counter`` counts them (the bias is
-    one more row of the output GEMM, ``2·tokens·d_out``)."""
+def tt_linear_flops(in_factors: Sequence[int], out_factors: Sequence[int], ranks: Sequence[int], *, tokens: int) -> int:
+    """Matmul FLOPs of :func:`tt_linear` on ``tokens`` rows, as ``torch.utils.flop_counter`` counts them (the bias
+    add is not a matmul FLOP)."""
     n_in = len(in_factors)
     left = plan_chain(tuple(in_factors), tuple(ranks[: n_in + 1]))[1]
     right = plan_chain(tuple(out_factors), tuple(ranks[n_in:]))[1]
     d_in, d_out = math.prod(in_factors), math.prod(out_factors)
-    return left + right + 2 * tokens * (ranks[n_in] * d_in + (ranks[n_in] + bias) * d_out)
+    return left + right + 2 * tokens * ranks[n_in] * (d_in + d_out)
 
 
 def best_split(row_factors: Sequence[int], col_factors: Sequence[int], ranks: Sequence[int]) -> int:

@@ -24,7 +24,7 @@ from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_fl
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.decomp.svd import squared_singular_values
 from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
-from tensorslim.functional.tt import apply_gates, tt_linear, tt_linear_factors, tt_linear_flops
+from tensorslim.functional.tt import apply_gates, factored_linear, tt_linear, tt_linear_factors, tt_linear_flops
 from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
 from tensorslim.registry import Allocation, LayerReport, Transform, register_transform
 
@@ -249,15 +249,28 @@ class TTLinear(nn.Module):
 
     def flops(self, tokens: int) -> int:
         """Forward matmul FLOPs for ``tokens`` rows as ``torch.utils.flop_counter`` counts them: the two planned
-        half-chains (token-independent) plus ``2·tokens·r_mid·(d_in+d_out)``, plus ``2·tokens·d_out`` for a bias (added
-        by the output GEMM)."""
-        return tt_linear_flops(self.in_factors, self.out_factors, self.ranks, tokens=tokens, bias=self.bias is not None)
+        half-chains (token-independent) plus ``2·tokens·r_mid·(d_in+d_out)``."""
+        return tt_linear_flops(self.in_factors, self.out_factors, self.ranks, tokens=tokens)
 
     def extra_repr(self) -> str:
         return (
             f"in_factors={list(self.in_factors)}, out_factors={list(self.out_factors)}, ranks={list(self.ranks)}, "
             f"bias={self.bias is not None}, gates={len(self.gates) > 0}"
         )
+
+
+def linear_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
+    """``[layer(x) for layer in layers]`` for layers that read the same ``x`` (attention's q, k and v).
+
+    When every layer is a :class:`TTLinear` with the same input width, they run as one factored product: one GEMM
+    reads ``x`` for all their latents and one forms ``∂x`` (:func:`~tensorslim.functional.tt.factored_linear`). The
+    result equals the layers applied one by one, up to float rounding; forward hooks of the layers do not run then.
+    """
+    fuse = len(layers) > 1 and all(type(layer) is TTLinear for layer in layers)
+    if not fuse or len({layer.in_features for layer in layers}) > 1:
+        return [layer(x) for layer in layers]
+    factors = [tt_linear_factors(layer.effective_cores(), n_in=layer.n_in) for layer in layers]
+    return factored_linear(x, factors, [layer.bias for layer in layers])
 
 
 def plan_tt_linear(name: str, module: nn.Module, config: TTConfig) -> LayerReport:

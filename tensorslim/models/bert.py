@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.functional.dropout import Dropout, attention
+from tensorslim.layers.tt import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 # How the classifier summarizes the sequence: CoMERA / BERT take the first ([CLS]) token; "mean" (our addition)
@@ -85,12 +87,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         b, t, d = x.shape
+        # One product for q, k and v when they are TT layers (CoMERA): x is read once for the three.
         heads = [
-            proj(x).view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for proj in (self.q, self.k, self.v)
+            y.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)
+            for y in linear_many(x, (self.q, self.k, self.v))
         ]
-        mask = None if key_mask is None else key_mask[:, None, None, :].bool()  # (B, 1, 1, T): True = attend
         p = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(*heads, attn_mask=mask, dropout_p=p)  # (B, h, T, d/h)
+        out = attention(*heads, key_mask=key_mask, dropout_p=p)  # (B, h, T, d/h); key_mask (B, T): True = attend
         return self.o(out.transpose(1, 2).reshape(b, t, d))
 
 
@@ -113,7 +116,7 @@ class EncoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.ffn = FeedForward(config)
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.norm1(x + self.drop(self.attn(x, key_mask)))
@@ -127,7 +130,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(config.max_seq_len, config.d_model)
         self.token_type = nn.Embedding(config.type_vocab_size, config.d_model)
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
@@ -201,7 +204,7 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.ModuleDict(
             {"fc1": nn.Linear(config.d_model, config.d_model), "fc2": nn.Linear(config.d_model, config.n_classes)}
         )
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.encoder(ids, attention_mask=attention_mask)  # (B, T, d)

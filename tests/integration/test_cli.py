@@ -25,6 +25,7 @@ from tensorslim.cli.main import main
         (["train", "--data", "/no/such/file.txt", "--steps", "1"], "/no/such/file.txt"),
         (["bench", "--preset", "tiny", "--rank", "999", "--methods", "cola"], "rank=999 is out of range"),
         (["bench", "--timer", "gpu"], "timer='gpu' is invalid"),
+        (["bench", "--timer", "thread", "--device", "cuda"], "timer='thread' is invalid"),
         (["convert", "--rank", "0"], "rank=0 is invalid"),
         (["train", "--method", "cola", "--comera-gamma", "1"], "--comera-gamma does not apply to method 'cola'"),
         (["train", "--preset", "tiny", "--task", "classify"], "task='classify' is not supported by model='tiny'"),
@@ -74,6 +75,15 @@ def test_bench_writes_table_json_and_chart(tmp_path: Path) -> None:
     assert "| cola fp32 |" in out.with_suffix(".md").read_text()  # rows name the method and its precision
     assert result["machine"]["keep_freed_memory"] is True  # the default on CPU (glibc on Linux), as in training
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_bench_thread_timer_times_every_step(tmp_path: Path) -> None:
+    out = tmp_path / "thread"
+    argv = ["bench", "--preset", "tiny", "--methods", "cola", "--batch-size", "1", "--seq-len", "16", "--warmup", "0"]
+    assert main([*argv, "--repeats", "2", "--timer", "thread", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["config"]["timer"] == "thread"
+    assert all(len(row["step_times_s"]) == 2 and min(row["step_times_s"]) > 0 for row in result["rows"])
 
 
 def test_convert_prints_plan_and_saves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

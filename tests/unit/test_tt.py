@@ -12,8 +12,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
 from tensorslim.decomp.tt import tt_matrix_svd, tt_svd, tt_to_full, ttm_svd, ttm_to_full
-from tensorslim.functional.tt import plan_chain, tt_linear, ttm_lookup_chain, ttm_lookup_halves
-from tensorslim.layers.tt import TTConfig, TTLinear, resolve_ranks
+from tensorslim.functional.tt import (
+    _use_onednn,
+    factored_linear,
+    plan_chain,
+    token_sum_mm,
+    tt_linear,
+    ttm_lookup_chain,
+    ttm_lookup_halves,
+)
+from tensorslim.layers.tt import TTConfig, TTLinear, linear_many, resolve_ranks
 from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
 
 # (in_factors, out_factors, ranks): 2, 3, 4 and 6 cores, including an uneven input/output split.
@@ -145,11 +153,100 @@ def test_tt_linear_gradients(in_f, out_f, ranks):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_tt_linear_under_bf16_autocast_matches_fp32(bias):
+def test_tt_linear_fp32_onednn_path_matches_float64_dense(bias):
+    # From 64 tokens an fp32 CPU layer runs on oneDNN's matmul (float64, as in gradcheck above, never does).
+    in_f, out_f, ranks = (3, 2, 2), (2, 2, 3), (1, 2, 3, 4, 3, 2, 1)
+    cores64 = [c.requires_grad_() for c in _random_cores(in_f + out_f, ranks, seed=2)]
+    bias64 = torch.randn(12, dtype=torch.float64, requires_grad=True) if bias else None
+    x64 = torch.randn(131, 12, dtype=torch.float64, requires_grad=True)  # odd: a remainder after the token slices
+    grad_out = torch.randn(131, 12, dtype=torch.float64)
+    leaves64 = [x64, *cores64] + ([bias64] if bias else [])
+    weight = tt_to_full(cores64).reshape(12, 12)
+    ref_out = x64 @ weight + (bias64 if bias else 0)
+    ref = torch.autograd.grad(ref_out, leaves64, grad_out)
+    leaves = [t.detach().float().requires_grad_() for t in leaves64]
+    x, cores = leaves[0], leaves[1:7]
+    assert _use_onednn(x)
+    out = tt_linear(x, cores, leaves[7] if bias else None, n_in=3)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5 * ref_out.abs().max().item())
+    ours = torch.autograd.grad(out, leaves, grad_out.float())
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_factored_linear_shared_input_gradcheck():
+    # Three factored weights reading one x (one with no bias, different ranks and widths), float64.
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(3, 5), (2, 4), (4, 5)]
+    lefts = [torch.randn(6, r, generator=gen, dtype=torch.float64, requires_grad=True) for r, _ in shapes]
+    rights = [torch.randn(r, d, generator=gen, dtype=torch.float64, requires_grad=True) for r, d in shapes]
+    biases = [torch.randn(5, dtype=torch.float64, requires_grad=True), None, torch.randn(5, dtype=torch.float64)]
+    biases[2].requires_grad_()
+    x = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    def run(x, *flat):
+        factors = list(zip(flat[:3], flat[3:6], strict=True))
+        return tuple(factored_linear(x, factors, [flat[6], None, flat[7]]))
+
+    inputs = (x, *lefts, *rights, biases[0], biases[2])
+    assert torch.autograd.gradcheck(run, inputs)
+    outs = run(*inputs)
+    for out, left, right, bias in zip(outs, lefts, rights, biases, strict=True):
+        torch.testing.assert_close(out, x @ left @ right + (0 if bias is None else bias), rtol=1e-12, atol=1e-12)
+
+
+def test_factored_linear_with_a_pruned_to_zero_rank():
+    # CoMERA's gates can prune a middle rank to 0; at 80 fp32 tokens (the oneDNN size) the empty factor must work.
+    x = torch.randn(80, 6, requires_grad=True)
+    live = (torch.randn(6, 3, requires_grad=True), torch.randn(3, 5, requires_grad=True))
+    empty = (torch.zeros(6, 0, requires_grad=True), torch.zeros(0, 5, requires_grad=True))
+    bias = torch.randn(5, requires_grad=True)
+    outs = factored_linear(x, [live, empty], [None, bias])
+    torch.testing.assert_close(outs[0], x @ live[0] @ live[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[1], bias.expand(80, 5))
+    grad_x, grad_bias = torch.autograd.grad(outs[0].sum() + outs[1].sum(), (x, bias))
+    torch.testing.assert_close(grad_x, (live[0] @ live[1]).sum(1).expand(80, 6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_bias, torch.full((5,), 80.0))
+
+
+@pytest.mark.parametrize("tokens", [10, 96])  # BLAS below 64 tokens, oneDNN from 64
+def test_linear_many_equals_the_layers_one_by_one(tokens):
+    torch.manual_seed(4)
+    layers = [
+        TTLinear.from_dense(nn.Linear(24, 24), TTConfig(rank=5, init="random", rank_gates=True)) for _ in range(3)
+    ]
+    layers[1].bias = None
+    with torch.no_grad():
+        layers[2].gates[0][1] = 1e-3  # a pruned rank
+    x = torch.randn(tokens, 24, requires_grad=True)
+    grads_out = [torch.randn(tokens, 24) for _ in layers]
+    params = [x, *(p for layer in layers for p in layer.parameters())]
+    fused = linear_many(x, tuple(layers))
+    ref = [layer(x) for layer in layers]
+    for a, b in zip(fused, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    ours = torch.autograd.grad(fused, params, grads_out)
+    expected = torch.autograd.grad(ref, params, grads_out)
+    for a, b in zip(ours, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    # Layers of other kinds (or a single one) run one by one.
+    mixed = (layers[0], nn.Linear(24, 24))
+    assert [y.shape for y in linear_many(x, mixed)] == [(tokens, 24), (tokens, 24)]
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 3, 20])
+def test_token_sum_mm_equals_the_product(pieces):
+    a, b = torch.randn(10, 3, dtype=torch.float64), torch.randn(10, 5, dtype=torch.float64)
+    torch.testing.assert_close(token_sum_mm(a, b, pieces=pieces), a.t() @ b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("tokens", [32, 96])  # BLAS below 64 tokens, oneDNN from 64
+def test_tt_linear_under_bf16_autocast_matches_fp32(bias, tokens):
     # Backward runs outside autocast: it must not mix the bf16 latent with fp32 factors (it raised before).
     layer = TTLinear((4, 4), (4, 4), (1, 4, 6, 4, 1), bias=bias)
-    x = torch.randn(32, 16, requires_grad=True)
-    grad_out = torch.randn(32, 16)
+    x = torch.randn(tokens, 16, requires_grad=True)
+    grad_out = torch.randn(tokens, 16)
     params = [x, *layer.parameters()]
     ref = torch.autograd.grad(layer(x), params, grad_out)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -194,13 +291,14 @@ def test_tt_linear_from_dense_full_rank_and_comera_counts():
     assert ffn.out_factors == (12, 16, 16) and ffn.num_params() == 28960
 
 
+@pytest.mark.parametrize("tokens", [7, 70])  # 70: the counter must see the GEMMs that oneDNN would run
 @pytest.mark.parametrize("in_f,out_f,ranks", LINEAR_SHAPES[2:])
-def test_tt_linear_flops_match_flop_counter(in_f, out_f, ranks):
+def test_tt_linear_flops_match_flop_counter(in_f, out_f, ranks, tokens):
     layer = TTLinear(in_f, out_f, ranks)
-    x = torch.randn(7, layer.in_features)
+    x = torch.randn(tokens, layer.in_features)
     with FlopCounterMode(display=False) as counter:
         layer(x)
-    assert counter.get_total_flops() == layer.flops(7)
+    assert counter.get_total_flops() == layer.flops(tokens)
 
 
 def test_tt_linear_init_std_matches_comera():
