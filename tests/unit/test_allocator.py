@@ -2,36 +2,41 @@
 
 from __future__ import annotations
 
-import ctypes
-import resource
+import json
+import subprocess
+import sys
+import textwrap
 
-import torch
+# Run in a fresh interpreter: the heap of this test process carries whatever earlier tests allocated and set
+# (a Trainer turns keep_freed_memory on), which decides whether a 40 MiB block is mapped fresh or found in the heap.
+_PROBE = textwrap.dedent(
+    """
+    import json, resource, torch
+    from tensorslim.train.allocator import keep_freed_memory
 
-from tensorslim.train.allocator import M_MMAP_MAX, M_TRIM_THRESHOLD, keep_freed_memory
+    def faults(numel):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        x = torch.ones(numel)
+        del x
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-
-def _glibc_defaults() -> None:
-    """glibc's default mmap count and trim threshold (any Trainer built earlier in this process changed them)."""
-    libc = ctypes.CDLL("libc.so.6")
-    assert libc.mallopt(M_MMAP_MAX, 65536) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024) == 1
-
-
-def _faults_of_fresh_tensor(numel: int) -> int:
-    """Minor page faults taken while allocating, filling and freeing a ``numel``-float tensor."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    x = torch.ones(numel)
-    del x
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    numel = 40 * 2**20 // 4  # 40 MiB: above glibc's largest mmap threshold (32 MiB), so mmap'd and unmapped
+    default = [faults(numel) for _ in range(3)]
+    applied = keep_freed_memory()
+    kept = [faults(numel) for _ in range(16)]
+    print(json.dumps({"pages": numel * 4 // resource.getpagesize(), "default": default, "applied": applied,
+                      "kept": kept}))
+    """
+)
 
 
 def test_freed_memory_is_reused_without_page_faults() -> None:
-    numel = 40 * 2**20 // 4  # 40 MiB: above glibc's largest mmap threshold (32 MiB), so mmap'd and unmapped
-    pages = numel * 4 // resource.getpagesize()
-    _glibc_defaults()
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True).stdout
+    probe = json.loads(out.strip().splitlines()[-1])
+    pages = probe["pages"]
     # glibc's default: every allocation of this size maps fresh pages and faults them all in.
-    assert all(_faults_of_fresh_tensor(numel) > pages // 2 for _ in range(3))
-    assert keep_freed_memory()  # the CI machines run glibc on Linux
+    assert all(f > pages // 2 for f in probe["default"]), probe
+    assert probe["applied"]  # the CI machines run glibc on Linux
     # The heap grows for the first few allocations (glibc's aligned allocation does not fit the exact hole a freed
     # block leaves until free neighbours coalesce), then the same memory is reused every time.
-    faults = [_faults_of_fresh_tensor(numel) for _ in range(16)]
-    assert max(faults[-4:]) < pages // 20, faults
+    assert max(probe["kept"][-4:]) < pages // 20, probe
