@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             image_size=args.image_size,
             augment=args.augment,
             intensity=args.intensity,
-            mask_dropout=args.mask_dropout if mode.startswith("image+") else 0.0,
+            mask_dropout=args.mask_dropout,  # used by the two-channel modes only
         )
         for n in sizes
         for mode in modes
