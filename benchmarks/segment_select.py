@@ -1,17 +1,19 @@
-"""Choose the image-channel intensity augmentation on validation cases: each setting trains through the one Trainer
-and is scored on the clean validation cases, on the same validation cases under the test-time intensity shift (a
-fresh draw of the shift, not the test cases') and, for the record only, on the test cases.
+"""Choose training settings (intensity augmentation, number of steps) on validation cases: each setting trains
+through the one Trainer and is scored on the clean validation cases, on the same validation cases under the
+test-time intensity shift (a fresh draw of the shift, not the test cases') and, for the record only, on the test
+cases; each row also keeps the training-loss curve (10 means over equal spans of steps) to show convergence.
 
     python benchmarks/segment_select.py --datasets brain,heart --inputs image,image+mask --train-cases 1,4 \
         --intensity none,nnunet --seeds 1 --out benchmarks/results/segment_intensity_select
 
-writes ``<out>.jsonl`` (one line per run, appended as it goes) and ``<out>.md``. The choice is made on the shifted
-validation Dice; test Dice is never looked at for it.
+appends one JSON line per run to ``<out>.jsonl`` as it goes. The choice is made on the shifted validation Dice;
+test Dice is never looked at for it.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import time
@@ -34,21 +36,24 @@ def score(trainer: Trainer, cases: object) -> float:
     return float(np.mean([case_metrics(p, t, split.spacing)["dice"] for p, t in zip(predicted, targets, strict=True)]))
 
 
-def one_run(dataset: str, inputs: str, n: int, intensity: str, seed: int, args: argparse.Namespace) -> dict:
+def one_run(
+    dataset: str, inputs: str, n: int, intensity: str, seed: int, steps: int, dropout: float, args: argparse.Namespace
+) -> dict:
     options = {"dataset": dataset, "inputs": inputs, "train_cases": n, "intensity": intensity}
+    options |= {"mask_dropout": dropout} if dropout else {}  # rows of earlier runs have no such field
     with tempfile.TemporaryDirectory() as folder:
         config = TrainConfig(
             preset="unet-small",
             task="segment",
             method="dense",
             task_options=options,
-            steps=args.steps,
+            steps=steps,
             batch_size=args.batch_size,
             seq_len=96 * 96,
             lr=1e-2,
             warmup_fraction=0.05,
-            eval_every=args.steps,
-            checkpoint_every=args.steps,
+            eval_every=steps,
+            checkpoint_every=steps,
             seed=seed,
             out_dir=folder,
             progress=False,
@@ -56,11 +61,15 @@ def one_run(dataset: str, inputs: str, n: int, intensity: str, seed: int, args: 
         )
         start = time.perf_counter()
         trainer = Trainer(config)
-        trainer.run()
+        losses: list[float] = []
+        trainer.run(on_step=lambda record: losses.append(record["loss"]))
+        span = max(1, steps // 10)
         seconds = time.perf_counter() - start
         return {
             **options,
             "seed": seed,
+            "steps": steps,
+            "loss_curve": [round(float(np.mean(losses[i : i + span])), 4) for i in range(0, steps, span)],
             "seconds": round(seconds, 1),
             "val_clean": score(trainer, load_split(dataset, "val", size=96)),
             "val_shift": score(trainer, load_split(dataset, "val", size=96, shift=IntensityShift())),
@@ -74,8 +83,9 @@ def main() -> None:
     parser.add_argument("--inputs", default="image,image+mask")
     parser.add_argument("--train-cases", default="1,4")
     parser.add_argument("--intensity", default="none,nnunet")
+    parser.add_argument("--mask-dropout", default="0", help="comma-separated mask-channel dropout rates")
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", default="100", help="comma-separated step counts")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/results/segment_intensity_select")
     args = parser.parse_args()
@@ -85,11 +95,14 @@ def main() -> None:
         for dataset in args.datasets.split(","):
             for n in (int(x) for x in args.train_cases.split(",")):
                 for intensity in args.intensity.split(","):
-                    for inputs in args.inputs.split(","):
+                    for steps, dropout in itertools.product(
+                        (int(x) for x in args.steps.split(",")), (float(x) for x in args.mask_dropout.split(","))
+                    ):
                         for seed in range(args.seeds):
-                            row = one_run(dataset, inputs, n, intensity, seed, args)
-                            print(json.dumps(row), file=log, flush=True)
-                            print(row, flush=True)
+                            for inputs in args.inputs.split(","):
+                                row = one_run(dataset, inputs, n, intensity, seed, steps, dropout, args)
+                                print(json.dumps(row), file=log, flush=True)
+                                print(row, flush=True)
 
 
 if __name__ == "__main__":

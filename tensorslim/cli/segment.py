@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--intensity", default="nnunet", help="image-channel intensity augmentation: none, nnunet (default), strong"
     )
+    parser.add_argument(
+        "--mask-dropout", type=float, default=0.0, help="probability of blanking the mask channel of a training sample"
+    )
     parser.add_argument("--overlay-cases", type=int, default=4, help="test cases shown in the overlay figure")
     parser.add_argument("--out-dir", default=None, help="where results go (default: runs/segment-<dataset>)")
     parser.add_argument("--keep-runs", action="store_true", help="keep each run's folder (checkpoint, metrics)")
@@ -62,6 +65,7 @@ def command_line(args: argparse.Namespace) -> str:
     flags += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--lr {args.lr}"]
     flags += [] if args.augment else ["--no-augment"]
     flags += [f"--intensity {args.intensity}"]
+    flags += [f"--mask-dropout {args.mask_dropout}"] if args.mask_dropout else []
     return "tensorslim segment " + " ".join(flags)
 
 
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             image_size=args.image_size,
             augment=args.augment,
             intensity=args.intensity,
+            mask_dropout=args.mask_dropout,  # used by the two-channel modes only
         )
         for n in sizes
         for mode in modes

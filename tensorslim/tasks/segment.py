@@ -35,6 +35,7 @@ class SegmentOptions:
     image_size: int = option(96, "image side in pixels (a multiple of the U-Net's 2 ** (levels - 1))")
     augment: bool = option(True, "random small affine moves of input and target together")
     intensity: str = option("nnunet", "image-channel intensity augmentation: none, nnunet or strong")
+    mask_dropout: float = option(0.0, "probability of blanking the mask channel of an image+mask training sample")
 
     def __post_init__(self) -> None:
         from tensorslim.segment.data import check_dataset, check_inputs
@@ -44,6 +45,8 @@ class SegmentOptions:
         if self.intensity not in INTENSITY_AUGMENTS:
             raise ValueError(f"intensity={self.intensity!r} is unknown; allowed: {list(INTENSITY_AUGMENTS)}")
         require_int("image_size", self.image_size, minimum=8)
+        if isinstance(self.mask_dropout, bool) or not 0.0 <= self.mask_dropout < 1.0:
+            raise ValueError(f"mask_dropout={self.mask_dropout!r} is invalid; allowed: a number in [0, 1)")
         if (
             isinstance(self.train_cases, bool)
             or not isinstance(self.train_cases, int)
@@ -130,7 +133,10 @@ class AugmentedStream:
 
     Batch ``k`` depends only on ``(seed, k)``. With ``augment``, each sample moves by a random affine (rotation
     ±8°, scale 0.92-1.08, shift ±4 % of the side) applied to input and target alike; binary channels (masks) and
-    the target are re-thresholded after the bilinear resampling.
+    the target are re-thresholded after the bilinear resampling. With ``mask_dropout`` > 0, each sample's
+    ``mask_channel`` is blanked (set to 0) with that probability, so a two-channel network cannot rest on the
+    silhouette alone (modality dropout, as in ModDrop, Neverova et al., arXiv 1501.00102; our choice, not the
+    paper's).
     """
 
     def __init__(
@@ -143,11 +149,14 @@ class AugmentedStream:
         binary: tuple[int, ...],
         intensity: IntensityAugment | None = None,
         image_channel: int | None = None,
+        mask_dropout: float = 0.0,
+        mask_channel: int | None = None,
     ):
         self.inputs = split.inputs
         self.targets = split.targets.float().unsqueeze(1)
         self.batch_size, self.seed, self.augment, self.binary = batch_size, seed, augment, binary
         self.intensity, self.image_channel = intensity, image_channel
+        self.mask_dropout, self.mask_channel = mask_dropout, mask_channel
         self.step = 0
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,6 +166,9 @@ class AugmentedStream:
         inputs, targets = self.inputs[index], self.targets[index]  # indexing by a tensor copies: safe to edit
         if self.intensity is not None and self.image_channel is not None:
             inputs[:, self.image_channel] = self.intensity.apply(inputs[:, self.image_channel], generator)
+        if self.mask_dropout > 0 and self.mask_channel is not None:  # no draw otherwise: batches stay as they were
+            blank = torch.rand(self.batch_size, generator=generator) < self.mask_dropout
+            inputs[blank, self.mask_channel] = 0.0
         if not self.augment:
             return inputs, targets
         theta = random_affine(self.batch_size, generator)
@@ -216,6 +228,8 @@ class Segmentation(Task):
                 binary=binary,
                 intensity=INTENSITY_AUGMENTS[settings.intensity],
                 image_channel=0 if settings.inputs.startswith("image") else None,
+                mask_dropout=settings.mask_dropout,
+                mask_channel=1 if input_channels(settings.inputs) == 2 else None,
             ),
             validation=self.held_out("val"),
             model_overrides={"in_channels": input_channels(settings.inputs), "image_size": settings.image_size},

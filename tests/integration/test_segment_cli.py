@@ -21,6 +21,7 @@ from tensorslim.cli.main import main
         (["--train-cases", "two"], "train_cases='two' is invalid"),
         (["--seeds", "0"], "seeds=0 is invalid"),
         (["--intensity", "wild"], "intensity='wild' is unknown"),
+        (["--mask-dropout", "1"], "mask_dropout=1.0 is invalid; allowed: a number in [0, 1)"),
         (["--image-size", "36"], "image_size=36 is invalid; allowed: a multiple of 8"),
     ],
 )

@@ -56,6 +56,7 @@ def test_loss_is_small_for_confident_right_logits() -> None:
         ({"train_cases": 13}, "train_cases=13 is invalid; allowed: 1..12"),
         ({"dataset": "brain", "train_cases": 27}, "allowed: 1..26"),
         ({"intensity": "wild"}, "intensity='wild' is unknown"),
+        ({"mask_dropout": 1.0}, "mask_dropout=1.0 is invalid"),
     ],
 )
 def test_bad_options(fields: dict, message: str) -> None:
@@ -136,3 +137,24 @@ def test_intensity_augment_touches_only_the_image_channel() -> None:
     assert torch.equal(x[:, 1], inputs[index, 1])  # the mask channel is untouched
     assert (x[:, 0] - inputs[index, 0]).abs().mean() > 0.02  # the image channel changed
     assert torch.equal(inputs[:, 1], (inputs[:, 1] > 0.5).float())  # and the stored cases are not modified
+
+
+def test_mask_dropout_blanks_whole_mask_channels_only() -> None:
+    from tensorslim.tasks.segment import AugmentedStream, SegmentSplit
+
+    inputs = torch.rand(3, 2, 16, 16)
+    inputs[:, 1] = 1.0  # a full mask: a blanked sample is all 0, a kept one all 1
+    split = SegmentSplit(inputs, torch.rand(3, 16, 16) > 0.5, np.zeros((3, 16, 16)), (1.0, 1.0))
+    stream = AugmentedStream(
+        split, batch_size=400, seed=0, augment=False, binary=(1,), mask_dropout=0.3, mask_channel=1
+    )
+    x, _ = stream.next_batch()
+    index = torch.randint(3, (400,), generator=torch.Generator().manual_seed(0))  # the stream's draw of batch 0
+    per_sample = x[:, 1].flatten(1)
+    assert set(per_sample.mean(1).unique().tolist()) == {0.0, 1.0}  # whole channels, never parts
+    assert 0.22 < (per_sample.mean(1) == 0).float().mean() < 0.38  # about 30 % (binomial, n = 400: ±2.3 % std)
+    assert torch.equal(x[:, 0], inputs[index, 0])  # the image channel is untouched
+    # Rate 0 draws nothing more, so its batches equal those of a stream without the option.
+    plain = AugmentedStream(split, batch_size=4, seed=3, augment=True, binary=(1,))
+    zero = AugmentedStream(split, batch_size=4, seed=3, augment=True, binary=(1,), mask_dropout=0.0, mask_channel=1)
+    assert all(torch.equal(a, b) for a, b in zip(plain.next_batch(), zero.next_batch(), strict=True))
