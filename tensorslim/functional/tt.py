@@ -139,6 +139,8 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 # token-parallel ones (tokens × d against a width-r side, either way) about 1.3× faster than MKL on one thread and
 # splits them across threads better; its per-call set-up (about 16 µs) makes MKL the faster choice below a few dozen
 # tokens (decoding). docs/speed.md has the figures; benchmarks/tt_kernel.py times the layer before and after.
+# Training always takes oneDNN, whatever the batch: the two libraries round differently, and a path that switched
+# with the number of tokens would make a data-parallel rank (half the tokens) drift from one process (all of them).
 _ONEDNN_MIN_TOKENS = 64
 
 
@@ -149,13 +151,13 @@ def _onednn_dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
-def _use_onednn(x: torch.Tensor) -> bool:
+def _use_onednn(x: torch.Tensor, dtype: torch.dtype, *, training: bool) -> bool:
     # Not under a Python dispatch mode (FlopCounterMode, fake tensors): they know BLAS GEMMs, not oneDNN's op.
     return (
         _get_current_dispatch_mode() is None
         and x.device.type == "cpu"
-        and x.shape[0] >= _ONEDNN_MIN_TOKENS
-        and x.dtype in _onednn_dtypes()
+        and (training or x.shape[0] >= _ONEDNN_MIN_TOKENS)
+        and dtype in _onednn_dtypes()
     )
 
 
@@ -205,13 +207,13 @@ class _FactoredMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, left, ranks, *rest):  # x (B, d_in), left (d_in, Σr), rest: n rights (r_i, d_out_i), n biases
+    def forward(ctx, x, left, ranks, onednn, *rest):  # x (B, d_in), left (d_in, Σr), rest: n rights, n biases
         dtype = _compute_dtype(x)
         n = len(ranks)
         x, left = x.to(dtype).contiguous(), left.to(dtype)
         rights = [right.to(dtype) for right in rest[:n]]
         biases = [None if bias is None else bias.to(dtype) for bias in rest[n:]]
-        onednn = _use_onednn(x) and min(ranks) > 0  # oneDNN rejects an empty (pruned-to-zero) rank
+        onednn = onednn and min(ranks) > 0  # oneDNN rejects an empty (pruned-to-zero) rank
         latent = _linear(x, left.t(), None, onednn=onednn)  # (B, Σr)
         latents = latent.split(ranks, dim=1)  # views (B, r_i)
         outs = [_linear(t, r.t(), b, onednn=onednn) for t, r, b in zip(latents, rights, biases, strict=True)]
@@ -231,12 +233,12 @@ class _FactoredMatmul(torch.autograd.Function):
         grad_left = token_sum_mm(grad_latent, x).t() if need[1] else None  # (d_in, Σr)
         grad_rights, grad_biases = [None] * n, [None] * n
         for i, (t, g, has_bias) in enumerate(zip(latent.split(ctx.ranks, dim=1), grad_outs, ctx.has_bias, strict=True)):
-            if need[3 + i] or (has_bias and need[3 + n + i]):
+            if need[4 + i] or (has_bias and need[4 + n + i]):
                 rows = torch.cat([t, t.new_ones(t.shape[0], 1)], 1) if has_bias else t
                 grad_rows = token_sum_mm(rows, g)  # (r_i[+1], d_out_i): ∂R_i and ∂b_i
-                grad_rights[i] = grad_rows[: ctx.ranks[i]] if need[3 + i] else None
-                grad_biases[i] = grad_rows[ctx.ranks[i]] if has_bias and need[3 + n + i] else None
-        return grad_x, grad_left, None, *grad_rights, *grad_biases
+                grad_rights[i] = grad_rows[: ctx.ranks[i]] if need[4 + i] else None
+                grad_biases[i] = grad_rows[ctx.ranks[i]] if has_bias and need[4 + n + i] else None
+        return grad_x, grad_left, None, None, *grad_rights, *grad_biases
 
 
 def factored_linear(
@@ -257,7 +259,8 @@ def factored_linear(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, left.shape[0])  # (B, d_in)
     ranks = tuple(lf.shape[1] for lf in lefts)
-    outs = _FactoredMatmul.apply(x2, left, ranks, *(right for _, right in factors), *biases)
+    onednn = _use_onednn(x2, _compute_dtype(x2), training=torch.is_grad_enabled())
+    outs = _FactoredMatmul.apply(x2, left, ranks, onednn, *(right for _, right in factors), *biases)
     return [out.reshape(*lead, out.shape[1]) for out in outs]
 
 

@@ -166,12 +166,21 @@ def test_tt_linear_fp32_onednn_path_matches_float64_dense(bias):
     ref = torch.autograd.grad(ref_out, leaves64, grad_out)
     leaves = [t.detach().float().requires_grad_() for t in leaves64]
     x, cores = leaves[0], leaves[1:7]
-    assert _use_onednn(x)
+    assert _use_onednn(x, x.dtype, training=True)
     out = tt_linear(x, cores, leaves[7] if bias else None, n_in=3)
     torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5 * ref_out.abs().max().item())
     ours = torch.autograd.grad(out, leaves, grad_out.float())
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_training_takes_one_kernel_whatever_the_batch():
+    # A data-parallel rank sees fewer tokens than one process: both must round the same way, so training never
+    # switches kernel with the batch size; inference below 64 tokens (decoding) takes BLAS for its lower set-up cost.
+    few, many = torch.zeros(8, 12), torch.zeros(131, 12)
+    assert _use_onednn(few, torch.float32, training=True) == _use_onednn(many, torch.float32, training=True)
+    assert not _use_onednn(few, torch.float32, training=False)
+    assert not _use_onednn(many, torch.float64, training=True)
 
 
 def test_factored_linear_shared_input_gradcheck():
