@@ -2,7 +2,7 @@
 side by side in one run, plus the exactness check at full capacity (our LLaMA and a Hugging Face Llama).
 
 The model is a ``tensorslim train --task longctx`` run: ``--run DIR``, trained there first by :func:`train_model`
-(the Trainer, the exact flags below) when DIR holds no checkpoint yet (about 30 min of one core).
+(the Trainer, the exact flags below) when DIR holds no checkpoint yet (about 15 min of one core).
 
 Usage:
     PYTHONPATH=. .venv/bin/python benchmarks/memory_budget.py --out benchmarks/results/memory_budget
@@ -35,8 +35,9 @@ POLICIES = (  # (label, policy, sinks)
 
 # The model: ``tensorslim train`` with these flags (docs/long_context.md).
 TRAIN_FLAGS = (
-    "--task longctx --preset tiny --method dense --seq-len 256 --batch-size 4 --steps 800 --lr 2e-3 --needles 0.6 "
-    "--eval-every 100 --checkpoint-every 100 --eval-blocks 32"
+    "--task longctx --preset tiny --method dense --seq-len 256 --batch-size 4 --steps 1200 --lr 3e-4 "
+    "--warmup-fraction 0.05 --needles 0.9 --mentions 10 --needle-keys 4 --fact-share 0.5 --key-weight 20 "
+    "--eval-every 300 --checkpoint-every 300 --eval-blocks 32"
 )
 
 
