@@ -2,7 +2,7 @@
 side by side in one run, plus the exactness check at full capacity (our LLaMA and a Hugging Face Llama).
 
 The model is a ``tensorslim train --task longctx`` run: ``--run DIR``, trained there first by :func:`train_model`
-(the Trainer, the exact flags below) when DIR holds no checkpoint yet (about 30 min of one core).
+(the Trainer, the exact flags below) when DIR holds no checkpoint yet (two runs, about 25 min of one core).
 
 Usage:
     PYTHONPATH=. .venv/bin/python benchmarks/memory_budget.py --out benchmarks/results/memory_budget
@@ -33,20 +33,34 @@ POLICIES = (  # (label, policy, sinks)
 )
 
 
-# The model: ``tensorslim train`` with these flags (docs/long_context.md).
+# The model: two ``tensorslim train`` runs (docs/long_context.md); the second starts from the first's weights.
 TRAIN_FLAGS = (
-    "--task longctx --preset tiny --method dense --seq-len 256 --batch-size 4 --steps 800 --lr 2e-3 --needles 0.6 "
-    "--eval-every 100 --checkpoint-every 100 --eval-blocks 32"
+    "--task longctx --preset tiny --method dense --seq-len 256 --batch-size 4 --steps 1200 --lr 3e-4 "
+    "--warmup-fraction 0.05 --needles 0.9 --mentions 10 --needle-keys 4 --fact-share 0.5 --key-weight 20 "
+    "--eval-every 300 --checkpoint-every 300 --eval-blocks 32"
+)
+CONTINUE_FLAGS = (
+    "--task longctx --preset tiny --method dense --seq-len 256 --batch-size 4 --steps 1000 --lr 3e-4 "
+    "--warmup-fraction 0.02 --needles 0.9 --mentions 10 --needle-keys 4 --fact-share 0.5 --key-weight 20 --seed 1 "
+    "--eval-every 250 --checkpoint-every 250 --eval-blocks 32"
 )
 
 
 def train_model(run_dir: Path) -> None:
-    """Train the benchmark's model into ``run_dir`` unless it holds a checkpoint (through the one Trainer)."""
+    """Train the benchmark's model into ``run_dir`` unless it holds a checkpoint (through the one Trainer): the first
+    run into ``<run_dir>-first``, its weights saved there, then the second run from them."""
     from tensorslim.cli.main import main as cli
+    from tensorslim.pretrained import save_pretrained
     from tensorslim.train.checkpoint import latest_checkpoint
 
-    if latest_checkpoint(run_dir / "checkpoints") is None:
-        cli(["train", *TRAIN_FLAGS.split(), "--out-dir", str(run_dir), "--no-progress"])
+    if latest_checkpoint(run_dir / "checkpoints") is not None:
+        return
+    first = run_dir.with_name(run_dir.name + "-first")
+    if latest_checkpoint(first / "checkpoints") is None:
+        cli(["train", *TRAIN_FLAGS.split(), "--out-dir", str(first), "--no-progress"])
+    save_pretrained(load_run(first)[0], first / "weights", base="tiny")
+    init = ["--init", str(first / "weights"), "--out-dir", str(run_dir), "--no-progress"]
+    cli(["train", *CONTINUE_FLAGS.split(), *init])
 
 
 @torch.no_grad()
@@ -212,7 +226,8 @@ def write(rows: list[dict], checks: dict, args: argparse.Namespace) -> None:
         f"Peak attended entries over all bounded runs: {checks['peak_entries_max_over_bounded_runs']} "
         f"(capacity + chunk at 50%: {checks['capacity_plus_chunk_at_50pct']}).",
         "",
-        f"Model (`--run`): `tensorslim train {TRAIN_FLAGS}`; {model_line(Path(args.run))} On held-out "
+        f"Model (`--run`): `tensorslim train {TRAIN_FLAGS}`, then `tensorslim train {CONTINUE_FLAGS} --init <the first "
+        f"run's weights>`; {model_line(Path(args.run))} On held-out "
         "training-style documents (8 facts stated 3 times), full attention predicts the value of a restated fact "
         + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in checks["recall_by_distance"].items())
         + " (first statements cannot be known; a guess among the 32 values is right 3.1% of the time).",

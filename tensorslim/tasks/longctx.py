@@ -32,6 +32,9 @@ class LongContextOptions:
     fact_share: float = option(
         0.375, "largest share of a training needle document taken by facts, in (0, 1) (the rest is BBC filler)"
     )
+    key_weight: float = option(
+        1.0, "loss weight of the token after a needle key (a fact's value), >= 1 (1: plain language modelling)"
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.needles, bool) or not isinstance(self.needles, int | float) or not 0 <= self.needles <= 1:
@@ -43,6 +46,20 @@ class LongContextOptions:
         share = self.fact_share
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
             raise ValueError(f"fact_share={share!r} is invalid; allowed: a share in (0, 1)")
+        weight = self.key_weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 1 <= weight < math.inf:
+            raise ValueError(f"key_weight={weight!r} is invalid; allowed: a finite number >= 1")
+
+
+def weighted_lm_loss(logits: torch.Tensor, ids: torch.Tensor, key_ids: torch.Tensor, weight: float) -> torch.Tensor:
+    """Next-token cross-entropy, the prediction after every token in ``key_ids`` weighted ``weight`` (the rest 1):
+    the weighted mean. Recalls are a minority of a block's targets; weighting them lets the key-value binding (an
+    induction head), not the filler's language modelling, steer Adam's steps (on our CPU budget it still did not
+    start: docs/long_context.md). ``logits`` ``(B, T, V)``, ``ids`` ``(B, T)``."""
+    losses = causal_lm_loss(logits, ids, reduction="none").view(ids.shape)  # (B, T), 0 at the last position
+    weights = torch.where(torch.isin(ids, key_ids.to(ids.device)), weight, 1.0)  # (B, T)
+    weights[:, -1] = 0.0  # the last position has no target
+    return (losses * weights).sum() / weights.sum()
 
 
 @register_task
@@ -56,6 +73,7 @@ class LongContextLM(Task):
         from tensorslim.data import BatchStream, build_lm_data
         from tensorslim.data.longdocs import (
             DEPTHS,
+            NEEDLE_KEYS,
             NEEDLE_VALUES,
             long_tokenizer,
             needle_documents,
@@ -64,6 +82,7 @@ class LongContextLM(Task):
         )
 
         tokenizer = long_tokenizer(config.vocab_size or 4096)
+        self._key_ids = torch.tensor([ids[0] for ids in tokenizer.encode_batch(list(NEEDLE_KEYS))])  # one token each
         keys = max(1, min(4, config.seq_len // 96))  # held-out needles per document: a short block holds fewer
         code = build_lm_data("stdlib", tokenizer=None, vocab_size=tokenizer.vocab_size, seq_len=config.seq_len)
         n_needles = round(len(code.train) * self.settings.needles / max(1e-9, 1 - self.settings.needles))
@@ -95,7 +114,10 @@ class LongContextLM(Task):
         return int(seq_len * self.settings.fact_share) // (3 * self.settings.mentions)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        return causal_lm_loss(logits_of(model(batch)), batch)
+        logits = logits_of(model(batch))  # (B, T, V)
+        if self.settings.key_weight == 1:
+            return causal_lm_loss(logits, batch)
+        return weighted_lm_loss(logits, batch, self._key_ids, self.settings.key_weight)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:

@@ -347,6 +347,25 @@ def test_fact_share_sets_how_many_facts_a_training_block_holds() -> None:
         LongContextOptions(fact_share=1)
 
 
+def test_key_weight_weights_the_prediction_after_a_key() -> None:
+    import torch.nn.functional as F
+
+    from tensorslim.tasks.longctx import LongContextOptions, weighted_lm_loss
+
+    torch.manual_seed(0)
+    logits, ids = torch.randn(2, 6, 11), torch.randint(0, 7, (2, 6))  # no 7 but the keys set below
+    ids[0, 2], ids[1, 4], ids[1, 5] = 7, 7, 7  # key 7; the last position predicts nothing
+    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, 11), ids[:, 1:].reshape(-1), reduction="none").view(2, 5)
+    weights = torch.ones(2, 5)
+    weights[0, 2] = weights[1, 4] = 3.0
+    expected = (per_token * weights).sum() / weights.sum()  # a dense reference on the sliced logits
+    assert torch.allclose(weighted_lm_loss(logits, ids, torch.tensor([7]), 3.0), expected)
+    assert torch.allclose(weighted_lm_loss(logits, ids, torch.tensor([7]), 1.0), per_token.mean())
+    for bad in (0.5, math.inf, True):
+        with pytest.raises(ValueError, match=rf"key_weight={bad!r} is invalid; allowed: a finite number >= 1"):
+            LongContextOptions(key_weight=bad)
+
+
 def test_repeated_documents_read_one_passage_twice() -> None:
     from tensorslim.data.longdocs import long_tokenizer, repeated_documents
     from tensorslim.tasks.longctx import LongContextOptions
