@@ -54,8 +54,9 @@ class LongContextOptions:
 def weighted_lm_loss(logits: torch.Tensor, ids: torch.Tensor, key_ids: torch.Tensor, weight: float) -> torch.Tensor:
     """Next-token cross-entropy, the prediction after every token in ``key_ids`` weighted ``weight`` (the rest 1):
     the weighted mean. Recalls are a minority of a block's targets; weighting them lets the key-value binding (an
-    induction head), not the filler's language modelling, steer Adam's steps (on our CPU budget it still did not
-    start: docs/long_context.md). ``logits`` ``(B, T, V)``, ``ids`` ``(B, T)``."""
+    induction head), not the filler's language modelling, steer Adam's steps (with a low learning rate and facts
+    restated often, it started recall on our CPU budget: docs/long_context.md). ``logits`` ``(B, T, V)``, ``ids``
+    ``(B, T)``."""
     losses = causal_lm_loss(logits, ids, reduction="none").view(ids.shape)  # (B, T), 0 at the last position
     weights = torch.where(torch.isin(ids, key_ids.to(ids.device)), weight, 1.0)  # (B, T)
     weights[:, -1] = 0.0  # the last position has no target
