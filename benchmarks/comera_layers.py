@@ -13,8 +13,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tensorslim.bench.timing import alternate, summarize_ms
 from tensorslim.functional.tt import contract_ttm
 from tensorslim.layers.tt import TTConfig, TTLinear
 from tensorslim.layers.tt_embedding import TTEmbedding
@@ -38,20 +37,6 @@ def _fwd_bwd(fn: Callable[[], torch.Tensor], params: list[torch.Tensor]) -> Call
         fn().backward(grad)
 
     return step
-
-
-def alternate(cases: dict[str, Callable[[], None]], *, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
-    """Run every case once per round, ``repeats`` rounds, so slow drifts in machine load hit all cases alike."""
-    for _ in range(warmup):
-        for step in cases.values():
-            step()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, step in cases.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def linear_cases(tokens: int) -> dict[str, Callable[[], None]]:
@@ -87,13 +72,6 @@ def embedding_cases(batch: int, seq: int) -> dict[str, Callable[[], None]]:
     }
 
 
-def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    return {
-        name: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t), "n": len(t)}
-        for name, t in times.items()
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -107,9 +85,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     tokens = args.batch * args.seq
-    linear = summarize(alternate(linear_cases(tokens), repeats=args.repeats))
+    linear = summarize_ms(alternate(linear_cases(tokens), repeats=args.repeats))
     embedding = (
-        {} if args.linear_only else summarize(alternate(embedding_cases(args.batch, args.seq), repeats=args.repeats))
+        {} if args.linear_only else summarize_ms(alternate(embedding_cases(args.batch, args.seq), repeats=args.repeats))
     )
     result = {
         "command": "python benchmarks/comera_layers.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),

@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.bench.harness import machine_description
+from tensorslim.bench.timing import alternate, summarize_ms
 from tensorslim.functional.tt import tt_linear_factors
 from tensorslim.layers.tt import TTConfig, TTLinear
 from tensorslim.quant import RTNConfig, quantize_, set_weight_cache
@@ -60,19 +60,6 @@ def _previous_unpack(packed: torch.Tensor, bits: int, numel: int) -> torch.Tenso
     stream = (packed.to(torch.int32)[:, None] >> torch.arange(8, dtype=torch.int32)) & 1
     stream = stream.reshape(-1)[: numel * bits].reshape(numel, bits)
     return (stream * 2 ** torch.arange(bits, dtype=torch.int32)).sum(dim=1).to(torch.uint8)
-
-
-def alternate(cases: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict[str, float]]:
-    for step in cases.values():  # warm-up
-        step()
-        step()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, step in cases.items():
-            start = time.thread_time()
-            step()
-            times[name].append(time.thread_time() - start)
-    return {n: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)} for n, t in times.items()}
 
 
 def tt_cases(tokens: int) -> dict[str, Callable[[], object]]:
@@ -139,8 +126,8 @@ def main() -> None:
         "command": "python benchmarks/speed_fixes.py " + " ".join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(),
-        "tt_768_fwd_bwd": alternate(tt_cases(args.tokens), args.repeats),
-        "w4_1024x2736_batch1": alternate(w4_cases(), args.repeats),
+        "tt_768_fwd_bwd": summarize_ms(alternate(tt_cases(args.tokens), repeats=args.repeats, clock=time.thread_time)),
+        "w4_1024x2736_batch1": summarize_ms(alternate(w4_cases(), repeats=args.repeats, clock=time.thread_time)),
     }
     result["load_average_after"] = list(os.getloadavg())
     lines = [

@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from tensorslim.bench.harness import machine_description
+from tensorslim.bench.timing import alternate, summarize_ms
 from tensorslim.functional.tt import tt_linear_factors
 from tensorslim.layers.tt import TTConfig, TTLinear
 
@@ -80,22 +80,6 @@ def cases(tokens: int) -> dict[str, Callable[[], object]]:
     }
 
 
-def alternate(steps: dict[str, Callable[[], object]], *, repeats: int, clock: Callable[[], float]) -> dict:
-    for step in steps.values():  # warm-up
-        step()
-        step()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = clock()
-            step()
-            times[name].append(clock() - start)
-    return {
-        name: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t), "max_ms": 1e3 * max(t)}
-        for name, t in times.items()
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
@@ -110,7 +94,7 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         load = os.getloadavg()
-        timings = alternate(steps, repeats=args.repeats, clock=clock)
+        timings = summarize_ms(alternate(steps, repeats=args.repeats, clock=clock))
         dense = timings["dense"]["median_ms"]
         runs[threads] = {
             "load_average_before": load,
