@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tensorslim.functional.dropout import Dropout, attention, dropout
+from tensorslim.functional.dropout import Dropout, attention, dropout, uniform_noise
 
 
 def test_dropout_keeps_one_minus_p_scaled_and_backward_uses_the_same_mask():
@@ -73,3 +73,59 @@ def test_attention_dropout_drops_weights_at_rate_p():
     kept = out != 0
     assert abs(kept.float().mean().item() - 0.8) < 5 * math.sqrt(0.8 * 0.2 / kept.numel())
     torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / t / 0.8))
+
+
+def _reference_noise(numel: int, seed: int, pieces: int = 8) -> torch.Tensor:
+    # The construction uniform_noise documents, written out serially: pieces seeds from the default generator, slice i
+    # drawn by its own generator seeded with seed i, the last slice taking the remainder.
+    torch.manual_seed(seed)
+    seeds = torch.empty(pieces, dtype=torch.int64).random_().tolist()
+    step = numel // pieces
+    sizes = [step] * (pieces - 1) + [numel - step * (pieces - 1)]
+    return torch.cat(
+        [torch.rand(n, generator=torch.Generator().manual_seed(s)) for n, s in zip(sizes, seeds, strict=True)]
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_split_mask_follows_the_seed_not_the_thread_count(threads):
+    before = torch.get_num_threads()
+    x = torch.randn(3, 70_001)  # above the split size; 210,003 is not a multiple of 8
+    try:
+        torch.set_num_threads(threads)
+        torch.manual_seed(5)
+        noise = uniform_noise(x.shape)
+        torch.manual_seed(5)
+        out = dropout(x, 0.1)
+    finally:
+        torch.set_num_threads(before)
+    reference = _reference_noise(x.numel(), 5).reshape(x.shape)
+    assert torch.equal(noise, reference)
+    keep = reference >= 0.1
+    torch.testing.assert_close(out, torch.where(keep, x / 0.9, 0.0), rtol=1e-6, atol=0)
+
+
+def test_split_mask_slices_are_independent_uniforms():
+    torch.manual_seed(0)
+    noise = uniform_noise(torch.Size([8, 100_000])).reshape(8, -1)  # one slice per row
+    n = noise.shape[1]
+    # Each slice: mean 1/2 and variance 1/12 of U(0, 1), within 5 standard errors.
+    assert (noise.mean(1) - 0.5).abs().max() < 5 * math.sqrt(1 / 12 / n)
+    assert (noise.var(1) - 1 / 12).abs().max() < 5 * math.sqrt(1 / 180 / n)
+    # Pairwise correlations of distinct slices near 0 (a slice repeated or shifted would show up here).
+    corr = torch.corrcoef(noise.double())
+    assert (corr - torch.eye(8, dtype=torch.float64)).abs().max() < 5 / math.sqrt(n)
+    assert (noise[:, :-1] == noise[:, 1:]).sum() < 5  # no stuck stream
+
+
+def test_split_dropout_law_and_gradient_and_inference_mode():
+    torch.manual_seed(3)
+    x = torch.randn(600, 500, requires_grad=True)
+    out = dropout(x, 0.3)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.7) < 5 * math.sqrt(0.7 * 0.3 / kept.numel())
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    torch.testing.assert_close(grad, kept.float() / 0.7, rtol=1e-6, atol=0)
+    with torch.inference_mode():  # slices filled on worker threads into an inference tensor
+        y = dropout(torch.ones(600, 500), 0.3)
+    assert abs((y != 0).float().mean().item() - 0.7) < 5 * math.sqrt(0.7 * 0.3 / y.numel())
