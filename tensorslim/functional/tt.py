@@ -182,7 +182,12 @@ def token_sum_mm(a: torch.Tensor, b: torch.Tensor, *, pieces: int | None = None)
         return a.t() @ b
     head = pieces * chunk
     a_head = a[:head].reshape(pieces, chunk, a.shape[1]).transpose(1, 2)  # (pieces, m, chunk)
-    out = torch.bmm(a_head, b[:head].reshape(pieces, chunk, b.shape[1])).sum(0)  # (m, n)
+    products = torch.bmm(a_head, b[:head].reshape(pieces, chunk, b.shape[1]))  # (pieces, m, n)
+    # Summed by in-place adds, not .sum(0): an (m, n) add under PyTorch's grain size runs inline, while the
+    # reduction over the whole (pieces, m, n) block opened a parallel region (tensorslim.functional.threads).
+    out = products[0]
+    for product in products[1:]:
+        out.add_(product)
     if head < a.shape[0]:
         out.addmm_(a[head:].t(), b[head:])
     return out

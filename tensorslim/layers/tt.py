@@ -24,7 +24,8 @@ from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_fl
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.decomp.svd import squared_singular_values
 from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
-from tensorslim.functional.tt import apply_gates, factored_linear, tt_linear, tt_linear_factors, tt_linear_flops
+from tensorslim.functional.threads import one_thread_graph
+from tensorslim.functional.tt import apply_gates, factored_linear, tt_linear_factors, tt_linear_flops
 from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
 from tensorslim.registry import Allocation, LayerReport, Transform, register_transform
 
@@ -191,8 +192,12 @@ class TTLinear(nn.Module):
         """Cores with the gate masks folded in (identical to the cores when no gates are attached)."""
         return apply_gates(list(self.cores), list(self.gates), threshold=self.gate_threshold)
 
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``L (d_in, r_mid)`` and ``R (r_mid, d_out)`` of ``W = L R`` from the gated cores (:func:`tt_factors`)."""
+        return tt_factors((self,))[0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tt_linear(x, self.effective_cores(), self.bias, n_in=self.n_in)  # (..., d_out)
+        return factored_linear(x, [self.factors()], [self.bias])[0]  # (..., d_out), as tt_linear
 
     @classmethod
     def from_dense(cls, module: nn.Module, config: TTConfig | None = None) -> TTLinear:
@@ -259,6 +264,29 @@ class TTLinear(nn.Module):
         )
 
 
+def tt_factors(layers: tuple[TTLinear, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(L, R)`` of each layer (:func:`~tensorslim.functional.tt.tt_linear_factors` of its gated cores).
+
+    The contractions are dozens of tiny GEMMs and elementwise ops per layer; on CPU they run on one thread in forward
+    and in backward (:func:`~tensorslim.functional.threads.one_thread_graph`), because at more threads each of them
+    would open an OpenMP parallel region that costs more than the op (docs/speed.md, "Fifth round").
+    """
+    params = [p for layer in layers for p in (*layer.cores, *layer.gates)]
+
+    def contract(*tensors: torch.Tensor) -> list[torch.Tensor]:
+        factors, start = [], 0
+        for layer in layers:
+            n_cores, n_gates = len(layer.cores), len(layer.gates)
+            cores, gates = tensors[start : start + n_cores], tensors[start + n_cores : start + n_cores + n_gates]
+            start += n_cores + n_gates
+            gated = apply_gates(list(cores), list(gates), threshold=layer.gate_threshold)
+            factors.extend(tt_linear_factors(gated, n_in=layer.n_in))
+        return factors
+
+    flat = one_thread_graph(contract, *params)
+    return [(flat[2 * i], flat[2 * i + 1]) for i in range(len(layers))]
+
+
 def linear_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
     """``[layer(x) for layer in layers]`` for layers that read the same ``x`` (attention's q, k and v).
 
@@ -269,8 +297,7 @@ def linear_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Te
     fuse = len(layers) > 1 and all(type(layer) is TTLinear for layer in layers)
     if not fuse or len({layer.in_features for layer in layers}) > 1:
         return [layer(x) for layer in layers]
-    factors = [tt_linear_factors(layer.effective_cores(), n_in=layer.n_in) for layer in layers]
-    return factored_linear(x, factors, [layer.bias for layer in layers])
+    return factored_linear(x, tt_factors(layers), [layer.bias for layer in layers])
 
 
 def plan_tt_linear(name: str, module: nn.Module, config: TTConfig) -> LayerReport:

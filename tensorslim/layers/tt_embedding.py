@@ -23,6 +23,7 @@ from torch import nn
 from tensorslim._checks import require_int
 from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
 from tensorslim.decomp.tt import ttm_svd, ttm_to_full
+from tensorslim.functional.threads import one_thread_graph
 from tensorslim.functional.tt import (
     apply_gates,
     best_split,
@@ -159,12 +160,19 @@ class TTEmbedding(nn.Module):
             low, high = int(ids.min()), int(ids.max())
             if low < 0 or high >= self.num_embeddings:
                 raise IndexError(f"ids must lie in [0, {self.num_embeddings}); got range [{low}, {high}]")
-        cores = self.effective_cores()
         ids = ids.long()
         unique = self.unique and ids.device.type != "meta"  # torch.unique has no meta kernel (books on meta models)
-        if self.lookup == "chain":
-            return ttm_lookup_chain(ids, cores, unique=unique)  # (*ids.shape, D)
-        return ttm_lookup_halves(ids, cores, split=self.split, unique=unique)  # (*ids.shape, D)
+        n_cores = len(self.cores)
+
+        def lookup(*tensors: torch.Tensor) -> tuple[torch.Tensor]:
+            cores = apply_gates(list(tensors[:n_cores]), list(tensors[n_cores:]), threshold=self.gate_threshold)
+            if self.lookup == "chain":
+                return (ttm_lookup_chain(ids, cores, unique=unique),)  # (*ids.shape, D)
+            return (ttm_lookup_halves(ids, cores, split=self.split, unique=unique),)  # (*ids.shape, D)
+
+        # Half-tables of a few thousand numbers and one tiny GEMM per group of ids: on one thread in forward and in
+        # backward, as the TT linear layers' contractions (tensorslim.layers.tt.tt_factors).
+        return one_thread_graph(lookup, *self.cores, *self.gates)[0]
 
     @classmethod
     def from_dense(cls, module: nn.Embedding, config: TTEmbeddingConfig | None = None) -> TTEmbedding:

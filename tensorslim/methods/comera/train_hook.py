@@ -47,6 +47,7 @@ from tensorslim.methods.comera.gates import (
 from tensorslim.methods.comera.objective import CoMERAConfig, CoMERAObjective
 from tensorslim.methods.comera.optim import param_groups
 from tensorslim.train.hooks import TrainHook
+from tensorslim.train.optim import update_small_on_one_thread
 
 # CoMERA's learning rates (cores 1e-4, gates 1e-3, rest 5e-5; §5) as multiples of the cores' rate.
 LR_SCALES = {"cores": 1.0, "gates": 10.0, "other": 0.5}
@@ -120,7 +121,7 @@ class CoMERAHook(TrainHook):
             group["lr_scale"] = scales[group["name"]]
             group["weight_decay"] = 0.0 if group["name"] == "gates" else weight_decay
         fused = all(p.device.type in ("cpu", "cuda") for group in groups for p in group["params"])
-        return torch.optim.AdamW(groups, lr=lr, fused=fused)
+        return update_small_on_one_thread(torch.optim.AdamW(groups, lr=lr, fused=fused))
 
     @property
     def late(self) -> bool:
