@@ -32,6 +32,10 @@ from tensorslim.registry import Allocation, LayerReport, Transform, register_tra
 Init = Literal["tt_svd", "random"]
 GATE_THRESHOLD = 1e-2  # CoMERA prunes a rank when its gate falls to ≤ 1e-2 (``MNLI_trainer.py``)
 DEFAULT_RANK = 30  # CoMERA ``--max-rank`` in ``run_MNLI.sh``
+# Core contractions of more FLOPs than this run at the intra-op thread count (tt_factors): CoMERA's 30,522-wide MLM
+# head contracts its cores in 57 MFLOP, 3.8 ms forward + backward of the main thread's CPU time at two threads against
+# 5.4 ms at one; a 768 × 3072 layer's 7.2 MFLOP took 0.76 ms at two and 0.63 ms at one.
+ONE_THREAD_MAX_FLOPS = 1 << 24
 
 
 def resolve_ranks(rank: int | tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -269,8 +273,11 @@ def tt_factors(layers: tuple[TTLinear, ...]) -> list[tuple[torch.Tensor, torch.T
 
     The contractions are dozens of tiny GEMMs and elementwise ops per layer; on CPU they run on one thread in forward
     and in backward (:func:`~tensorslim.functional.threads.one_thread_graph`), because at more threads each of them
-    would open an OpenMP parallel region that costs more than the op (docs/speed.md, "Fifth round").
+    would open an OpenMP parallel region that costs more than the op (docs/speed.md, "Fifth round"). Above
+    :data:`ONE_THREAD_MAX_FLOPS` the GEMMs are large enough to use every thread, and autograd records them as is.
     """
+    if sum(layer.flops(0) for layer in layers) > ONE_THREAD_MAX_FLOPS:
+        return [tt_linear_factors(layer.effective_cores(), n_in=layer.n_in) for layer in layers]
     params = [p for layer in layers for p in (*layer.cores, *layer.gates)]
 
     def contract(*tensors: torch.Tensor) -> list[torch.Tensor]:

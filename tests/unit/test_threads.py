@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import tensorslim.layers.tt as tt_layers
 from tensorslim.decomp.tt import tt_to_full, ttm_to_full
 from tensorslim.functional.threads import one_thread, one_thread_graph
 from tensorslim.layers.tt import TTLinear, linear_many
@@ -83,7 +84,10 @@ def _dense_weight(layer: TTLinear) -> torch.Tensor:
     return tt_to_full(cores).reshape(layer.in_features, layer.out_features)
 
 
-def test_tt_layers_at_two_threads_match_float64_dense(two_threads):
+@pytest.mark.parametrize("one_thread_up_to", ["default", 0])  # 0: every contraction at the thread count
+def test_tt_layers_at_two_threads_match_float64_dense(two_threads, monkeypatch, one_thread_up_to):
+    if one_thread_up_to != "default":
+        monkeypatch.setattr(tt_layers, "ONE_THREAD_MAX_FLOPS", one_thread_up_to)
     torch.manual_seed(0)
     layers = tuple(TTLinear((3, 4), (2, 2, 3), (1, 3, 4, 3, 2, 1)).double() for _ in range(3))
     for layer in layers[1:]:
