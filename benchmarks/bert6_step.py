@@ -141,8 +141,9 @@ def run(args: argparse.Namespace) -> dict:
         for name in variants
         if f"dense {name}" in summary and f"comera {name}" in summary
     }
+    env = " ".join(f"{key}={os.environ[key]}" for key in ("LD_PRELOAD", "OMP_WAIT_POLICY") if os.environ.get(key))
     return {
-        "command": "python " + " ".join(sys.argv),
+        "command": f"{env} python " + " ".join(sys.argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description(),
         "load_average_before_after": [load_before, os.getloadavg()],
@@ -152,6 +153,15 @@ def run(args: argparse.Namespace) -> dict:
         "dense_over_comera": ratios,
         "omp_regions_per_step": region_counts or None,
     }
+
+
+def _kind(result: dict) -> str:
+    """Whether the figures are what a user sees (wall clock on a quiet machine) or a diagnostic."""
+    loaded = max(load[0] for load in result["load_average_before_after"]) > 1.5
+    if result["timer"] == "wall" and not loaded:
+        return "wall clock on a quiet machine: what a user sees"
+    why = "shared, loaded machine" if loaded else "not the wall clock"
+    return f"diagnostic ({why}): the ratios side by side count, not the absolute times"
 
 
 def markdown(result: dict) -> str:
@@ -166,6 +176,7 @@ def markdown(result: dict) -> str:
         f"OMP_WAIT_POLICY={machine['omp_wait_policy']}",
         "- load average (1, 5, 15 min) before / after: "
         + " / ".join(", ".join(f"{x:.2f}" for x in load) for load in result["load_average_before_after"]),
+        f"- {_kind(result)}",
         "",
         "| case | median (ms) | min | max | n | OpenMP regions per step |",
         "|---|---|---|---|---|---|",
