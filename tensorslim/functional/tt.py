@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from tensorslim.functional.threads import one_thread
 
 # A contraction tree over a run of cores: a leaf is a core index, a node is (left subtree, right subtree).
 Tree = int | tuple["Tree", "Tree"]
@@ -120,11 +124,104 @@ def apply_gates(
     return [*gated, cores[-1]]
 
 
+def tt_factors_many(
+    layers: Sequence[tuple[Sequence[torch.Tensor], int]], *, single_thread: bool
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`tt_linear_factors` of several layers, given as ``(cores, n_in)``, with a written-out backward
+    (:class:`_TTFactors`); ``single_thread`` runs forward and backward on one thread."""
+    layout = tuple((len(cores), n_in) for cores, n_in in layers)
+    flat = _TTFactors.apply(layout, single_thread, *(core for cores, _ in layers for core in cores))
+    return [(flat[2 * i], flat[2 * i + 1]) for i in range(len(layers))]
+
+
 def tt_linear_factors(cores: Sequence[torch.Tensor], *, n_in: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``L (d_in, r_mid)`` and ``R (r_mid, d_out)`` of a CoMERA TT layer (``W = L R``), both tiny."""
     left = contract_tt(cores[:n_in])  # (1, d_in, r_mid)
     right = contract_tt(cores[n_in:])  # (r_mid, d_out, 1)
     return left.reshape(left.shape[1], left.shape[2]), right.reshape(right.shape[0], right.shape[1])
+
+
+@lru_cache(maxsize=4096)
+def _chain_steps(sizes: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`plan_chain`'s tree as merges in evaluation order: step ``j`` merges values ``(a, b)`` into value
+    ``k + j`` (values ``0..k-1`` are the cores)."""
+    tree, _ = plan_chain(sizes, ranks)
+    steps: list[tuple[int, int]] = []
+
+    def visit(node: Tree) -> int:
+        if isinstance(node, int):
+            return node
+        left, right = visit(node[0]), visit(node[1])
+        steps.append((left, right))
+        return len(sizes) + len(steps) - 1
+
+    visit(tree)
+    return tuple(steps)
+
+
+def _merge_tt_backward(
+    a: torch.Tensor, b: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:  # the two GEMMs of _merge_tt's backward
+    r_a, n_a, r_b = a.shape
+    _, n_b, r_c = b.shape
+    g = grad.reshape(r_a * n_a, n_b * r_c)
+    grad_a = g @ b.reshape(r_b, n_b * r_c).t()  # (r_a·n_a, r_b)
+    grad_b = a.reshape(r_a * n_a, r_b).t() @ g  # (r_b, n_b·r_c)
+    return grad_a.reshape(a.shape), grad_b.reshape(b.shape)
+
+
+class _TTFactors(torch.autograd.Function):
+    """``(L, R)`` of one or more TT linear layers from their (gated) cores, forward and backward written out.
+
+    Each half-chain is contracted along :func:`plan_chain`'s order; forward keeps every merge's result and backward
+    runs the merges in reverse, two GEMMs each. Written out, a 768 × 768 layer's two half-chains cost a handful of
+    tensor ops instead of the dozens autograd records and replays, and with ``single`` both directions run on one
+    thread (:func:`~tensorslim.functional.threads.one_thread`: the GEMMs are too small to gain from more).
+    Under autocast the cores are cast to autocast's dtype first, as autograd's matmuls would cast them.
+    """
+
+    @staticmethod
+    def forward(ctx, layout, single, *cores):  # layout: (n_cores, n_in) per layer; cores: (r_{k-1}, n_k, r_k)
+        dtype = _compute_dtype(cores[0])
+        cores = tuple(core.to(dtype) for core in cores)
+        chains, outs, start = [], [], 0
+        with one_thread() if single else nullcontext():
+            for n_cores, n_in in layout:
+                for lo, hi in ((start, start + n_in), (start + n_in, start + n_cores)):
+                    chain = cores[lo:hi]
+                    sizes = tuple(core.shape[1] for core in chain)
+                    ranks = (chain[0].shape[0], *(core.shape[-1] for core in chain))
+                    steps = _chain_steps(sizes, ranks)
+                    values = list(chain)
+                    for a, b in steps:
+                        values.append(_merge_tt(values[a], values[b]))
+                    chains.append((lo, steps, values[len(chain) :]))
+                    outs.append(values[-1].clone() if not steps else values[-1])
+                start += n_cores
+        ctx.save_for_backward(*cores)
+        ctx.chains, ctx.single = chains, single
+        # (1, d_in, r) → (d_in, r); (r, d_out, 1) → (r, d_out)
+        return tuple(
+            out.reshape(out.shape[1], out.shape[2]) if i % 2 == 0 else out[..., 0] for i, out in enumerate(outs)
+        )
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outs):
+        cores = ctx.saved_tensors
+        grads: list[torch.Tensor | None] = [None] * len(cores)
+        with one_thread() if ctx.single else nullcontext():
+            for (lo, steps, merged), grad_out in zip(ctx.chains, grad_outs, strict=True):
+                k = len(steps) + 1  # cores in this half-chain
+                values = [*cores[lo : lo + k], *merged]
+                value_grads: list[torch.Tensor | None] = [None] * len(values)
+                value_grads[-1] = grad_out.to(values[-1].dtype).reshape(values[-1].shape)
+                for j in range(len(steps) - 1, -1, -1):
+                    a, b = steps[j]
+                    value_grads[a], value_grads[b] = _merge_tt_backward(values[a], values[b], value_grads[k + j])
+                for i in range(k):
+                    grads[lo + i] = value_grads[i]
+        return None, None, *grads
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

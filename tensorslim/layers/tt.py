@@ -24,8 +24,13 @@ from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_fl
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.decomp.svd import squared_singular_values
 from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
-from tensorslim.functional.threads import one_thread_graph
-from tensorslim.functional.tt import apply_gates, factored_linear, tt_linear_factors, tt_linear_flops
+from tensorslim.functional.tt import (
+    apply_gates,
+    factored_linear,
+    tt_factors_many,
+    tt_linear_factors,
+    tt_linear_flops,
+)
 from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
 from tensorslim.registry import Allocation, LayerReport, Transform, register_transform
 
@@ -271,27 +276,16 @@ class TTLinear(nn.Module):
 def tt_factors(layers: tuple[TTLinear, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(L, R)`` of each layer (:func:`~tensorslim.functional.tt.tt_linear_factors` of its gated cores).
 
-    The contractions are dozens of tiny GEMMs and elementwise ops per layer; on CPU they run on one thread in forward
-    and in backward (:func:`~tensorslim.functional.threads.one_thread_graph`), because at more threads each of them
-    would open an OpenMP parallel region that costs more than the op (docs/speed.md, "Fifth round"). Above
-    :data:`ONE_THREAD_MAX_FLOPS` the GEMMs are large enough to use every thread, and autograd records them as is.
+    On CPU the contractions run with a written-out backward (:func:`~tensorslim.functional.tt.tt_factors_many`):
+    autograd would record and replay dozens of tiny ops per layer. Up to :data:`ONE_THREAD_MAX_FLOPS` they also run
+    on one thread in forward and in backward, because at more threads each tiny GEMM would open OpenMP parallel
+    regions that cost more than the GEMM (docs/speed.md, "Fifth round"). While ``torch.compile`` traces, and on other
+    devices, autograd records the contractions as they are.
     """
-    if sum(layer.flops(0) for layer in layers) > ONE_THREAD_MAX_FLOPS:
+    if torch.compiler.is_compiling() or any(layer.cores[0].device.type != "cpu" for layer in layers):
         return [tt_linear_factors(layer.effective_cores(), n_in=layer.n_in) for layer in layers]
-    params = [p for layer in layers for p in (*layer.cores, *layer.gates)]
-
-    def contract(*tensors: torch.Tensor) -> list[torch.Tensor]:
-        factors, start = [], 0
-        for layer in layers:
-            n_cores, n_gates = len(layer.cores), len(layer.gates)
-            cores, gates = tensors[start : start + n_cores], tensors[start + n_cores : start + n_cores + n_gates]
-            start += n_cores + n_gates
-            gated = apply_gates(list(cores), list(gates), threshold=layer.gate_threshold)
-            factors.extend(tt_linear_factors(gated, n_in=layer.n_in))
-        return factors
-
-    flat = one_thread_graph(contract, *params)
-    return [(flat[2 * i], flat[2 * i + 1]) for i in range(len(layers))]
+    single = sum(layer.flops(0) for layer in layers) <= ONE_THREAD_MAX_FLOPS
+    return tt_factors_many([(layer.effective_cores(), layer.n_in) for layer in layers], single_thread=single)
 
 
 def linear_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:

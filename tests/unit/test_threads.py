@@ -14,6 +14,7 @@ from torch import nn
 import tensorslim.layers.tt as tt_layers
 from tensorslim.decomp.tt import tt_to_full, ttm_to_full
 from tensorslim.functional.threads import one_thread, one_thread_graph
+from tensorslim.functional.tt import tt_factors_many, tt_linear_factors
 from tensorslim.layers.tt import TTLinear, linear_many
 from tensorslim.layers.tt_embedding import TTEmbedding
 from tensorslim.train.optim import ONE_THREAD_MEAN_NUMEL, build_optimizer
@@ -169,3 +170,35 @@ def test_tt_layer_under_activation_checkpointing_at_two_threads(two_threads):
     ref = torch.autograd.grad((torch.tanh(x @ _dense_weight(layer) + layer.bias).pow(2)).sum(), params)
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "in_f,out_f,ranks",
+    [((4,), (5,), (1, 3, 1)), ((3, 4), (5,), (1, 3, 4, 1)), ((3, 2, 2), (2, 2, 3), (1, 2, 3, 4, 3, 2, 1))],
+)
+@pytest.mark.parametrize("single_thread", [True, False])
+def test_written_out_contraction_gradchecks_and_equals_autograd(two_threads, in_f, out_f, ranks, single_thread):
+    gen = torch.Generator().manual_seed(3)
+    dims = in_f + out_f
+    layers = []
+    for _ in range(2):  # two layers in one call, as linear_many passes q, k and v
+        cores = [
+            torch.randn(r0, n, r1, generator=gen, dtype=torch.float64, requires_grad=True)
+            for r0, n, r1 in zip(ranks[:-1], dims, ranks[1:], strict=True)
+        ]
+        layers.append((cores, len(in_f)))
+    flat = [core for cores, _ in layers for core in cores]
+    ours = [x for pair in tt_factors_many(layers, single_thread=single_thread) for x in pair]
+    ref = [x for cores, n_in in layers for x in tt_linear_factors(cores, n_in=n_in)]
+    grads = [torch.randn_like(r) for r in ref]
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(ours, flat, grads), torch.autograd.grad(ref, flat, grads), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+    def run(*cores):
+        n = len(dims)
+        pairs = tt_factors_many([(cores[:n], len(in_f)), (cores[n:], len(in_f))], single_thread=single_thread)
+        return tuple(x for pair in pairs for x in pair)
+
+    assert torch.autograd.gradcheck(run, tuple(flat))
