@@ -5,8 +5,9 @@ cases alternate within each repeat: dense and CoMERA, each with the code as it w
 now. "Before" swaps back, for its own calls only, the four things this round changed (docs/speed.md, "Fifth round"):
 
 * the dropout mask drawn in one serial ``torch.rand`` (now: slices drawn on all threads);
-* TT cores contracted, and the TT embedding looked up, at the intra-op thread count (now: on one thread, forward
-  and backward, :func:`tensorslim.functional.threads.one_thread_graph`);
+* TT cores contracted through autograd at the intra-op thread count (now: a written-out backward, on one thread
+  up to 16.7 MFLOP, :func:`tensorslim.layers.tt.tt_factors`), and the TT embedding looked up at the thread count
+  (now: on one thread, forward and backward, :func:`tensorslim.functional.threads.one_thread_graph`);
 * the AdamW update at the thread count (now: on one thread when the parameters average under 32,768 elements);
 * the slices of :func:`tensorslim.functional.tt.token_sum_mm` summed by ``.sum(0)`` (now: in-place adds).
 
@@ -66,19 +67,25 @@ def _at_thread_count(fn, *inputs):
     return tuple(fn(*inputs))
 
 
+def _round4_tt_factors(layers):
+    """``tt_factors`` before this round: autograd records each layer's contraction at the thread count."""
+    return [tt_functional.tt_linear_factors(layer.effective_cores(), n_in=layer.n_in) for layer in layers]
+
+
 @contextmanager
 def before() -> Iterator[None]:
     """The code as it was before this round, for the calls made inside the block."""
     saved = (
         dropout_module._SPLIT_MIN,
         tt_functional.token_sum_mm,
-        tt_layers.one_thread_graph,
+        tt_layers.tt_factors,
         tt_embedding.one_thread_graph,
         optim_module.update_small_on_one_thread,
     )
     dropout_module._SPLIT_MIN = 1 << 62  # never split: one torch.rand
     tt_functional.token_sum_mm = _round4_token_sum_mm
-    tt_layers.one_thread_graph = tt_embedding.one_thread_graph = _at_thread_count
+    tt_layers.tt_factors = _round4_tt_factors
+    tt_embedding.one_thread_graph = _at_thread_count
     optim_module.update_small_on_one_thread = lambda optimizer: optimizer  # only read when an optimizer is built
     try:
         yield
@@ -86,7 +93,7 @@ def before() -> Iterator[None]:
         (
             dropout_module._SPLIT_MIN,
             tt_functional.token_sum_mm,
-            tt_layers.one_thread_graph,
+            tt_layers.tt_factors,
             tt_embedding.one_thread_graph,
             optim_module.update_small_on_one_thread,
         ) = saved
