@@ -178,7 +178,7 @@ def markdown(result: dict) -> str:
         "# bert6 MLM train step, before vs after the fifth round (one process, cases alternating)",
         "",
         f"- command: `{result['command']}`",
-        f"- date: {result['date']}; timer: {timer[result['timer']]}, {result['threads']} threads",
+        f"- date: {result['date']}; timer: {timer[result['timer']]}, threads: {result['threads']}",
         f"- machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
         f"OMP_WAIT_POLICY={machine['omp_wait_policy']}",
         "- load average (1, 5, 15 min) before / after: "
