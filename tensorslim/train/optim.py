@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 # Mean parameter size (elements) under which the whole AdamW update runs on one thread. PyTorch's fused CPU AdamW
-# opens one OpenMP parallel region per parameter tensor; a CoMERA bert6 model has 300 tensors averaging 5,700
+# opens one OpenMP parallel region per parameter tensor; a CoMERA bert6 model has 300 tensors averaging 5,600
 # elements, so at two threads its update was 300 regions, each costing more than its work. 32,768 is PyTorch's own
 # grain size: elementwise ops on fewer elements than that already run on one thread.
 ONE_THREAD_MEAN_NUMEL = 1 << 15
