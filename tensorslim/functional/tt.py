@@ -15,8 +15,9 @@ CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377), "contraction path optimiza
 
 Backward: the token-dependent GEMMs of the TT linear layer have a hand-written backward (:class:`_FactoredMatmul`,
 saving only ``x`` and the latent ``x L`` as the official ``TT_forward.backward`` does, the latent kept transposed); the
-tiny token-independent chains that build ``L`` and ``R`` use autograd, so any number of cores works (the official
-generic loop has an indexing bug for d ≥ 4). The embedding lookup has a hand-written backward for its gathers
+tiny token-independent chains that build ``L`` and ``R`` have one too (:class:`_TTFactors`, which the layers use;
+:func:`tt_linear_factors` leaves them to autograd). Either way any number of cores works (the official generic loop
+has an indexing bug for d ≥ 4). The embedding lookup has a hand-written backward for its gathers
 (:class:`_HalfTableLookup`).
 """
 
