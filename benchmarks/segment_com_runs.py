@@ -15,33 +15,15 @@ the rule). Use it to compare settings on the validation cases before running the
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from scipy import ndimage
 
-from tensorslim.models.registry import build_model
-from tensorslim.pretrained import load_weights_
 from tensorslim.segment.data import SPLITS, IntensityShift, global_masks, load_split
 from tensorslim.segment.phantoms import body_from_silhouette, draw_body, nominal_heart
-from tensorslim.tasks.segment import predict
-from tensorslim.train.checkpoint import latest_checkpoint
-
-
-def load_unet(run: Path) -> tuple[torch.nn.Module, dict]:
-    """The U-Net of ``run``'s latest checkpoint and the run's task options."""
-    checkpoint = latest_checkpoint(run / "checkpoints")
-    if checkpoint is None:
-        raise SystemExit(f"{run} holds no checkpoint")
-    state = json.loads((checkpoint / "state.json").read_text())
-    options = state["config"]["task_options"]
-    if options["dataset"] != "heart" or options["inputs"] != "mask":
-        raise SystemExit(f"{run} trained {options['dataset']}/{options['inputs']}; allowed: heart/mask")
-    model = build_model(state["config"]["preset"], task="segment", in_channels=1, image_size=options["image_size"])
-    load_weights_(model, checkpoint / "model.safetensors", state.get("aliases", {}))
-    return model.eval(), options
+from tensorslim.tasks.segment import load_run, predict
 
 
 def split_row(model: torch.nn.Module, split: str, size: int) -> dict[str, float]:
@@ -92,7 +74,9 @@ def main() -> None:
     ]
     for out_dir in args.out_dirs:
         for run in sorted((Path(out_dir) / "runs").iterdir()):
-            model, options = load_unet(run)
+            model, options = load_run(run)
+            if options["dataset"] != "heart" or options["inputs"] != "mask":
+                raise SystemExit(f"{run} trained {options['dataset']}/{options['inputs']}; allowed: heart/mask")
             for split in args.splits.split(","):
                 r = split_row(model, split, options["image_size"])
                 lines.append(
