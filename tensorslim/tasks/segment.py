@@ -11,8 +11,10 @@ binary cross-entropy (the paper's loss is not stated). The validation set is cle
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -201,6 +203,35 @@ def predict(model: nn.Module, inputs: torch.Tensor, *, batch_size: int = 16) -> 
     device = next(model.parameters()).device
     out = [model(inputs[i : i + batch_size].to(device))[:, 0] > 0 for i in range(0, len(inputs), batch_size)]
     return torch.cat(out).cpu()
+
+
+def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """The U-Net of a ``segment`` run's latest checkpoint (in eval mode) and the run's task options.
+
+    Raises:
+        ValueError: ``run_dir`` holds no checkpoint, or its run did not train the ``segment`` task.
+    """
+    from tensorslim.models.registry import build_model
+    from tensorslim.pretrained import load_weights_
+    from tensorslim.segment.data import input_channels
+    from tensorslim.train.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(Path(run_dir) / "checkpoints")
+    if checkpoint is None:
+        raise ValueError(f"run={str(run_dir)!r} holds no checkpoint (expected {Path(run_dir) / 'checkpoints'})")
+    state = json.loads((checkpoint / "state.json").read_text())
+    config = state["config"]
+    if config["task"] != "segment":
+        raise ValueError(f"run {str(run_dir)!r} trained task={config['task']!r}; allowed: a 'segment' run")
+    options = dict(config["task_options"])
+    model = build_model(
+        config["preset"],
+        task="segment",
+        in_channels=input_channels(options["inputs"]),
+        image_size=options["image_size"],
+    )
+    load_weights_(model, checkpoint / "model.safetensors", state.get("aliases", {}), device=device)
+    return model.eval(), options
 
 
 @register_task

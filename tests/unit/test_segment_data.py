@@ -17,7 +17,7 @@ from tensorslim.segment.data import (
 )
 from tensorslim.segment.masks import HU_THRESHOLD, ct_small_path, global_mask, prior_mask, read_ct
 from tensorslim.segment.metrics import dice
-from tensorslim.segment.phantoms import heart_case
+from tensorslim.segment.phantoms import HEART_OFFSET, Body, body_from_silhouette, draw_body, heart_case, nominal_heart
 from tensorslim.segment.warps import WarpRange, random_grid, resample
 
 
@@ -73,6 +73,37 @@ def test_heart_phantom_is_inside_the_body_and_its_contrast_varies_per_case() -> 
     assert spacing == 4.0
     # Contrast-agent timing: some hearts barely stand out (non-contrast), others are clearly brighter (arterial).
     assert min(contrasts) < 0.06 and max(contrasts) > 0.12
+
+
+def test_silhouette_ellipse_recovers_the_drawn_body() -> None:
+    # heart_case's first draws are draw_body's: the silhouette's moment-matched ellipse must give those back
+    # wherever the body lies inside the field of view (about one phantom in five is cut by it).
+    checked = 0
+    for seed in range(8):
+        image, _, _ = heart_case(np.random.default_rng(seed), size=96)
+        silhouette = global_mask(image)
+        if silhouette[[0, -1]].any() or silhouette[:, [0, -1]].any():
+            continue
+        checked += 1
+        drawn, fitted = draw_body(np.random.default_rng(seed), size=96), body_from_silhouette(silhouette)
+        np.testing.assert_allclose(fitted.center, drawn.center, atol=0.3)
+        np.testing.assert_allclose(fitted.axes, drawn.axes, rtol=0.03)
+        if abs(drawn.axes[0] - drawn.axes[1]) > 4:  # a near-circle's orientation is not defined by its outline
+            assert abs(fitted.angle - drawn.angle) < np.deg2rad(2)
+    assert checked >= 5
+
+
+def test_nominal_heart_follows_the_body_and_the_drawn_heart_jitters_around_it() -> None:
+    # The jitter-free heart sits at the body centre + the rotated, axis-scaled offset (ellipse centroid formula).
+    body = Body(np.array([50.0, 44.0]), np.array([30.0, 38.0]), np.deg2rad(10))
+    expected = body.center + body.rotation() @ (np.asarray(HEART_OFFSET) * body.axes)
+    np.testing.assert_allclose(ndimage.center_of_mass(nominal_heart(body, (96, 96))), expected, atol=0.15)
+    # Each phantom's heart lies within a few jitter steps (0.4 px std per axis) of its body's nominal heart.
+    for seed in range(8):
+        _, heart, _ = heart_case(np.random.default_rng(seed), size=96)
+        nominal = nominal_heart(draw_body(np.random.default_rng(seed), size=96), heart.shape)
+        offset = np.subtract(ndimage.center_of_mass(heart), ndimage.center_of_mass(nominal))
+        assert np.linalg.norm(offset) < 2.0 and dice(heart, nominal) > 0.85
 
 
 @pytest.mark.parametrize("dataset", ["heart", "brain"])

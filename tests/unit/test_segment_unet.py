@@ -10,7 +10,7 @@ from tensorslim.books import flops_per_token
 from tensorslim.models.registry import build_model, get_model
 from tensorslim.models.unet import UNet, UNetConfig
 from tensorslim.segment.metrics import dice
-from tensorslim.tasks.segment import IntensityAugment, SegmentOptions, predict, segment_loss
+from tensorslim.tasks.segment import IntensityAugment, SegmentOptions, load_run, predict, segment_loss
 
 
 def test_unet_shapes_and_registry_overrides() -> None:
@@ -89,6 +89,12 @@ def test_tiny_unet_overfits_one_case_through_the_trainer(tmp_path: object) -> No
     assert dice(predicted[0], split.targets[0].numpy()) > 0.95
     assert result.losses[-1] < 0.5 * result.losses[0]
     assert set(result.val_metrics) == {"val_loss", "val_dice"}
+    # The run's checkpoint loads back into the same network.
+    loaded, options = load_run(tmp_path)
+    assert options["inputs"] == "image+mask" and options["image_size"] == 32
+    torch.testing.assert_close(loaded(split.inputs), trainer.model(split.inputs))
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        load_run(tmp_path / "nowhere")
 
 
 def test_stream_is_deterministic_and_resumes() -> None:
