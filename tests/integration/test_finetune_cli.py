@@ -134,3 +134,53 @@ def test_runs_with_another_prompt_init_are_not_taken_for_done(tmp_path) -> None:
 
     run = {"method": "prompt", "k": 100, "seed": 0, "lr": 5e-2}
     assert _key({**run, "prompt_init": "labels"}) != _key(run)  # runs from before the option started at random
+
+
+def test_the_trainer_schedules_the_prompt_group_at_its_multiple_of_the_run_rate(tmp_path) -> None:
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import Trainer
+
+    config = TrainConfig(
+        preset="minilm",
+        task="classify",
+        method="unipelt-prompt",
+        options={"prompt_lr_scale": 4.0},
+        data="bbcnews-titles",
+        task_options={"train_size": 16, "dev_size": 16},
+        steps=2,
+        batch_size=4,
+        seq_len=8,
+        lr=1e-3,
+        warmup_fraction=0.0,
+        min_lr_ratio=0.5,
+        eval_every=2,
+        checkpoint_every=10**9,
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        tensorboard=False,
+    )
+    trainer = Trainer(config)
+    other, prompt = trainer.optimizer.param_groups
+    assert [id(p) for p in prompt["params"]] == [id(trainer.model.pelt_prompt.weight)]
+    trainer.run()
+    assert 1e-3 * 0.5 <= other["lr"] < 1e-3  # the schedule has decayed the run's rate after a step
+    assert prompt["lr"] == 4.0 * other["lr"]
+
+
+def test_runs_at_another_prompt_rate_are_another_row_and_not_taken_for_done() -> None:
+    from tensorslim.cli.finetune import _key, variant
+
+    old = {"method": "unipelt-prompt", "k": 100, "seed": 0, "lr": 5e-3}  # from before --prompt-lr-scale: ×1
+    new = {**old, "prompt_lr_scale": 10.0}
+    assert _key(old) != _key(new) and _key({**old, "prompt_lr_scale": 1.0}) == _key(old)
+    assert (variant(new), variant(old)) == ("unipelt-prompt", "unipelt-prompt (prompt lr ×1)")
+    assert variant({"method": "prompt", "prompt_lr_scale": 1.0}) == "prompt" == variant({"method": "prompt"})
+    assert variant({"method": "lora"}) == "lora"
+    runs = [
+        {**run, "lr": lr, "dev_accuracy": dev, "test_accuracy": test, "grid": [1e-3, 5e-3]}
+        for run in (old, new)
+        for lr, dev, test in [(1e-3, 0.5, 0.9), (5e-3, 0.6, 0.4 if run is old else 0.8)]
+    ]
+    rows = {row["method"]: row["mean"] for row in summarize(runs)["table"]}
+    assert rows == {"unipelt-prompt": 80.0, "unipelt-prompt (prompt lr ×1)": 40.0}
+    assert chosen_lr(runs, "unipelt-prompt", 100) == 5e-3
