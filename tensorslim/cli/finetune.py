@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(those runs must be in <out>.jsonl)",
     )
     parser.add_argument(
+        "--rates",
+        choices=("all", "middle"),
+        default="all",
+        help="run each method's whole learning-rate grid, or only its middle rate (the rate the K=100 sweeps chose "
+        "most; to try another --epochs at one rate per method)",
+    )
+    parser.add_argument(
         "--prompt-init",
         default="random",
         metavar="random|labels|TEXT",
@@ -134,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
                 for method in methods:
                     grid = _grid(args, method, k, _read(raw))
                     for lr in grid:
-                        if (method, k, seed, lr, _init_of(args, method), _scale_of(args, method)) not in done:
+                        init, scale = _init_of(args, method), _scale_of(args, method)
+                        if (method, k, seed, lr, init, scale, _steps(args, k)) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
     summary = summarize(_read(raw))
@@ -148,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
 def _argv(args: argparse.Namespace) -> list[str]:
     sizes = " ".join(str(k) for k in args.train_size)
     reuse = [] if args.lr_from is None else [f"--lr-from {args.lr_from}"]
+    reuse += [] if args.rates == "all" else [f"--rates {args.rates}"]
     return [
         f"--model {args.model} --adapter {args.adapter} --data {args.data} --train-size {sizes}",
         f"--seeds {args.seeds} --first-seed {args.first_seed}",
@@ -162,6 +171,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
 def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str, Any]]) -> tuple[float, ...]:
     """The learning rates ``method`` runs at size ``k``: its grid, or with ``--lr-from K0`` (and ``k ≠ K0``) the one
     rate chosen by development accuracy at ``K0``."""
+    if args.rates == "middle":
+        return (LR_GRIDS[method][len(LR_GRIDS[method]) // 2],)
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
     name = variant({"method": method, "prompt_lr_scale": _scale_of(args, method)})
@@ -187,7 +198,14 @@ def chosen_lr(records: list[dict[str, Any]], name: str, k: int) -> float:
 
 
 def _key(record: dict[str, Any]) -> tuple:
-    return record["method"], record["k"], record["seed"], record["lr"], record.get("prompt_init"), _scale(record)
+    init, steps = record.get("prompt_init"), record.get("steps")
+    return record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps
+
+
+def _steps(args: argparse.Namespace, k: int) -> int:
+    """Optimizer steps of a run at size ``k``: ``--epochs`` passes over the K examples, at most ``--max-steps``."""
+    pool = k or 1_500  # "all": about the training split minus the development set
+    return min(args.max_steps, max(1, math.ceil(args.epochs * pool / args.batch_size)))
 
 
 def _scale(record: dict[str, Any]) -> float | None:
@@ -244,8 +262,7 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import Trainer
 
-    pool = k or 1_500  # "all": about the training split minus the development set
-    steps = min(args.max_steps, max(1, math.ceil(args.epochs * pool / args.batch_size)))
+    steps = _steps(args, k)
     init, scale = _init_of(args, method), _scale_of(args, method)
     options = {} if init is None else {"prompt_init_text": prompt_init_text(init, labelled_dataset(args.data)[2])}
     if scale is not None:

@@ -184,3 +184,17 @@ def test_runs_at_another_prompt_rate_are_another_row_and_not_taken_for_done() ->
     rows = {row["method"]: row["mean"] for row in summarize(runs)["table"]}
     assert rows == {"unipelt-prompt": 80.0, "unipelt-prompt (prompt lr ×1)": 40.0}
     assert chosen_lr(runs, "unipelt-prompt", 100) == 5e-3
+
+
+def test_middle_rates_run_one_rate_per_method_and_runs_of_other_lengths_are_not_done() -> None:
+    import argparse
+
+    from tensorslim.cli.finetune import LR_GRIDS, _grid, _key, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--rates", "middle", "--epochs", "15"])
+    assert _grid(args, "dense", 100, []) == (2e-4,) and _grid(args, "unipelt-prompt", 100, []) == (5e-3,)
+    assert _grid(parser.parse_args([]), "lora", 100, []) == LR_GRIDS["lora"]
+    run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "steps": 32}
+    assert _key(run) != _key({**run, "steps": 96})
