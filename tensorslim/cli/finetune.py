@@ -376,10 +376,11 @@ def use_costs(summary: dict[str, Any], measured: dict[str, Any]) -> None:
     """Put the inference ratios (``table``: method → ratio) and train-step seconds (``step_seconds``) of an
     ``adapters_costs.py`` result into the summary's rows, and its command beside the sweep's."""
     for row in summary["table"]:
-        if row["method"] in measured["table"]:
-            row["inference_ratio"] = measured["table"][row["method"]]
-        if row["method"] in measured.get("step_seconds", {}):
-            row["step_s"] = measured["step_seconds"][row["method"]]
+        method = row["method"].split(" (")[0]  # a variant's costs are its method's (a learning rate costs nothing)
+        if method in measured["table"]:
+            row["inference_ratio"] = measured["table"][method]
+        if method in measured.get("step_seconds", {}):
+            row["step_s"] = measured["step_seconds"][method]
     summary["commands"] = [*summary["commands"], measured["command"]]
 
 

@@ -87,11 +87,17 @@ def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> N
     run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
     records = [{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}]
     records.append({**records[0], "method": "prompt", "step_s": 9.0})
+    records.append({**records[1], "method": "unipelt-prompt", "prompt_lr_scale": 1.0})  # a variant: its method's
     summary = summarize(records)
-    measured = {"table": {"lora": 1.02, "prompt": 1.9}, "step_seconds": {"lora": 0.2, "prompt": 0.3}}
+    measured = {"table": {"lora": 1.02, "prompt": 1.9, "unipelt-prompt": 2.0}, "step_seconds": {"lora": 0.2}}
+    measured["step_seconds"].update({"prompt": 0.3, "unipelt-prompt": 0.4})
     use_costs(summary, {**measured, "command": "python benchmarks/x.py"})
     rows = {row["method"]: row for row in summary["table"]}
     assert (rows["lora"]["inference_ratio"], rows["prompt"]["step_s"]) == (1.02, 0.3)
+    assert (
+        rows["unipelt-prompt (prompt lr ×1)"]["inference_ratio"],
+        rows["unipelt-prompt (prompt lr ×1)"]["step_s"],
+    ) == (2.0, 0.4)
     assert summary["commands"][-1] == "python benchmarks/x.py"
     write_summary(summary, tmp_path / "s")
     assert "| prompt | 70.0 ± 0.0 (1) | 1 | 1.50× | 1.90× |" in (tmp_path / "s.md").read_text()
