@@ -66,12 +66,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(those runs must be in <out>.jsonl)",
     )
     parser.add_argument(
+        "--rates",
+        choices=("all", "middle"),
+        default="all",
+        help="run each method's whole learning-rate grid, or only its middle rate (the rate the K=100 sweeps chose "
+        "most; to try another --epochs at one rate per method)",
+    )
+    parser.add_argument(
         "--prompt-init",
         default="random",
         metavar="random|labels|TEXT",
         help="soft prompt start: 'random' (uniform in ±0.5), 'labels' (the class names' word embeddings, like Lester "
         "et al. 2021's class-label init, arXiv 2104.08691 §3.2) or the word embeddings of TEXT (default: random; "
         "labels lost on the development set at K=100, see docs/adapters.md)",
+    )
+    parser.add_argument(
+        "--prompt-lr-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help="the soft prompt's rate as a multiple of the run's, for prompt and unipelt-prompt (default: each "
+        "method's, 10 for unipelt-prompt, see docs/adapters.md)",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=16, help="tokens per title ([CLS] included)")
@@ -112,6 +127,7 @@ def prompt_init_text(choice: str, label_names: list[str]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     methods = _methods(args.adapter)
     prompt_init_text(args.prompt_init, [])  # a bad value fails before any run
+    _scale_of(args, "unipelt-prompt")  # so does a bad --prompt-lr-scale
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = out.with_suffix(".jsonl")
@@ -120,12 +136,13 @@ def run(args: argparse.Namespace) -> int:
         command = "tensorslim finetune " + " ".join(_argv(args))
         for k in args.train_size:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                if (TFIDF, k, seed, 0.0, None) not in done:
+                if _key({"method": TFIDF, "k": k, "seed": seed, "lr": 0.0}) not in done:
                     _append(raw, {**_tfidf(args, k, seed), "command": command})
                 for method in methods:
                     grid = _grid(args, method, k, _read(raw))
                     for lr in grid:
-                        if (method, k, seed, lr, _init_of(args, method)) not in done:
+                        init, scale = _init_of(args, method), _scale_of(args, method)
+                        if (method, k, seed, lr, init, scale, _steps(args, k)) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
     summary = summarize(_read(raw))
@@ -139,12 +156,14 @@ def run(args: argparse.Namespace) -> int:
 def _argv(args: argparse.Namespace) -> list[str]:
     sizes = " ".join(str(k) for k in args.train_size)
     reuse = [] if args.lr_from is None else [f"--lr-from {args.lr_from}"]
+    reuse += [] if args.rates == "all" else [f"--rates {args.rates}"]
     return [
         f"--model {args.model} --adapter {args.adapter} --data {args.data} --train-size {sizes}",
         f"--seeds {args.seeds} --first-seed {args.first_seed}",
         f"--dev-size {args.dev_size} --epochs {args.epochs:g} --max-steps {args.max_steps}",
         *reuse,
         f"--prompt-init {shlex.quote(args.prompt_init)}",
+        *([] if args.prompt_lr_scale is None else [f"--prompt-lr-scale {args.prompt_lr_scale:g}"]),
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
 
@@ -152,31 +171,69 @@ def _argv(args: argparse.Namespace) -> list[str]:
 def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str, Any]]) -> tuple[float, ...]:
     """The learning rates ``method`` runs at size ``k``: its grid, or with ``--lr-from K0`` (and ``k ≠ K0``) the one
     rate chosen by development accuracy at ``K0``."""
+    if args.rates == "middle":
+        return (LR_GRIDS[method][len(LR_GRIDS[method]) // 2],)
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
-    return (chosen_lr(records, method, args.lr_from),)
+    name = variant({"method": method, "prompt_lr_scale": _scale_of(args, method)})
+    return (chosen_lr(records, name, args.lr_from),)
 
 
-def chosen_lr(records: list[dict[str, Any]], method: str, k: int) -> float:
-    """The rate that won on the development set in most seeds of ``method`` at size ``k``; a tie goes to the rate
-    with the higher mean development accuracy.
+def chosen_lr(records: list[dict[str, Any]], name: str, k: int) -> float:
+    """The rate that won on the development set in most seeds of the method :func:`variant` ``name`` at size ``k``;
+    a tie goes to the rate with the higher mean development accuracy.
 
     Raises:
-        ValueError: no complete grid of ``method`` at ``k`` among ``records``.
+        ValueError: no complete grid of ``name`` at ``k`` among ``records``.
     """
-    best = _best_runs([r for r in records if r["method"] == method and r["k"] == k])
+    mine = [r for r in records if variant(r) == name and r["k"] == k]
+    best = _best_runs(mine)
     if not best:
-        raise ValueError(f"lr_from={k}: no complete {method} grid at K={k} in the runs file; run that size first")
+        raise ValueError(f"lr_from={k}: no complete {name} grid at K={k} in the runs file; run that size first")
     wins: dict[float, list[float]] = {}
     for r in best.values():
         wins.setdefault(r["lr"], []).append(r["_dev"])
-    mine = [r for r in records if r["method"] == method and r["k"] == k]
     mean_dev = {lr: statistics.fmean(r["dev_accuracy"] for r in mine if r["lr"] == lr) for lr in wins}
     return max(wins, key=lambda lr: (len(wins[lr]), mean_dev[lr]))
 
 
 def _key(record: dict[str, Any]) -> tuple:
-    return record["method"], record["k"], record["seed"], record["lr"], record.get("prompt_init")
+    init, steps = record.get("prompt_init"), record.get("steps")
+    return record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps
+
+
+def _steps(args: argparse.Namespace, k: int) -> int:
+    """Optimizer steps of a run at size ``k``: ``--epochs`` passes over the K examples, at most ``--max-steps``."""
+    pool = k or 1_500  # "all": about the training split minus the development set
+    return min(args.max_steps, max(1, math.ceil(args.epochs * pool / args.batch_size)))
+
+
+def _scale(record: dict[str, Any]) -> float | None:
+    """The prompt's learning-rate multiple of a run of ``prompt`` or ``unipelt-prompt`` (runs from before the option
+    trained the prompt at the run's rate, ×1), else None."""
+    from tensorslim.methods.adapters import PROMPT_LR_SCALE
+
+    return record.get("prompt_lr_scale", 1.0) if record["method"] in PROMPT_LR_SCALE else None
+
+
+def variant(record: dict[str, Any]) -> str:
+    """The table row of a run: its method, or ``method (prompt lr ×s)`` when it trained its prompt at a multiple
+    ``s`` other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``)."""
+    from tensorslim.methods.adapters import PROMPT_LR_SCALE
+
+    scale = _scale(record)
+    if scale is None or scale == PROMPT_LR_SCALE[record["method"]]:
+        return record["method"]
+    return f"{record['method']} (prompt lr ×{scale:g})"
+
+
+def _scale_of(args: argparse.Namespace, method: str) -> float | None:
+    """The prompt's learning-rate multiple ``method`` runs at (``--prompt-lr-scale`` or its default), else None."""
+    from tensorslim.methods.adapters import PROMPT_LR_SCALE, PELTOptions, prompt_lr_scale
+
+    if method not in PROMPT_LR_SCALE:
+        return None
+    return prompt_lr_scale(method, PELTOptions(prompt_lr_scale=args.prompt_lr_scale))
 
 
 def _init_of(args: argparse.Namespace, method: str) -> str | None:
@@ -205,15 +262,16 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import Trainer
 
-    pool = k or 1_500  # "all": about the training split minus the development set
-    steps = min(args.max_steps, max(1, math.ceil(args.epochs * pool / args.batch_size)))
-    init = _init_of(args, method)
-    options = None if init is None else {"prompt_init_text": prompt_init_text(init, labelled_dataset(args.data)[2])}
+    steps = _steps(args, k)
+    init, scale = _init_of(args, method), _scale_of(args, method)
+    options = {} if init is None else {"prompt_init_text": prompt_init_text(init, labelled_dataset(args.data)[2])}
+    if scale is not None:
+        options["prompt_lr_scale"] = scale
     config = TrainConfig(
         preset=args.model,
         task="classify",
         method=method,
-        options=options,
+        options=options or None,
         data=args.data,
         task_options={"train_size": k, "dev_size": args.dev_size},
         steps=steps,
@@ -245,6 +303,8 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     }
     if init is not None:
         record["prompt_init"] = init
+    if scale is not None:
+        record["prompt_lr_scale"] = scale
     if seed == 0 and lr == LR_GRIDS[method][0]:
         record["inference_ratio"] = _inference_ratio(trainer, args)
     return record
@@ -316,26 +376,27 @@ def use_costs(summary: dict[str, Any], measured: dict[str, Any]) -> None:
     """Put the inference ratios (``table``: method → ratio) and train-step seconds (``step_seconds``) of an
     ``adapters_costs.py`` result into the summary's rows, and its command beside the sweep's."""
     for row in summary["table"]:
-        if row["method"] in measured["table"]:
-            row["inference_ratio"] = measured["table"][row["method"]]
-        if row["method"] in measured.get("step_seconds", {}):
-            row["step_s"] = measured["step_seconds"][row["method"]]
+        method = row["method"].split(" (")[0]  # a variant's costs are its method's (a learning rate costs nothing)
+        if method in measured["table"]:
+            row["inference_ratio"] = measured["table"][method]
+        if method in measured.get("step_seconds", {}):
+            row["step_s"] = measured["step_seconds"][method]
     summary["commands"] = [*summary["commands"], measured["command"]]
 
 
 def _best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    """Per (method, K, seed) whose grid is complete (the rates in its ``grid`` field, else ``LR_GRIDS``): the run
-    with the best development accuracy, its dev accuracy as ``_dev``."""
+    """Per (:func:`variant`, K, seed) whose grid is complete (the rates in its ``grid`` field, else ``LR_GRIDS``):
+    the run with the best development accuracy, its dev accuracy as ``_dev``."""
     grids: dict[tuple, set[float]] = {}
     wanted: dict[tuple, set[float]] = {}
     for r in records:
-        key = (r["method"], r["k"], r["seed"])
+        key = (variant(r), r["k"], r["seed"])
         grids.setdefault(key, set()).add(r["lr"])
         wanted[key] = set(r.get("grid", LR_GRIDS.get(r["method"], ())))
     complete = {key for key, lrs in grids.items() if key[0] == TFIDF or lrs >= wanted[key]}
     best: dict[tuple, dict[str, Any]] = {}
-    for r in (r for r in records if (r["method"], r["k"], r["seed"]) in complete):
-        key = (r["method"], r["k"], r["seed"])
+    for r in (r for r in records if (variant(r), r["k"], r["seed"]) in complete):
+        key = (variant(r), r["k"], r["seed"])
         dev = r["dev_accuracy"] if r["dev_accuracy"] == r["dev_accuracy"] else 0.0  # NaN (TF-IDF): no choice
         if key not in best or dev > best[key]["_dev"]:
             best[key] = {**r, "_dev": dev}
@@ -343,10 +404,10 @@ def _best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 
 
 def _costs(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Trainable parameters, median train-step seconds and the inference ratio per method."""
+    """Trainable parameters, median train-step seconds and the inference ratio per :func:`variant`."""
     out: dict[str, dict[str, float]] = {}
-    for method in {r["method"] for r in records if "step_s" in r}:
-        mine = [r for r in records if r["method"] == method]
+    for method in {variant(r) for r in records if "step_s" in r}:
+        mine = [r for r in records if variant(r) == method]
         ratios = [r["inference_ratio"] for r in mine if "inference_ratio" in r]
         out[method] = {
             "trainable": mine[0]["trainable"],

@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from tensorslim._checks import require_int
 from tensorslim.methods.registry import Method, MethodContext, register_method
 from tensorslim.options import option
+from tensorslim.train.hooks import TrainHook
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,12 +32,19 @@ class PELTOptions:
     prompt_init_text: str | None = option(
         None, "initialize the prompt from this text's word embeddings (e.g. the class names; default: random)"
     )
+    prompt_lr_scale: float | None = option(
+        None,
+        "the soft prompt's learning rate as a multiple of the run's (default: 10 for unipelt-prompt, 1 for prompt)",
+    )
     gates: bool | None = option(None, "gate each module (default: on for unipelt*, off for single methods)")
     from_layer: int = option(0, "adapt only layers from this index on (the layer-wise variant)")
 
     def __post_init__(self) -> None:
         if self.rank is not None:
             require_int("rank", self.rank)
+        scale = self.prompt_lr_scale
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0):
+            raise ValueError(f"prompt_lr_scale={scale!r} is invalid; allowed: None or a number > 0")
         for name in ("prefix_length", "reduction", "prompt_length"):
             require_int(name, getattr(self, name))
         require_int("prefix_mlp", self.prefix_mlp, minimum=0)
@@ -85,6 +94,58 @@ MODULES = {
     "unipelt": ("lora", "prefix", "bottleneck"),
     "unipelt-prompt": ("lora", "prefix", "bottleneck", "prompt"),
 }
+
+
+# The soft prompt's rate over the run's when --prompt-lr-scale is not given. Prompt tuning wants a far larger rate
+# than adapters (Lester et al., arXiv 2104.08691, §3: 0.3); on the BBC-titles development split prompt tuning alone
+# chose 5e-2 and every adapter method 5e-3, so UniPELT + prompt trains its prompt at 10x its adapters' rate.
+PROMPT_LR_SCALE = {"prompt": 1.0, "unipelt-prompt": 10.0}
+
+
+def prompt_lr_scale(method: str, options: PELTOptions) -> float:
+    """The multiple of the run's learning rate that the soft prompt of ``method`` trains at."""
+    return float(options.prompt_lr_scale) if options.prompt_lr_scale is not None else PROMPT_LR_SCALE[method]
+
+
+class PromptRateHook(TrainHook):
+    """AdamW with the soft prompt in a group of its own at ``scale`` × the run's rate (the trainer applies the
+    schedule to each group through its ``lr_scale``); every other trainable parameter takes the run's rate.
+
+    Args:
+        scale: the prompt group's multiple of the run's learning rate; 1 leaves the trainer's default optimizer.
+    """
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def build_optimizer(self, model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer | None:
+        groups = prompt_param_groups(model, lr=lr, scale=self.scale)
+        if self.scale == 1.0 or len(groups) == 1:
+            return None
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused)
+
+
+def prompt_param_groups(model: nn.Module, *, lr: float, scale: float) -> list[dict]:
+    """``[other, prompt]`` parameter groups of the trainable parameters (each with ``name``, ``lr`` and
+    ``lr_scale``; the run's own rate first, so the logged rate is the run's); an empty group is dropped."""
+    from tensorslim.adapters.modules import PromptEmbedding
+
+    prompt = [p for module in model.modules() if isinstance(module, PromptEmbedding) for p in module.parameters()]
+    taken = {id(p) for p in prompt}
+    other = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
+    groups = [
+        {"name": "other", "params": other, "lr": lr, "lr_scale": 1.0},
+        {"name": "prompt", "params": [p for p in prompt if p.requires_grad], "lr": lr * scale, "lr_scale": scale},
+    ]
+    return [group for group in groups if group["params"]]
+
+
+def _prompt_hook(method: str) -> Any:
+    def hook(context: MethodContext) -> PromptRateHook:
+        return PromptRateHook(prompt_lr_scale(method, context.options))
+
+    return hook
 
 
 def _encoder_for(context: MethodContext) -> Any:
@@ -226,7 +287,8 @@ _HELP = {
 }
 _BERT_ONLY = ("hf-bert",)
 # Default peak learning rates: the rate the development set chose in every seed of the K = 100 BBC-titles sweep
-# (benchmarks/results/adapters_bbc_titles.md); the soft prompt wants ten times the adapters' rate.
+# (benchmarks/results/adapters_bbc_titles.md); the soft prompt wants ten times the adapters' rate (for
+# unipelt-prompt through PROMPT_LR_SCALE).
 DEFAULT_LR = {
     "lora": 5e-3,
     "prefix": 5e-3,
@@ -246,6 +308,7 @@ for _name, _modules in MODULES.items():
             options=PELTOptions,
             families=tuple(LORA_TARGETS) if _modules == ("lora",) else _BERT_ONLY,
             lr=DEFAULT_LR[_name],
+            hook=_prompt_hook(_name) if "prompt" in _modules else None,
         )
     )
 register_method(

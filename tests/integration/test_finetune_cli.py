@@ -87,11 +87,17 @@ def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> N
     run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
     records = [{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}]
     records.append({**records[0], "method": "prompt", "step_s": 9.0})
+    records.append({**records[1], "method": "unipelt-prompt", "prompt_lr_scale": 1.0})  # a variant: its method's
     summary = summarize(records)
-    measured = {"table": {"lora": 1.02, "prompt": 1.9}, "step_seconds": {"lora": 0.2, "prompt": 0.3}}
+    measured = {"table": {"lora": 1.02, "prompt": 1.9, "unipelt-prompt": 2.0}, "step_seconds": {"lora": 0.2}}
+    measured["step_seconds"].update({"prompt": 0.3, "unipelt-prompt": 0.4})
     use_costs(summary, {**measured, "command": "python benchmarks/x.py"})
     rows = {row["method"]: row for row in summary["table"]}
     assert (rows["lora"]["inference_ratio"], rows["prompt"]["step_s"]) == (1.02, 0.3)
+    assert (
+        rows["unipelt-prompt (prompt lr ×1)"]["inference_ratio"],
+        rows["unipelt-prompt (prompt lr ×1)"]["step_s"],
+    ) == (2.0, 0.4)
     assert summary["commands"][-1] == "python benchmarks/x.py"
     write_summary(summary, tmp_path / "s")
     assert "| prompt | 70.0 ± 0.0 (1) | 1 | 1.50× | 1.90× |" in (tmp_path / "s.md").read_text()
@@ -134,3 +140,67 @@ def test_runs_with_another_prompt_init_are_not_taken_for_done(tmp_path) -> None:
 
     run = {"method": "prompt", "k": 100, "seed": 0, "lr": 5e-2}
     assert _key({**run, "prompt_init": "labels"}) != _key(run)  # runs from before the option started at random
+
+
+def test_the_trainer_schedules_the_prompt_group_at_its_multiple_of_the_run_rate(tmp_path) -> None:
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import Trainer
+
+    config = TrainConfig(
+        preset="minilm",
+        task="classify",
+        method="unipelt-prompt",
+        options={"prompt_lr_scale": 4.0},
+        data="bbcnews-titles",
+        task_options={"train_size": 16, "dev_size": 16},
+        steps=2,
+        batch_size=4,
+        seq_len=8,
+        lr=1e-3,
+        warmup_fraction=0.0,
+        min_lr_ratio=0.5,
+        eval_every=2,
+        checkpoint_every=10**9,
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        tensorboard=False,
+    )
+    trainer = Trainer(config)
+    other, prompt = trainer.optimizer.param_groups
+    assert [id(p) for p in prompt["params"]] == [id(trainer.model.pelt_prompt.weight)]
+    trainer.run()
+    assert 1e-3 * 0.5 <= other["lr"] < 1e-3  # the schedule has decayed the run's rate after a step
+    assert prompt["lr"] == 4.0 * other["lr"]
+
+
+def test_runs_at_another_prompt_rate_are_another_row_and_not_taken_for_done() -> None:
+    from tensorslim.cli.finetune import _key, variant
+
+    old = {"method": "unipelt-prompt", "k": 100, "seed": 0, "lr": 5e-3}  # from before --prompt-lr-scale: ×1
+    new = {**old, "prompt_lr_scale": 10.0}
+    assert _key(old) != _key(new) and _key({**old, "prompt_lr_scale": 1.0}) == _key(old)
+    assert (variant(new), variant(old)) == ("unipelt-prompt", "unipelt-prompt (prompt lr ×1)")
+    assert variant({"method": "prompt", "prompt_lr_scale": 1.0}) == "prompt" == variant({"method": "prompt"})
+    assert variant({"method": "lora"}) == "lora"
+    runs = [
+        {**run, "lr": lr, "dev_accuracy": dev, "test_accuracy": test, "grid": [1e-3, 5e-3]}
+        for run in (old, new)
+        for lr, dev, test in [(1e-3, 0.5, 0.9), (5e-3, 0.6, 0.4 if run is old else 0.8)]
+    ]
+    rows = {row["method"]: row["mean"] for row in summarize(runs)["table"]}
+    assert rows == {"unipelt-prompt": 80.0, "unipelt-prompt (prompt lr ×1)": 40.0}
+    assert chosen_lr(runs, "unipelt-prompt", 100) == 5e-3
+
+
+def test_middle_rates_run_one_rate_per_method_and_runs_of_other_lengths_are_not_done() -> None:
+    import argparse
+
+    from tensorslim.cli.finetune import LR_GRIDS, _grid, _key, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--rates", "middle", "--epochs", "15"])
+    assert _grid(args, "dense", 100, []) == (2e-4,) and _grid(args, "unipelt-prompt", 100, []) == (5e-3,)
+    assert _grid(parser.parse_args([]), "lora", 100, []) == LR_GRIDS["lora"]
+    run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "steps": 32}
+    assert _key(run) != _key({**run, "steps": 96})

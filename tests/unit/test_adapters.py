@@ -415,3 +415,49 @@ def test_blank_prompt_init_text_is_a_one_line_error() -> None:
     with pytest.raises(ValueError, match="prompt_init_text=' ' is invalid") as error:
         PELTOptions(prompt_init_text=" ")
     assert "\n" not in str(error.value)
+
+
+def test_the_prompt_trains_in_its_own_group_at_its_multiple_of_the_rate() -> None:
+    """One AdamW step from zero moments moves each weight by ``lr · g / (|g| + eps)`` (Kingma & Ba, arXiv 1412.6980,
+    Alg. 1, bias-corrected): ≈ 10 × the run's rate for the prompt, the run's rate for the adapters and the head; the
+    frozen base does not move."""
+    from tensorslim.methods.adapters import PromptRateHook
+
+    model = tiny_bert()
+    equip_(model, unipelt(prompt=True))
+    model.train()
+    frozen = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    optimizer = PromptRateHook(10.0).build_optimizer(model, lr=1e-3, weight_decay=0.0)
+    other, prompt = optimizer.param_groups
+    assert (prompt["name"], prompt["lr"], prompt["lr_scale"]) == ("prompt", 1e-2, 10.0)
+    assert (other["name"], other["lr"], other["lr_scale"]) == ("other", 1e-3, 1.0)
+    assert [id(p) for p in prompt["params"]] == [id(model.pelt_prompt.weight)]
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for p in other["params"]} == trainable - {id(model.pelt_prompt.weight)}
+    start = {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
+    ids, mask = batch()
+    F.cross_entropy(model(ids, attention_mask=mask).logits, torch.tensor([0, 2])).backward()
+    optimizer.step()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            expected = start[id(p)] - group["lr"] * p.grad / (p.grad.abs() + 1e-8)
+            torch.testing.assert_close(p.detach(), expected, atol=1e-7, rtol=1e-5)
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+
+
+def test_prompt_rate_defaults_ten_times_for_unipelt_prompt_and_once_for_prompt() -> None:
+    from tensorslim.methods.adapters import PELTOptions, PromptRateHook, prompt_lr_scale
+
+    assert prompt_lr_scale("unipelt-prompt", PELTOptions()) == 10.0
+    assert prompt_lr_scale("prompt", PELTOptions()) == 1.0
+    assert prompt_lr_scale("prompt", PELTOptions(prompt_lr_scale=3)) == 3.0
+    model = tiny_bert()
+    equip_(model, unipelt(prompt=True))
+    assert PromptRateHook(1.0).build_optimizer(model, lr=1e-3, weight_decay=0.0) is None  # the trainer's default
+    unprompted = tiny_bert()
+    equip_(unprompted, unipelt())
+    assert PromptRateHook(10.0).build_optimizer(unprompted, lr=1e-3, weight_decay=0.0) is None
+    for bad in (0, -1.0, True, "10"):
+        with pytest.raises(ValueError, match=f"prompt_lr_scale={bad!r} is invalid") as error:
+            PELTOptions(prompt_lr_scale=bad)
+        assert "\n" not in str(error.value)
