@@ -42,9 +42,9 @@ TRAIN_FLAGS = (
     "--eval-every 300 --checkpoint-every 300 --eval-blocks 32"
 )
 CONTINUE_FLAGS = (
-    "--task longctx --preset tiny --method dense --seq-len 256 --batch-size 4 --steps 750 --lr 3e-4 "
+    "--task longctx --preset tiny --method dense --seq-len 256 --batch-size 4 --steps 500 --lr 3e-4 "
     "--warmup-fraction 0.02 --needles 0.9 --mentions 10 --needle-keys 4 --fact-share 0.5 --key-weight 20 --seed 1 "
-    "--eval-every 125 --checkpoint-every 125 --eval-blocks 64"
+    "--eval-every 100 --checkpoint-every 100 --eval-blocks 64"
 )
 
 
