@@ -398,7 +398,7 @@ def write(rows: list[dict], checks: dict, dev_rows: list[dict], policies: tuple,
             f"{name} " + ", ".join(f"{a:.3f} / {b:.3f}" for a, b in zip(first, four[name], strict=True))
             for name, first in checks["sink_mass_first_token"].items()
         )
-        + " (uniform attention over 64-256 visible tokens gives 0.004-0.016 / 0.016-0.063).",
+        + " (uniform attention over 64-256 visible tokens gives 0.004-0.016 / 0.016-0.062).",
         "",
         *dev_lines(dev_rows),
         "",
