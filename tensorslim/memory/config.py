@@ -28,6 +28,7 @@ class MemoryConfig:
     wait: int = option(0, "later tokens each query waits for before it attends (Attendre's Q memory; encoders)")
     tau: float = option(0.01, "attention probability at which an entry counts as attended (lra, lfa)")
     recent: int = option(0, "newest entries never evicted (H2O's recent window; 0: half the capacity for h2o)")
+    lra_insert: bool = option(True, "lra: a new entry counts as attended when inserted (else only once attended)")
 
     def __post_init__(self) -> None:
         require_int("capacity", self.capacity)
@@ -46,6 +47,8 @@ class MemoryConfig:
             )
         if isinstance(self.tau, bool) or not isinstance(self.tau, int | float) or not 0 < self.tau <= 1:
             raise ValueError(f"tau={self.tau!r} is invalid; allowed: a probability in (0, 1]")
+        if not isinstance(self.lra_insert, bool):
+            raise ValueError(f"lra_insert={self.lra_insert!r} is invalid; allowed: True or False")
 
     @property
     def protected_recent(self) -> int:

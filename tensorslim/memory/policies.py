@@ -6,7 +6,10 @@ protected by ``sinks`` (the first tokens of the stream) or by a recent window sc
 
 - ``fifo``: score = position, so the oldest go first (Attendre's baseline; with sinks, StreamingLLM, arXiv
   2309.17453 §3.2).
-- ``lra`` (least recently attended): score = the last step at which some query gave the entry a probability >= tau.
+- ``lra`` (least recently attended): score = the last step at which some query gave the entry a probability >= tau;
+  a new entry counts as attended when inserted (``lra_insert=True``, as a cache counts an insertion as a use) or
+  only once a query attends it (``lra_insert=False``: never-attended entries go first, oldest first, so an entry
+  attended once outlives any number of newer entries nobody attends; protect the newest with ``recent``).
 - ``lfa`` (least frequently attended): score = how many queries gave it a probability >= tau, summed over steps.
 - ``h2o``: score = the attention probability it received, summed over queries and steps (H2O's accumulated
   attention, arXiv 2306.14048 §3), with half the budget kept for the most recent tokens.
@@ -17,10 +20,15 @@ from __future__ import annotations
 import torch
 
 
-def initial_stat(policy: str, shape: tuple[int, ...], *, step: int, device: torch.device) -> torch.Tensor:
-    """The statistic of entries inserted at ``step``: LRA counts insertion as an attention (a new entry is recent),
-    the counting policies start at zero."""
-    return torch.full(shape, float(step) if policy == "lra" else 0.0, device=device)
+def initial_stat(
+    policy: str, shape: tuple[int, ...], *, step: int, device: torch.device, lra_insert: bool = True
+) -> torch.Tensor:
+    """The statistic of entries inserted at ``step``: LRA counts insertion as an attention (a new entry is recent)
+    unless ``lra_insert`` is False (then -1, before every step: attended never), the counting policies start at
+    zero. The inserting step's own queries attend next, so an entry they attend gets ``step`` either way."""
+    if policy == "lra":
+        return torch.full(shape, float(step) if lra_insert else -1.0, device=device)
+    return torch.zeros(shape, device=device)
 
 
 def observe(policy: str, stat: torch.Tensor, probs: torch.Tensor, *, step: int, tau: float) -> torch.Tensor:

@@ -45,7 +45,10 @@ class KVStore:
         """Append the next tokens' ``(B, H_kv, T, hd)`` keys and values (not yet evicted: see :meth:`evict`)."""
         batch, heads, count, _ = keys.shape
         positions = self.next_positions(count, device=keys.device).expand(batch, heads, count)
-        stat = initial_stat(self.config.policy, (batch, heads, count), step=self.step, device=keys.device)
+        config = self.config
+        stat = initial_stat(
+            config.policy, (batch, heads, count), step=self.step, device=keys.device, lra_insert=config.lra_insert
+        )
         if self.keys is None:
             self.keys, self.values, self.positions, self.stat = keys, values, positions, stat
         else:

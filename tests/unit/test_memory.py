@@ -63,6 +63,43 @@ def test_eviction_order_on_hand_made_maps(policy: str, sinks: int, recent: int, 
     assert kept == reference_keep(score, list(range(6)), capacity=3, protected=protected)
 
 
+def test_lra_without_insert_keeps_an_entry_attended_once_over_newer_unattended_ones() -> None:
+    """Entries 0-1 inserted at step 0, entry 1 attended (0.9) at step 1, entries 2-5 inserted at steps 2-3 and never
+    attended. Counting insertion as attention keeps the newest (FIFO); counting attention only keeps entry 1."""
+    probs = torch.tensor([[0.05, 0.9]])[None, None]  # (1, 1, Q=1, N=2)
+    kept = {}
+    for lra_insert in (True, False):
+        stat = initial_stat("lra", (1, 1, 2), step=0, device=torch.device("cpu"), lra_insert=lra_insert)
+        stat = observe("lra", stat, probs, step=1, tau=0.1)
+        for step in (2, 3):
+            new = initial_stat("lra", (1, 1, 2), step=step, device=torch.device("cpu"), lra_insert=lra_insert)
+            stat = torch.cat([stat, new], dim=-1)
+        positions = torch.arange(6)[None, None]
+        kept[lra_insert] = keep_indices("lra", stat, positions, capacity=3, sinks=0, recent=0)[0, 0].tolist()
+        assert kept[lra_insert] == reference_keep(stat[0, 0].tolist(), list(range(6)), capacity=3, protected=set())
+    assert kept[True] == [3, 4, 5]
+    assert kept[False] == [1, 4, 5]  # the attended entry, then the newest of the never-attended
+
+
+def test_lra_without_insert_in_the_store_counts_the_inserting_chunks_attention() -> None:
+    """Through :class:`KVStore`: a chunk's own queries attend its entries before eviction, so an entry they attend
+    is stamped with that step, and ``recent`` protects the newest entries nobody has attended yet."""
+    from tensorslim.memory.store import KVStore
+
+    store = KVStore(MemoryConfig(capacity=4, chunk=4, policy="lra", tau=0.5, lra_insert=False, recent=1))
+    keys = torch.zeros(1, 1, 8, 2)
+    keys[0, 0, 1] = torch.tensor([20.0, 0.0])  # the first chunk's query attends entry 1 only (probability ~1)
+    values = torch.randn(1, 1, 8, 2)
+    for start in (0, 4):
+        store.insert(keys[:, :, start : start + 4], values[:, :, start : start + 4])
+        query = torch.tensor([1.0, 0.0]) if start == 0 else torch.tensor([0.0, 0.0])  # the second attends evenly
+        store.attend(query.view(1, 1, 1, 2), torch.tensor([start + 3]), scale=1.0)
+        store.evict()
+    # Step 0: entry 1 stamped 0; step 1: 8 entries, the second query's 1/8 < tau, so all others stay at -1: keep
+    # entry 1, the protected newest (7), then the newest of the never-attended (5, 6).
+    assert store.positions[0, 0].tolist() == [1, 5, 6, 7]
+
+
 def test_ties_evict_the_oldest_and_random_scores_match_the_reference() -> None:
     torch.manual_seed(0)
     stat = torch.randint(0, 3, (2, 3, 20)).float()  # many ties
@@ -97,13 +134,13 @@ def tiny_hf_llama() -> nn.Module:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("chunk", [1, 17, 64])
-def test_full_capacity_equals_full_attention_ours(chunk: int) -> None:
+@pytest.mark.parametrize(("chunk", "lra_insert"), [(1, True), (17, True), (64, True), (17, False)])
+def test_full_capacity_equals_full_attention_ours(chunk: int, lra_insert: bool) -> None:
     model = tiny_llama()
     ids = torch.randint(0, 97, (2, 150))
     with torch.no_grad():
         reference = model(ids)
-    equip_memory_(model, MemoryConfig(capacity=150, chunk=chunk, policy="lra"))
+    equip_memory_(model, MemoryConfig(capacity=150, chunk=chunk, policy="lra", lra_insert=lra_insert))
     assert torch.allclose(stream_logits(model, ids), reference, atol=1e-5, rtol=0)
 
 
@@ -119,10 +156,11 @@ def test_full_capacity_equals_full_attention_hf_llama(policy: str) -> None:
     assert model.state_dict().keys() == tiny_hf_llama().state_dict().keys()  # same parameter names
 
 
-@pytest.mark.parametrize("policy", ["fifo", "lra", "lfa", "h2o"])
+@pytest.mark.parametrize("policy", ["fifo", "lra", "lfa", "h2o", "lra-unattended"])
 def test_peak_entries_stay_within_capacity_plus_chunk(policy: str) -> None:
     model = tiny_llama()
-    equip_memory_(model, MemoryConfig(capacity=40, chunk=16, policy=policy, sinks=4))
+    config = MemoryConfig(capacity=40, chunk=16, policy=policy[:4].rstrip("-"), sinks=4, lra_insert="-" not in policy)
+    equip_memory_(model, config)
     result = stream_nll(model, torch.randint(0, 97, (1, 300)))
     stores = memory_stores(model)
     assert all(s.peak == 40 + 16 for s in stores) and all(s.size == 40 for s in stores)
@@ -258,6 +296,7 @@ def test_each_query_sees_exactly_wait_later_tokens(wait: int) -> None:
         ({"wait": -1}, "wait=-1 is invalid; allowed: an integer >= 0"),
         ({"capacity": 64, "sinks": 64}, "leave no evictable entry"),
         ({"tau": 0.0}, "tau=0.0 is invalid"),
+        ({"lra_insert": "no"}, "lra_insert='no' is invalid"),
         ({"capacity": 0}, "capacity=0 is invalid"),
     ],
 )
