@@ -26,10 +26,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 import tensorslim.functional.lowrank as lowrank
+import tensorslim.models.llama as llama
 from tensorslim.bench.harness import machine_description
 from tensorslim.bench.timing import alternate
+from tensorslim.layers.tt import linear_many as one_by_one
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss
 from tensorslim.train.allocator import keep_freed_memory
@@ -40,30 +43,49 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.th
 
 
 @contextlib.contextmanager
-def plain_product() -> Iterator[None]:
-    """Every low-rank product takes the plain ``F.linear`` path (the kernel before this change)."""
-    kernel_check = lowrank._use_onednn
-    lowrank._use_onednn = lambda *args, **kwargs: False
+def variant(name: str) -> Iterator[None]:
+    """``plain``: every low-rank product takes the plain ``F.linear`` path (the product before this change);
+    ``separate``: the kernel, but each layer on its own (no shared down-projection); ``mkl``: the kernel with every
+    GEMM on MKL (``F.linear``) instead of oneDNN; ``now``: as shipped."""
+    kernel_check, shared, gemm = lowrank._use_onednn, llama.linear_many, lowrank._linear
+    if name == "plain":
+        lowrank._use_onednn = lambda *args, **kwargs: False
+    if name == "separate":
+        llama.linear_many = one_by_one
+    if name == "mkl":
+        lowrank._linear = lambda a, weight, bias, *, onednn: F.linear(a, weight, bias)
     try:
         yield
     finally:
-        lowrank._use_onednn = kernel_check
+        lowrank._use_onednn, llama.linear_many, lowrank._linear = kernel_check, shared, gemm
 
 
-def make_step(method: str, preset: str, batch: torch.Tensor, dtype: str, *, plain: bool) -> Callable[[], None]:
-    torch.manual_seed(0)  # the same initial weights for both CoLA models
-    model, _, _ = build_for_method(preset, method, max_seq_len=batch.shape[1])
-    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
+def build(method: str, preset: str, seq_len: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)  # the same initial weights for every CoLA model
+    model, _, _ = build_for_method(preset, method, max_seq_len=seq_len)
+    return model, build_optimizer(model, lr=1e-4, weight_decay=0.0)
 
+
+def make_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, dtype: str, *, kind: str
+) -> Callable[[], None]:
     def step() -> None:
-        with plain_product() if plain else contextlib.nullcontext(), autocast(dtype, "cpu"):
-            loss = causal_lm_loss(model(batch), batch)
-        with plain_product() if plain else contextlib.nullcontext():
+        with variant(kind):
+            with autocast(dtype, "cpu"):
+                loss = causal_lm_loss(model(batch), batch)
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+VARIANTS = {
+    "plain": "cola before (plain F.linear)",
+    "separate": "cola kernel, layers one by one",
+    "mkl": "cola kernel + shared A GEMMs, on MKL",
+    "now": "cola now (kernel + shared A GEMMs)",
+}
 
 
 def main() -> None:
@@ -76,6 +98,11 @@ def main() -> None:
     parser.add_argument("--timer", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--variants", default="plain,now", help=f"CoLA variants, comma-separated: {list(VARIANTS)}")
+    parser.add_argument("--no-dense", action="store_true", help="CoLA variants only (no dense model in memory)")
+    parser.add_argument(
+        "--one-model", action="store_true", help="all CoLA variants step one model (half the memory at 350m)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.threads is not None:
@@ -83,17 +110,20 @@ def main() -> None:
     keep_freed_memory()
     load_before = os.getloadavg()
     batch = torch.randint(32000, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
-    cases = {
-        "dense": make_step("dense", args.preset, batch, args.dtype, plain=False),
-        "cola before (plain F.linear)": make_step("cola", args.preset, batch, args.dtype, plain=True),
-        "cola now (kernel + shared A GEMMs)": make_step("cola", args.preset, batch, args.dtype, plain=False),
-    }
+    cases = {}
+    if not args.no_dense:
+        cases["dense"] = make_step(*build("dense", args.preset, args.seq_len), batch, args.dtype, kind="now")
+    shared = build("cola", args.preset, args.seq_len) if args.one_model else None
+    for kind in args.variants.split(","):
+        model, optimizer = shared or build("cola", args.preset, args.seq_len)
+        cases[VARIANTS[kind]] = make_step(model, optimizer, batch, args.dtype, kind=kind)
+    first = next(iter(cases))
     times = alternate(cases, repeats=args.repeats, warmup=args.warmup, clock=CLOCKS[args.timer])
     medians = {name: statistics.median(t) for name, t in times.items()}
-    lines = ["| step | median (s) | min (s) | max (s) | dense / step |", "|---|---|---|---|---|"]
+    lines = [f"| step | median (s) | min (s) | max (s) | {first} / step |", "|---|---|---|---|---|"]
     for name, t in times.items():
         lines.append(
-            f"| {name} | {medians[name]:.3f} | {min(t):.3f} | {max(t):.3f} | {medians['dense'] / medians[name]:.3f}× |"
+            f"| {name} | {medians[name]:.3f} | {min(t):.3f} | {max(t):.3f} | {medians[first] / medians[name]:.3f}× |"
         )
     table = "\n".join(lines) + "\n"
     load_after = os.getloadavg()

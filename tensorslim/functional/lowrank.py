@@ -5,11 +5,11 @@ projection ``y = W x`` by the bottleneck auto-encoder ``y = B σ(A x)``. With σ
 truncated-SVD factorization.
 
 On CPU in fp32 or bf16 (training, or inference from 64 tokens) the token-dependent GEMMs run in one autograd function
-with a hand-written backward (:class:`_LowRankMatmul`), the kernel of the TT layer (:mod:`tensorslim.functional.tt`):
-the token-parallel products on oneDNN's matmul, the weight gradients (sums over tokens) as one token slice per
-thread. Layers that read the same input (attention's q, k, v; the MLP's gate and up) can share one down-projection
-GEMM (:func:`low_rank_many`). Everywhere else (float64, other devices, decoding, ``FlopCounterMode`` and other
-dispatch modes, ``torch.compile``) the same product is plain ``F.linear`` calls under autograd.
+with a hand-written backward (:class:`_LowRankMatmul`), with the TT layer's kernel choice
+(:mod:`tensorslim.functional.tt`): the token-parallel products on oneDNN's matmul. Layers that read the same input
+(attention's q, k, v; the MLP's gate and up) share one down-projection GEMM (:func:`low_rank_many`). Everywhere else
+(float64, other devices, decoding, ``FlopCounterMode`` and other dispatch modes, ``torch.compile``) the same product
+is plain ``F.linear`` calls under autograd. docs/speed.md ("Fifth round: CoLA at 60m") has what each part saves.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ class _LowRankMatmul(torch.autograd.Function):
 
     The ``A_i`` are stacked into ``[A_1; …; A_n]``, so one GEMM reads ``x`` for every latent and one GEMM forms ``∂x``
     (no sum of n ``∂x``). The token-parallel GEMMs (``x Aᵀ``, ``σ Bᵀ + b``, ``∂y B``, ``∂z A``) run on oneDNN's matmul
-    when ``onednn`` (see :func:`tensorslim.functional.tt._use_onednn`), which ran them faster than MKL on CoLA's
-    shapes (docs/speed.md, "Fifth round"). The weight gradients ``∂A = ∂zᵀ x`` and ``∂B = ∂yᵀ σ`` are sums over the
-    tokens, on MKL: at rank 128 it split them across threads as well as one token slice per thread did.
+    when ``onednn`` (see :func:`tensorslim.functional.tt._use_onednn`): timed alone, it ran CoLA's rank-128 GEMMs
+    5–12 % faster than MKL at one and two threads. The weight gradients ``∂A = ∂zᵀ x`` and ``∂B = ∂yᵀ σ`` are sums
+    over the tokens, on MKL: at rank 128 the TT layer's one token slice per thread was 0–10 % slower than MKL's own
+    split.
 
     Saved for backward, as autograd saves them for the plain product: ``x``, the pre-activation ``z = x Aᵀ``, ``σ(z)``
     (not for the identity), and the weights themselves (stacked again in backward, so that no copy is kept). Under
