@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.layers.lowrank import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 
@@ -143,9 +144,9 @@ class Attention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
 
-        q = apply_rotary(heads(self.q_proj(x)), cos, sin)
-        k = apply_rotary(heads(self.k_proj(x)), cos, sin)
-        v = heads(self.v_proj(x))
+        # One product for q, k and v when they are low-rank or TT layers (each layer on its own otherwise).
+        q, k, v = linear_many(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = apply_rotary(heads(q), cos, sin), apply_rotary(heads(k), cos, sin), heads(v)
         if kv is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
         else:
@@ -166,7 +167,8 @@ class MLP(nn.Module):
         self.act_fn: nn.Module = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = linear_many(x, (self.gate_proj, self.up_proj))  # one product when both are low rank
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class Block(nn.Module):
