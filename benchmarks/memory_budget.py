@@ -34,7 +34,7 @@ POLICIES = (  # (label, MemoryConfig fields besides capacity and chunk)
     ("LFA (+4 sinks)", {"policy": "lfa", "sinks": SINKS}),
 )
 # LRA / LFA settings tried on the dev documents (never the test ones); the best of each policy joins the table.
-DEV_TAUS = (0.01, 0.05, 0.2, 0.5, 0.8)
+DEV_TAUS = (0.01, 0.05, 0.2, 0.5, 0.8, 0.9, 0.95)
 DEV_RECENT = (0, 16)
 
 
