@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from tensorslim.functional.tt import _compute_dtype, _use_onednn
+from tensorslim.functional.tt import _compute_dtype, _linear, _use_onednn
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -45,17 +45,6 @@ def _activation_backward(name: str, grad: torch.Tensor, pre: torch.Tensor, post:
     if name == "relu":
         return torch.ops.aten.threshold_backward(grad, post, 0)
     return grad
-
-
-def _linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, onednn: bool) -> torch.Tensor:
-    """``a @ weightᵀ + bias`` for ``a (N, K)``, ``weight (M, K)``: oneDNN's matmul, or ``F.linear`` (BLAS).
-
-    oneDNN reads a strided ``weight`` as it is, so a transposed view needs no copy (a transposed copy of a 512 × 128
-    factor took about 0.1 ms, as long as oneDNN saved on the GEMM it feeds).
-    """
-    if onednn:
-        return torch.ops.mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
-    return F.linear(a, weight, bias)
 
 
 class _LowRankMatmul(torch.autograd.Function):

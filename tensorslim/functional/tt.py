@@ -260,9 +260,13 @@ def _use_onednn(x: torch.Tensor, dtype: torch.dtype, *, training: bool) -> bool:
 
 
 def _linear(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, onednn: bool) -> torch.Tensor:
-    """``a @ weightᵀ + bias`` for ``a (M, K)``, ``weight (N, K)``: oneDNN's matmul, or ``F.linear`` (BLAS)."""
+    """``a @ weightᵀ + bias`` for ``a (M, K)``, ``weight (N, K)``: oneDNN's matmul, or ``F.linear`` (BLAS).
+
+    oneDNN reads a strided ``weight`` as it is, so a transposed view needs no copy (a transposed copy of a 512 × 128
+    factor took about 0.1 ms, as long as oneDNN saved on the GEMM it feeds).
+    """
     if onednn:
-        return torch.ops.mkldnn._linear_pointwise(a, weight.contiguous(), bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
     return F.linear(a, weight, bias)
 
 
