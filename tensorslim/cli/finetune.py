@@ -141,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
                 for method in methods:
                     grid = _grid(args, method, k, _read(raw))
                     for lr in grid:
-                        init, scale = _init_of(args, method), _scale_of(args, method)
-                        if (method, k, seed, lr, init, scale, _steps(args, k)) not in done:
+                        planned = {"method": method, "k": k, "seed": seed, "lr": lr, "steps": _steps(args, k)}
+                        planned |= {"prompt_init": _init_of(args, method), "prompt_lr_scale": _scale_of(args, method)}
+                        if _key(planned) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
     summary = summarize(_read(raw))
