@@ -1,16 +1,24 @@
-"""Our U-Net vs MONAI's UNet on the same split, both trained by the one Trainer with the same loss and learning-rate
+"""Our U-Nets vs MONAI's on the same split, all trained by the one Trainer with the same loss and learning-rate
 grid (each model's learning rate chosen on the validation cases).
 
 MONAI (``pip install monai``; the optional extra ``tensorslim[monai]``) is the reference implementation users would
 reach for; segmentation_models_pytorch and nnU-Net import torchvision, which does not import beside our torch.
-MONAI's model joins the model registry for this script only (preset ``monai-unet``: ``monai.networks.nets.UNet``
-with channels 8-64, strides 2 and two residual units per level, the setting of MONAI's tutorials; 100,688
-parameters against our ``unet-small``'s 121,105). Everything else is the same code for both: data, training cases,
-affine and intensity augmentation, loss (soft Dice + binary cross-entropy), AdamW warm-up/cosine schedule, steps,
-batch size and scoring on the intensity-shifted test cases.
+MONAI's models join the model registry for this script only:
+
+* ``monai-unet``: ``monai.networks.nets.UNet`` with channels 8-64, strides 2 and two residual units per level, the
+  setting of MONAI's tutorials (100,688 parameters; our ``unet-small``, 8-64 channels: 121,033);
+* ``monai-unet-deep``: the same with five levels of 8-128 channels (our ``unet-deep``'s widths);
+* ``monai-basicunet``: ``monai.networks.nets.BasicUNet``, the classic U-Net (two 3 × 3 convolutions per level, the
+  first pair at full resolution, max-pooling, transposed convolutions, concatenated skips), with MONAI's default
+  instance norm and LeakyReLU and features 8-16-32-64-128 (+ 8 at the last decoder level): 488,241 parameters
+  against our ``unet-deep``'s 486,409, the like-for-like pair.
+
+Everything else is the same code for all: data, training cases, affine and intensity augmentation, loss (soft Dice
++ binary cross-entropy), AdamW warm-up/cosine schedule, steps, batch size and scoring on the intensity-shifted test
+cases.
 
     python benchmarks/segment_monai.py --dataset heart --inputs mask --train-cases 8 --seeds 3 --steps 200 \
-        --lrs 0.003,0.01,0.03
+        --lrs 0.003,0.01,0.03 --models unet-small,monai-unet,unet-deep,monai-basicunet
 
 writes ``benchmarks/results/segment_monai_<dataset>.md`` and ``.json``. For each model the learning rate with the
 best mean validation Dice over the seeds is kept; the table reports its test scores, mean ± std over the seeds.
@@ -38,7 +46,7 @@ from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 
 METRICS = ("dice", "hd95_mm", "com_mm")
-MODELS = ("unet-small", "monai-unet")
+MODELS = ("unet-small", "monai-unet", "unet-deep", "monai-unet-deep", "monai-basicunet")
 
 
 class MonaiUNet(nn.Module):
@@ -67,10 +75,32 @@ class MonaiUNet(nn.Module):
         return torch.zeros(batch, self.config.in_channels, side, side, device=next(self.parameters()).device)
 
 
+class MonaiBasicUNet(MonaiUNet):
+    """MONAI's 2-D BasicUNet (two convolutions per level from full resolution down; MONAI's default instance norm
+    and LeakyReLU); ``config.channels`` gives its five levels, the last decoder level takes the first width."""
+
+    def __init__(self, config: UNetConfig) -> None:
+        from monai.networks.nets import BasicUNet
+
+        nn.Module.__init__(self)
+        if len(config.channels) != 5:
+            raise ValueError(f"channels={config.channels!r} is invalid; allowed: five widths (BasicUNet's levels)")
+        self.config = config
+        features = (*config.channels, config.channels[0])
+        self.net = BasicUNet(spatial_dims=2, in_channels=config.in_channels, out_channels=1, features=features)
+
+
 def register() -> None:
-    family = ModelFamily(name="monai-unet", tasks=("segment",), build=lambda config, *, task: MonaiUNet(config))
-    preset = ModelPreset(name="monai-unet", family=family, config=UNetConfig(channels=(8, 16, 32, 64)), help="MONAI")
-    register_model(preset)
+    unet = ModelFamily(name="monai-unet", tasks=("segment",), build=lambda config, *, task: MonaiUNet(config))
+    basic = ModelFamily(
+        name="monai-basicunet", tasks=("segment",), build=lambda config, *, task: MonaiBasicUNet(config)
+    )
+    for name, family, channels in (
+        ("monai-unet", unet, (8, 16, 32, 64)),
+        ("monai-unet-deep", unet, (8, 16, 32, 64, 128)),
+        ("monai-basicunet", basic, (8, 16, 32, 64, 128)),
+    ):
+        register_model(ModelPreset(name=name, family=family, config=UNetConfig(channels=channels), help="MONAI"))
 
 
 def one_run(preset: str, lr: float, args: argparse.Namespace, seed: int, folder: Path) -> dict:
@@ -128,7 +158,7 @@ def mean_std(values: list[float]) -> str:
 
 def report(args: argparse.Namespace, rows: list[dict], command: str) -> str:
     lines = [
-        f"# Our U-Net vs MONAI UNet ({args.dataset}, inputs {args.inputs}, {args.train_cases} cases)",
+        f"# Our U-Nets vs MONAI's ({args.dataset}, inputs {args.inputs}, {args.train_cases} cases)",
         "",
         f"Command: `{command}`",
         "",
@@ -141,7 +171,8 @@ def report(args: argparse.Namespace, rows: list[dict], command: str) -> str:
         "| model | params | lr (chosen) | val Dice | test Dice | HD95 (mm) | CoM (mm) | seconds/run |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for model in MODELS:
+    models = [m for m in MODELS if any(r["model"] == m for r in rows)]
+    for model in models:
         lr = best_lr(rows, model)
         group = [r for r in rows if r["model"] == model and r["lr"] == lr]
         cells = [mean_std([r[k] for r in group]) for k in ("val_dice", *METRICS)]
@@ -154,7 +185,7 @@ def report(args: argparse.Namespace, rows: list[dict], command: str) -> str:
         "| model | " + " | ".join(f"lr {lr:g}" for lr in sorted({r["lr"] for r in rows})) + " |",
         "|---|" + "---|" * len({r["lr"] for r in rows}),
     ]
-    for model in MODELS:
+    for model in models:
         cells = [
             f"{np.mean([r['val_dice'] for r in rows if r['model'] == model and r['lr'] == lr]):.3f}"
             for lr in sorted({r["lr"] for r in rows})
@@ -172,16 +203,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lrs", default="0.003,0.01,0.03", help="comma-separated learning-rate grid (both models)")
+    parser.add_argument("--models", default="unet-small,monai-unet", help=f"comma-separated, from {list(MODELS)}")
     parser.add_argument("--reuse", action="store_true", help="keep the runs of the results file with the same settings")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared machine: one thread per run
     register()
     lrs = [float(x) for x in args.lrs.split(",")]
+    models = args.models.split(",")
+    if unknown := sorted(set(models) - set(MODELS)):
+        parser.error(f"--models {unknown} are unknown; allowed: {list(MODELS)}")
     settings = (
         f"--dataset {args.dataset} --inputs {args.inputs} --train-cases {args.train_cases} --steps {args.steps} "
         f"--batch-size {args.batch_size}"
     )
-    command = f"python benchmarks/segment_monai.py {settings} --seeds {args.seeds} --lrs {args.lrs}"
+    command = (
+        f"python benchmarks/segment_monai.py {settings} --seeds {args.seeds} --lrs {args.lrs} --models {args.models}"
+    )
     out = Path("benchmarks/results") / f"segment_monai_{args.dataset}"
     done = {}
     if args.reuse and out.with_suffix(".json").exists():  # runs are deterministic: keep those already measured
@@ -192,7 +229,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(args.seeds):
             for lr in lrs:
-                for preset in MODELS:
+                for preset in models:
                     row = done.get((preset, lr, seed)) or one_run(preset, lr, args, seed, Path(folder))
                     rows.append(row)
                     print(row, flush=True)

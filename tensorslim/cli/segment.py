@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--inputs", default="mask,image,image+mask", help="comma-separated input modes (also: prior, image+prior)"
     )
     parser.add_argument("--train-cases", default="1,2,4,8", help="comma-separated training-set sizes")
+    parser.add_argument(
+        "--train-pool", type=int, default=0, help="training pool size; 0: the paper's (brain 26, heart 12)"
+    )
     parser.add_argument("--seeds", type=int, default=1, help="seeds per setting (0, 1, ...)")
     parser.add_argument(
         "--preset", default="unet-small", help="U-Net preset: unet-small (8-64 ch), unet (16-128), unet-deep (8-128)"
@@ -61,6 +64,7 @@ def _list(text: str, kind: type, name: str) -> list[Any]:
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this experiment."""
     flags = [f"--dataset {args.dataset}", f"--inputs {args.inputs}", f"--train-cases {args.train_cases}"]
+    flags += [f"--train-pool {args.train_pool}"] if args.train_pool else []
     flags += [f"--seeds {args.seeds}", f"--preset {args.preset}", f"--image-size {args.image_size}"]
     flags += [f"--steps {args.steps}", f"--batch-size {args.batch_size}", f"--lr {args.lr}"]
     flags += [] if args.augment else ["--no-augment"]
@@ -84,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             dataset=args.dataset,
             inputs=mode,
             train_cases=n,
+            train_pool=args.train_pool,
             image_size=args.image_size,
             augment=args.augment,
             intensity=args.intensity,
@@ -167,6 +172,7 @@ def _one_run(config: Any) -> tuple[dict[str, Any], Any, Any]:
         **{name: float(np.nanmean([s[name] for s in scores])) for name in METRICS},
         "empty_predictions": int(sum(not p.any() for p in predicted)),
         "val_dice": result.val_metrics["val_dice"],
+        "val_com_mm": result.val_metrics["val_com_mm"],
         "seconds": round(seconds, 1),
     }
     return row, trainer, predicted

@@ -16,6 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from tensorslim._checks import require_int
 from tensorslim.segment.brain import brain_case
 from tensorslim.segment.masks import global_mask, prior_mask
 from tensorslim.segment.phantoms import heart_case
@@ -104,13 +105,21 @@ def input_channels(mode: str) -> int:
 
 
 @lru_cache(maxsize=16)
-def load_split(dataset: str, split: str, *, size: int, shift: IntensityShift | None = None) -> Cases:
-    """Every case of ``split`` of ``dataset`` at ``size × size``; the test split takes ``shift`` when given."""
+def load_split(
+    dataset: str, split: str, *, size: int, shift: IntensityShift | None = None, count: int | None = None
+) -> Cases:
+    """The cases of ``split`` of ``dataset`` at ``size × size``; the test split takes ``shift`` when given.
+
+    ``count`` cases are drawn (default: the split's size, the paper's for ``train``). Case ``i`` has its own seed,
+    so a larger ``count`` keeps the first cases and adds new ones: the synthetic data can grow a pool at will.
+    """
     spec = check_dataset(dataset)
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is unknown; allowed: {list(SPLITS)}")
+    if count is not None:
+        require_int("count", count, minimum=1)
     images, targets, spacing = [], [], 0.0
-    for i in range(spec.sizes[split]):
+    for i in range(spec.sizes[split] if count is None else count):
         rng = np.random.default_rng([spec.key, SPLITS.index(split), i])
         image, target, spacing = spec.draw(rng, size)
         if shift is not None:

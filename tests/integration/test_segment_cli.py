@@ -19,6 +19,8 @@ from tensorslim.cli.main import main
         (["--train-cases", "1,13"], "train_cases=13 is invalid; allowed: 1..12"),
         (["--dataset", "brain", "--train-cases", "27"], "allowed: 1..26 for dataset 'brain'"),
         (["--train-cases", "two"], "train_cases='two' is invalid"),
+        (["--train-pool", "5", "--train-cases", "6"], "train_cases=6 is invalid; allowed: 1..5"),
+        (["--train-pool", "-1"], "train_pool=-1 is invalid"),
         (["--seeds", "0"], "seeds=0 is invalid"),
         (["--intensity", "wild"], "intensity='wild' is unknown"),
         (["--mask-dropout", "1"], "mask_dropout=1.0 is invalid; allowed: a number in [0, 1)"),

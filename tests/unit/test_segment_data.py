@@ -141,6 +141,16 @@ def test_prior_mask_is_the_majority_and_constant() -> None:
     assert np.array_equal(prior_mask(targets[2:]), targets[2])
 
 
+def test_a_larger_pool_keeps_the_paper_cases_and_adds_new_ones() -> None:
+    paper = load_split("heart", "train", size=32)
+    larger = load_split("heart", "train", size=32, count=len(paper) + 3)
+    assert len(paper) == 12 and len(larger) == 15
+    np.testing.assert_array_equal(larger.images[:12], paper.images)
+    np.testing.assert_array_equal(larger.targets[:12], paper.targets)
+    new = larger.images[12:]
+    assert all(not np.array_equal(image, old) for image in new for old in paper.images)
+
+
 def test_network_inputs_channels() -> None:
     cases = load_split("heart", "val", size=32)
     prior = prior_mask(cases.targets)
@@ -158,6 +168,7 @@ def test_network_inputs_channels() -> None:
         (lambda c: network_inputs(c, "mask", prior=np.zeros((5, 5), dtype=bool)), "prior mask has shape (5, 5)"),
         (lambda c: network_inputs(c, "edges", prior=np.zeros((32, 32), dtype=bool)), "inputs='edges' is unknown"),
         (lambda c: load_split("lung", "train", size=32), "dataset='lung' is unknown"),
+        (lambda c: load_split("heart", "train", size=32, count=0), "count=0 is invalid"),
         (lambda c: global_mask(c.images), "allowed: a 2-D (H, W) array"),
         (lambda c: dice(c.targets[0], c.targets[0][:16]), "allowed: two equal (H, W) shapes"),
     ],

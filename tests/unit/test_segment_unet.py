@@ -9,7 +9,7 @@ import torch
 from tensorslim.books import flops_per_token
 from tensorslim.models.registry import build_model, get_model
 from tensorslim.models.unet import UNet, UNetConfig
-from tensorslim.segment.metrics import dice
+from tensorslim.segment.metrics import com_distance, dice
 from tensorslim.tasks.segment import IntensityAugment, SegmentOptions, load_run, predict, segment_loss
 
 
@@ -57,11 +57,17 @@ def test_loss_is_small_for_confident_right_logits() -> None:
         ({"dataset": "brain", "train_cases": 27}, "allowed: 1..26"),
         ({"intensity": "wild"}, "intensity='wild' is unknown"),
         ({"mask_dropout": 1.0}, "mask_dropout=1.0 is invalid"),
+        ({"train_pool": -1}, "train_pool=-1 is invalid"),
+        ({"train_pool": 20, "train_cases": 21}, "train_cases=21 is invalid; allowed: 1..20"),
     ],
 )
 def test_bad_options(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SegmentOptions(**fields)
+
+
+def test_a_larger_pool_allows_more_training_cases() -> None:
+    assert SegmentOptions(train_pool=200, train_cases=200).train_cases == 200
 
 
 def test_tiny_unet_overfits_one_case_through_the_trainer(tmp_path: object) -> None:
@@ -88,7 +94,12 @@ def test_tiny_unet_overfits_one_case_through_the_trainer(tmp_path: object) -> No
     predicted = predict(trainer.model.eval(), split.inputs).numpy()
     assert dice(predicted[0], split.targets[0].numpy()) > 0.95
     assert result.losses[-1] < 0.5 * result.losses[0]
-    assert set(result.val_metrics) == {"val_loss", "val_dice"}
+    assert set(result.val_metrics) == {"val_loss", "val_dice", "val_com_mm"}
+    # The validation centre-of-mass error is the metric's mean over the validation cases' predictions.
+    val = trainer.task.held_out("val")
+    predicted = predict(trainer.model, val.inputs).numpy()
+    coms = [com_distance(p, t, val.spacing) for p, t in zip(predicted, val.targets.numpy(), strict=True)]
+    assert result.val_metrics["val_com_mm"] == pytest.approx(np.nanmean(coms))
     # The run's checkpoint loads back into the same network.
     loaded, options = load_run(tmp_path)
     assert options["inputs"] == "image+mask" and options["image_size"] == 32
