@@ -25,17 +25,22 @@ class UNetConfig:
         channels: feature channels per level, from the full-resolution level down (at least two levels).
         image_size: the side of the square images the books count FLOPs on (any size divisible by
             ``2 ** (len(channels) - 1)`` runs).
+        norm: ``batch`` (the plain U-Net's) or ``instance`` (per image and channel, with a learned scale and shift,
+            as nnU-Net and MONAI's BasicUNet use; no running statistics, so training and evaluation agree).
     """
 
     in_channels: int = 1
     channels: tuple[int, ...] = (16, 32, 64, 128)
     image_size: int = 96
+    norm: str = "batch"
 
     def __post_init__(self) -> None:
         if self.in_channels not in (1, 2):
             raise ValueError(f"in_channels={self.in_channels!r} is invalid; allowed: 1 or 2")
         if len(self.channels) < 2 or any(not isinstance(c, int) or c < 1 for c in self.channels):
             raise ValueError(f"channels={self.channels!r} is invalid; allowed: two or more positive ints")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r} is unknown; allowed: {list(NORMS)}")
         if self.image_size % self.multiple:
             raise ValueError(f"image_size={self.image_size} is invalid; allowed: a multiple of {self.multiple}")
 
@@ -45,13 +50,16 @@ class UNetConfig:
         return 2 ** (len(self.channels) - 1)
 
 
-def double_conv(c_in: int, c_out: int) -> nn.Sequential:
+NORMS = {"batch": nn.BatchNorm2d, "instance": lambda c: nn.InstanceNorm2d(c, affine=True)}
+
+
+def double_conv(c_in: int, c_out: int, norm: str = "batch") -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
-        nn.BatchNorm2d(c_out),
+        NORMS[norm](c_out),
         nn.ReLU(inplace=True),
         nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
-        nn.BatchNorm2d(c_out),
+        NORMS[norm](c_out),
         nn.ReLU(inplace=True),
     )
 
@@ -64,13 +72,14 @@ class UNet(nn.Module):
         self.config = config
         widths = config.channels
         self.down = nn.ModuleList(
-            double_conv(c_in, c_out) for c_in, c_out in zip((config.in_channels, *widths), widths, strict=False)
+            double_conv(c_in, c_out, config.norm)
+            for c_in, c_out in zip((config.in_channels, *widths), widths, strict=False)
         )
         self.pool = nn.MaxPool2d(2)
         self.up = nn.ModuleList(
             nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(len(widths) - 1)
         )
-        self.merge = nn.ModuleList(double_conv(2 * widths[i], widths[i]) for i in range(len(widths) - 1))
+        self.merge = nn.ModuleList(double_conv(2 * widths[i], widths[i], config.norm) for i in range(len(widths) - 1))
         self.head = nn.Conv2d(widths[0], 1, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,19 @@ def test_unet_shapes_and_registry_overrides() -> None:
         build_model("unet-deep", image_size=40)
 
 
+def test_instance_norm_unet_evaluates_as_it_trains() -> None:
+    # Instance norm keeps no running statistics: train- and eval-mode outputs agree, unlike batch norm's.
+    x = torch.rand(2, 1, 16, 16)
+    torch.manual_seed(0)
+    instance = UNet(UNetConfig(channels=(4, 8), norm="instance"))
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in instance.modules())
+    torch.testing.assert_close(instance.train()(x), instance.eval()(x))
+    batch = UNet(UNetConfig(channels=(4, 8)))
+    assert not torch.allclose(batch.train()(x), batch.eval()(x))
+    with pytest.raises(ValueError, match="norm='group' is unknown; allowed: \\['batch', 'instance'\\]"):
+        UNetConfig(norm="group")
+
+
 def test_books_count_a_unet_per_pixel() -> None:
     # FLOPs per pixel are independent of the image side (convolutions cost the same per pixel at every size).
     small, large = (UNet(UNetConfig(channels=(4, 8), image_size=side)) for side in (16, 32))
