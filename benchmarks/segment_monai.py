@@ -12,7 +12,8 @@ MONAI's models join the model registry for this script only:
   first pair at full resolution, max-pooling, transposed convolutions, concatenated skips), with MONAI's default
   instance norm and LeakyReLU and features 8-16-32-64-128 (+ 8 at the last decoder level): 488,241 parameters
   against our ``unet-deep``'s 486,409, the like-for-like pair;
-* and ours with instance norm, ``unet-deep-in`` (``UNetConfig(norm="instance")``), to see what the norm explains.
+* and our ``unet-deep-in``: ``unet-deep`` with instance norm, BasicUNet's normalization (BasicUNet also differs by
+  LeakyReLU and convolution biases).
 
 Everything else is the same code for all: data, training cases, affine and intensity augmentation, loss (soft Dice
 + binary cross-entropy), AdamW warm-up/cosine schedule, steps, batch size and scoring on the intensity-shifted test
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tensorslim.models.registry import ModelFamily, ModelPreset, get_model, register_model
+from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 from tensorslim.models.unet import UNetConfig
 from tensorslim.segment.masks import largest_component
 from tensorslim.segment.metrics import case_metrics
@@ -102,10 +103,6 @@ def register() -> None:
         ("monai-basicunet", basic, (8, 16, 32, 64, 128)),
     ):
         register_model(ModelPreset(name=name, family=family, config=UNetConfig(channels=channels), help="MONAI"))
-    # Ours with BasicUNet's normalization: the one difference left between the two classic five-level U-Nets that
-    # changes what a layer computes (BasicUNet also has LeakyReLU and convolution biases).
-    config = UNetConfig(channels=(8, 16, 32, 64, 128), norm="instance")
-    register_model(ModelPreset(name="unet-deep-in", family=get_model("unet-deep").family, config=config, help="ours"))
 
 
 def one_run(preset: str, lr: float, args: argparse.Namespace, seed: int, folder: Path) -> dict:

@@ -138,3 +138,11 @@ register_model(
         help="2-D U-Net, 5 levels of 8-128 channels (nnU-Net's depth at 96 x 96: pooled down to 6 x 6)",
     )
 )
+register_model(
+    ModelPreset(
+        name="unet-deep-in",
+        family=UNET,
+        config=UNetConfig(channels=(8, 16, 32, 64, 128), norm="instance"),
+        help="unet-deep with instance norm (as nnU-Net and MONAI's BasicUNet use)",
+    )
+)

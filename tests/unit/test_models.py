@@ -42,6 +42,7 @@ EXPECTED = {
     "unet": "unet",
     "unet-small": "unet",
     "unet-deep": "unet",
+    "unet-deep-in": "unet",
 }
 # Token-input models; the U-Net (task segment, images in) is tested in test_segment_unet.py.
 CASES = [(name, task) for name in EXPECTED for task in get_model(name).tasks if task != "segment"]
