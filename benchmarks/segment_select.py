@@ -43,7 +43,7 @@ def one_run(
     options |= {"mask_dropout": dropout} if dropout else {}  # rows of earlier runs have no such field
     with tempfile.TemporaryDirectory() as folder:
         config = TrainConfig(
-            preset="unet-small",
+            preset=args.preset,
             task="segment",
             method="dense",
             task_options=options,
@@ -67,6 +67,7 @@ def one_run(
         seconds = time.perf_counter() - start
         return {
             **options,
+            **({"preset": args.preset} if args.preset != "unet-small" else {}),  # earlier rows have no such field
             "seed": seed,
             "steps": steps,
             "loss_curve": [round(float(np.mean(losses[i : i + span])), 4) for i in range(0, steps, span)],
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--steps", default="100", help="comma-separated step counts")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--preset", default="unet-small", help="U-Net preset (rows record it when not unet-small)")
     parser.add_argument("--out", default="benchmarks/results/segment_intensity_select")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared machine: one thread per run
