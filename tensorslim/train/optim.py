@@ -114,3 +114,64 @@ class _DropMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.prefix)
+
+
+# Elements per slice of the bf16-gradient AdamW pass (:func:`adamw_step_bf16_grads`): 2^20 elements are 20 MB of
+# parameter, moments, gradient (bf16 and its fp32 copy) and shadow, which the last-level cache still holds when the
+# shadow is written. Smaller slices pay more in per-call overhead than they gain in cache: on 60 M elements at one
+# thread, 2^16-element slices took 0.082 s, 2^18 and 2^20 0.062 s, autocast's casts plus the fused AdamW 0.074 s.
+BF16_SLICE = 1 << 20
+
+
+@torch.no_grad()
+def adamw_step_bf16_grads(
+    optimizer: torch.optim.Optimizer,
+    updates: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor]],
+    *,
+    grad_scale: torch.Tensor | None = None,
+) -> None:
+    """The fused AdamW update of fp32 parameters from bf16 gradients, writing each parameter's bf16 shadow.
+
+    ``updates`` holds ``(param, grad, shadow)``: ``param`` an fp32 parameter of ``optimizer`` whose state exists (one
+    ordinary ``optimizer.step()`` created it), ``grad`` its gradient in bf16, ``shadow`` its bf16 copy that the
+    forward reads. Per slice of :data:`BF16_SLICE` elements: the gradient is cast to fp32 (exact), multiplied by
+    ``grad_scale`` (gradient clipping, as ``clip_grad_norm_`` multiplies fp32 gradients), updated by PyTorch's own
+    fused AdamW kernel, and the shadow is rounded from the new fp32 weights. The fp32 master weights, moments and
+    update are those of ``torch.optim.AdamW(fused=True)`` on the fp32 gradient (mixed precision as in arXiv
+    1710.03740 §3); what changes is memory traffic: no fp32 gradient is written and read back, and the weights are
+    rounded to bf16 while they are in cache instead of once more by autocast in the next forward.
+    """
+    by_param = {id(p): (p, g, s) for p, g, s in updates}
+    buffer = torch.empty(0)
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        for param in group["params"]:
+            if id(param) not in by_param:
+                continue
+            _, grad, shadow = by_param[id(param)]
+            state = optimizer.state[param]
+            state["step"] += 1
+            flat = [t.view(-1) for t in (param, grad, state["exp_avg"], state["exp_avg_sq"], shadow)]
+            if buffer.numel() < min(BF16_SLICE, param.numel()):
+                buffer = torch.empty(min(BF16_SLICE, max(param.numel(), buffer.numel())), dtype=param.dtype)
+            for start in range(0, param.numel(), BF16_SLICE):
+                p, g, m, v, s = (t[start : start + BF16_SLICE] for t in flat)
+                g32 = buffer[: p.numel()].copy_(g)
+                if grad_scale is not None:
+                    g32.mul_(grad_scale)
+                torch._fused_adamw_(
+                    [p],
+                    [g32],
+                    [m],
+                    [v],
+                    [],
+                    [state["step"]],
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    weight_decay=group["weight_decay"],
+                    eps=group["eps"],
+                    amsgrad=False,
+                    maximize=False,
+                )
+                s.copy_(p)
