@@ -7,13 +7,17 @@ Variants (one LLaMA model, its fused AdamW and freed memory kept in the process,
 - ``shadows``: :class:`tensorslim.train.precision.BF16Shadows`, what ``--dtype auto``/``bf16`` trains with on a CPU.
 
 The variants alternate step by step (``tensorslim.bench.timing.alternate``). They all step the same model, so the
-losses are not a comparison (``tests/unit/test_precision.py`` checks them); the times are. With ``--profile`` one step
-of each variant also runs under torch.profiler: self time per operator family, split into forward, backward and
-optimizer, and the GEMMs' achieved GFLOP/s from their shapes.
+losses are not a comparison (``tests/unit/test_precision.py`` checks them); the times are. Alternating in one process
+has a catch: each variant frees and allocates differently, so the heap that one variant leaves makes the next one
+fault in fresh pages (a 52 ms instead of 3 ms zero fill of the `60m` embedding gradient, seen in the profile). With
+``--processes N`` each variant runs alone in a fresh process instead, the variants taking turns, N rounds.
 
-Usage:
-    python benchmarks/bf16_step.py --preset 350m --batch-size 1 --seq-len 256 --threads 2 --timer wall \
-        --repeats 5 --profile --out benchmarks/results/bf16_step_350m_threads2
+With ``--profile`` one step of each variant also runs under torch.profiler: self time per operator family, split
+into forward, backward and optimizer, and the GEMMs' achieved GFLOP/s from their shapes.
+
+Usage (``OMP_WAIT_POLICY=PASSIVE`` as the CLI sets it):
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_step.py --preset 350m --threads 2 --timer wall --processes 2 \
+        --warmup 2 --repeats 3 --profile --out benchmarks/results/bf16_step_350m_threads2_wall
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -43,6 +48,8 @@ from tensorslim.train.precision import BF16Shadows, autocast
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 PHASES = ("forward", "backward", "optimizer")
+# The work no change of precision bookkeeping removes: the products themselves and the one pass AdamW must make.
+FLOOR = ("GEMMs (blocks)", "LM head GEMMs", "attention (flash)", "AdamW kernel")
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
 
 
@@ -138,15 +145,23 @@ def markdown(times: dict[str, list[float]], profiles: dict[str, dict], first: st
     for name, prof in profiles.items():
         fams = prof["families"]
         labels = sorted({k for v in fams.values() for k in v}, key=lambda k: -sum(fams[p].get(k, 0) for p in fams))
+        total = sum(sum(v.values()) for v in fams.values())
         text += f"\n### Profile of one `{name}` step (self time, s)\n\n| family | " + " | ".join(PHASES)
-        text += " | total |\n|---|" + "---|" * (len(PHASES) + 1) + "\n"
+        text += " | total | share |\n|---|" + "---|" * (len(PHASES) + 2) + "\n"
         for label in [*labels, "total"]:
             row = [
                 sum(fams.get(p, {}).values()) if label == "total" else fams.get(p, {}).get(label, 0.0) for p in PHASES
             ]
-            text += f"| {label} | " + " | ".join(f"{x:.3f}" for x in row) + f" | {sum(row):.3f} |\n"
+            cells = " | ".join(f"{x:.3f}" for x in row)
+            text += f"| {label} | {cells} | {sum(row):.3f} | {100 * sum(row) / total:.1f} % |\n"
         gemms = prof["gemms"]
         secs, flops = sum(v[0] for v in gemms.values()), sum(v[1] for v in gemms.values())
+        share = sum(fams[p].get(k, 0.0) for p in fams for k in FLOOR) / total
+        text += (
+            f"\nFloor: {', '.join(FLOOR)} are {100 * share:.1f} % of the profiled time; that share of the median "
+            f"step ({medians[name]:.3f} s) is **{share * medians[name]:.3f} s**, what the step would take if nothing "
+            f"else took time.\n"
+        )
         text += (
             f"\nGEMMs: {flops / 1e9:.1f} GFLOP in {secs:.3f} s = **{flops / secs / 1e9:.0f} GFLOP/s**. By shape:\n\n"
         )
@@ -168,8 +183,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variants", default="fp32,autocast,shadows", help="comma-separated: fp32, autocast, shadows")
     parser.add_argument("--profile", action="store_true", help="also profile one step of each variant")
+    parser.add_argument("--processes", type=int, default=0, help="N rounds of one fresh process per variant")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child of --processes
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.processes:
+        return drive(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     keep_freed_memory()
@@ -180,9 +199,38 @@ def main() -> None:
     vocab = model.config.vocab_size
     batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
     cases = {name: make_step(model, optimizer, batch, name) for name in args.variants.split(",")}
-    first = next(iter(cases))
     times = alternate(cases, repeats=args.repeats, warmup=args.warmup, clock=CLOCKS[args.timer])
     profiles = {name: profile_step(step, vocab) for name, step in cases.items()} if args.profile else {}
+    if args.json:
+        print(json.dumps({"times_s": times, "profiles": profiles}))
+        return None
+    write(args, load_before, times, profiles)
+    return None
+
+
+def drive(args: argparse.Namespace) -> None:
+    """``--processes``: every variant in its own fresh process, in turns; the first round's children profile."""
+    load_before = os.getloadavg()
+    times: dict[str, list[float]] = defaultdict(list)
+    profiles: dict[str, dict] = {}
+    for round_ in range(args.processes):
+        for name in args.variants.split(","):
+            child = [sys.executable, __file__, "--json", "--variants", name]
+            for key in ("preset", "method", "batch_size", "seq_len", "threads", "timer", "warmup", "repeats"):
+                if getattr(args, key) is not None:
+                    child += ["--" + key.replace("_", "-"), str(getattr(args, key))]
+            child += ["--profile"] if args.profile and round_ == 0 else []
+            found = json.loads(
+                subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+            )
+            times[name] += found["times_s"][name]
+            profiles.update(found["profiles"])
+    write(args, load_before, dict(times), profiles)
+
+
+def write(args: argparse.Namespace, load_before: tuple[float, ...], times: dict, profiles: dict) -> None:
+    first = next(iter(times))
+    threads = args.threads or torch.get_num_threads()
     load_after = os.getloadavg()
     text = markdown(times, profiles, first)
     print(text)
@@ -191,9 +239,9 @@ def main() -> None:
         loads = f"{' '.join(f'{x:.1f}' for x in load_before)} → {' '.join(f'{x:.1f}' for x in load_after)}"
         Path(args.out).with_suffix(".md").write_text(
             f"# bf16 train step ({args.method} {args.preset}, batch {args.batch_size} × {args.seq_len})\n\n"
-            f"- command: `{command}`\n- {args.timer} clock, {torch.get_num_threads()} threads; load average (1/5/15 "
+            f"- command: `{command}`\n- {args.timer} clock, {threads} thread(s); load average (1/5/15 "
             f"min) {loads}; a shared machine: a diagnostic, not a goal figure. The profiler's self times are wall "
-            f"clock per op and grow with the load.\n\n{text}"
+            f"clock per op and grow with the load, so read the shares (and the GEMM rates as lower bounds).\n\n{text}"
         )
         result = {
             "command": command,

@@ -3,10 +3,13 @@ the machine's CPU."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
 
+from tensorslim.bench.harness import BenchConfig, _Arm, synthetic_batch
 from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss
@@ -155,3 +158,15 @@ def test_only_weights_that_autocast_casts_whole_get_a_copy() -> None:
     assert [n for m, n in found if m is plain] == ["weight_a", "weight_b"]
     assert [n for m, n in found if m is gated] == ["weight_a"]
     assert len(found) == 3  # nothing of the tied head, the embedding or the frozen layer
+
+
+def test_bench_steps_bf16_with_weight_copies_and_autocast_values() -> None:
+    config = BenchConfig(preset="tiny", methods="cola", batch_size=1, seq_len=16, dtype="bf16", task="lm")
+    batch = synthetic_batch(config)
+    copies, plain = _Arm(config, "cola", dtype="bf16"), _Arm(config, "cola", dtype="bf16")
+    plain.shadows = None
+    assert copies.shadows and _Arm(config, "cola", dtype="fp32").shadows is None
+    for _ in range(3):
+        for arm in (copies, plain):
+            arm.step(batch, timed=True, clock=time.perf_counter)
+    assert copies.losses == plain.losses
