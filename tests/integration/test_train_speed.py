@@ -18,6 +18,7 @@ from tensorslim.train.compile import compile_model
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.precision import PrecisionProbe, resolve_dtype
 from tensorslim.train.trainer import train
+from tests.helpers import train_until_interrupted
 
 
 def _config(corpus: Path, out: Path, **overrides: object) -> TrainConfig:
@@ -95,3 +96,14 @@ def test_thirty_bf16_steps_follow_the_fp32_loss_curve(small_corpus: Path, tmp_pa
     gaps = [abs(a - b) / b for a, b in zip(bf16.losses, fp32.losses, strict=True)]
     assert max(gaps) < 0.01  # measured: 0.13 %, while the loss falls by 1.5
     assert fp32.losses[-1] < fp32.losses[0] - 0.5 and bf16.losses[-1] < bf16.losses[0] - 0.5
+
+
+def test_a_resumed_bf16_run_equals_an_uninterrupted_one(small_corpus: Path, tmp_path: Path) -> None:
+    # The checkpoint holds the fp32 weights; the resumed run rounds its bf16 copies from them again.
+    config = _config(small_corpus, tmp_path / "full", dtype="bf16", steps=5, checkpoint_every=2, eval_every=5)
+    full = train(config)
+    cut = replace(config, out_dir=str(tmp_path / "cut"))
+    train_until_interrupted(cut, after_step=3)
+    resumed = train(replace(cut, resume=True))
+    assert resumed.precision["bf16_weight_copies"] is not None
+    assert resumed.losses == full.losses and resumed.val_loss == full.val_loss
