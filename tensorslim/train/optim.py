@@ -117,9 +117,9 @@ class _DropMessage(logging.Filter):
 
 
 # Elements per slice of the bf16-gradient AdamW pass (:func:`adamw_step_bf16_grads`): 2^20 elements are 20 MB of
-# parameter, moments, gradient (bf16 and its fp32 copy) and shadow, which the last-level cache still holds when the
-# shadow is written. Smaller slices pay more in per-call overhead than they gain in cache: on 60 M elements at one
-# thread, 2^16-element slices took 0.082 s, 2^18 and 2^20 0.062 s, autocast's casts plus the fused AdamW 0.074 s.
+# parameter, moments, gradient (bf16 and its fp32 copy) and copy, which the last-level cache still holds when the
+# copy is written. Smaller slices pay more in per-call overhead than they gain in cache; on the CoLA 350m weights
+# (one thread, benchmarks/results/bf16_adamw_pass_threads1.md), 2^16 was slower than autocast's casts + AdamW.
 BF16_SLICE = 1 << 20
 
 
