@@ -153,7 +153,7 @@ def adamw_step_bf16_grads(
             state["step"] += 1
             flat = [t.view(-1) for t in (param, grad, state["exp_avg"], state["exp_avg_sq"], shadow)]
             if buffer.numel() < min(BF16_SLICE, param.numel()):
-                buffer = torch.empty(min(BF16_SLICE, max(param.numel(), buffer.numel())), dtype=param.dtype)
+                buffer = torch.empty(min(BF16_SLICE, param.numel()), dtype=param.dtype)
             for start in range(0, param.numel(), BF16_SLICE):
                 p, g, m, v, s = (t[start : start + BF16_SLICE] for t in flat)
                 g32 = buffer[: p.numel()].copy_(g)

@@ -141,6 +141,8 @@ def shadowable(model: nn.Module) -> list[tuple[nn.Module, str]]:
         held = owners[id(param)]
         if not (param.requires_grad and param.dtype == torch.float32 and param.device.type == "cpu"):
             continue
+        if not param.is_contiguous():  # the update walks its flat view
+            continue
         if all(_casts_whole(module, name) for module, name in held):
             found.extend(held)
     return found
@@ -246,7 +248,7 @@ class BF16Shadows:
         """
         from tensorslim.train.optim import adamw_step_bf16_grads
 
-        updates, stepped = [], [p for p in self.params if p.grad is not None]
+        updates = []
         for p in self.params:
             shadow = self.shadows[id(p)]
             if shadow.grad is None:
@@ -254,9 +256,9 @@ class BF16Shadows:
             if p.grad is not None or not optimizer.state.get(p):
                 grad = shadow.grad.float() if grad_scale is None else shadow.grad.float() * grad_scale
                 p.grad = grad if p.grad is None else p.grad + grad
-                stepped.append(p)
             else:
                 updates.append((p, shadow.grad, shadow))
+        stepped = [p for p in self.params if p.grad is not None]  # updated by the optimizer's own step
         optimizer.step()
         adamw_step_bf16_grads(optimizer, updates, grad_scale=grad_scale)
         with torch.no_grad():  # the fused AdamW kernel does not bump the version counter: refresh what it updated
