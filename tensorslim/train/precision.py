@@ -3,6 +3,9 @@
 bf16 autocast keeps fp32 master weights, gradients and optimizer state; matmuls run in bf16 and the reductions
 autocast lists as fp32 ops (softmax, log-softmax/cross-entropy, norms) stay in fp32 (the mixed-precision recipe of
 Micikevicius et al., 2018, arXiv 1710.03740, §3, with bf16 instead of fp16 so that no loss scaling is needed).
+On CPU the trainer and the benchmark also keep bf16 copies of the GEMM weights (:class:`BF16Shadows`): the forward
+reads them instead of casting, their gradients stay in bf16 until AdamW casts them back, and every computed value is
+the one plain autocast computes.
 
 On a CPU, bf16 pays only with native instructions (AVX-512 BF16 or AMX): elsewhere PyTorch emulates it and a bf16
 matmul is several times *slower* than fp32. ``auto`` therefore probes at start: it reads the CPU's flags and times a
