@@ -1,12 +1,10 @@
-"""The optimizer side of a bf16 step, on the shapes of the CoLA ``350m`` weights that get bf16 copies.
+"""The optimizer side of a bf16 step, on the shapes of the CoLA ``350m`` weights that autocast casts whole.
 
 Cases, alternating in one process (``tensorslim.bench.timing.alternate``), all on the same fp32 weights and AdamW
 state, from the same bf16 gradients:
 
 - ``autocast``: what plain autocast costs around the update: the forward's fp32 → bf16 weight casts, the backward's
   bf16 → fp32 gradient casts, and the fused AdamW step;
-- ``copies 2^k``: :func:`tensorslim.train.optim.adamw_step_bf16_grads` with slices of 2^k elements (gradient cast,
-  fused AdamW and bf16 copy per slice);
 - ``AdamW alone``: the fused step on ready fp32 gradients, the memory-bound pass no precision scheme avoids.
 
 Usage:
@@ -23,14 +21,31 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from tensorslim.bench.timing import alternate
+from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.methods import build_for_method
-from tensorslim.train import optim
 from tensorslim.train.allocator import keep_freed_memory
-from tensorslim.train.precision import shadowable
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def cast_weights(model: nn.Module) -> list[nn.Parameter]:
+    """The weights autocast casts whole to bf16 in every forward: ``nn.Linear``'s and ``LowRankLinear``'s factors
+    (``B`` only without rank gates), less any that another module also holds (a head tied to the embedding)."""
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None:
+                holders[id(param)] = holders.get(id(param), 0) + 1
+    found = []
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            found.append(module.weight)
+        elif type(module) is LowRankLinear:
+            found += [module.weight_a] + ([] if module.gated else [module.weight_b])
+    return [p for p in found if p.requires_grad and holders[id(p)] == 1]
 
 
 def main() -> None:
@@ -46,10 +61,9 @@ def main() -> None:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     torch.manual_seed(0)
     model, _, _ = build_for_method(args.preset, "cola")
-    params = [getattr(module, name) for module, name in shadowable(model)]
+    params = cast_weights(model)
     generator = torch.Generator().manual_seed(0)
     grads = [1e-3 * torch.randn(p.shape, generator=generator).bfloat16() for p in params]
-    copies = [p.detach().bfloat16() for p in params]
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
     for p, g in zip(params, grads, strict=True):  # the first step creates the state
         p.grad = g.float()
@@ -64,16 +78,6 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         del casts
 
-    def sliced(bits: int):
-        def step() -> None:
-            saved, optim.BF16_SLICE = optim.BF16_SLICE, 1 << bits
-            try:
-                optim.adamw_step_bf16_grads(optimizer, list(zip(params, grads, copies, strict=True)))
-            finally:
-                optim.BF16_SLICE = saved
-
-        return step
-
     fp32_grads = [g.float() for g in grads]
 
     def adamw_alone() -> None:
@@ -84,7 +88,6 @@ def main() -> None:
             p.grad = None
 
     cases = {"autocast (casts + AdamW)": autocast_like}
-    cases |= {f"copies, slices of 2^{bits}": sliced(bits) for bits in (16, 18, 20, 22)}
     cases["AdamW alone (fp32 gradients ready)"] = adamw_alone
     times = alternate(cases, repeats=args.repeats, warmup=1, clock=CLOCKS[args.timer])
     elements = sum(p.numel() for p in params)
@@ -95,7 +98,7 @@ def main() -> None:
     print(table)
     if args.out:
         Path(args.out).with_suffix(".md").write_text(
-            f"# The optimizer side of a bf16 step ({args.preset} CoLA weights with bf16 copies: {len(params)} tensors, "
+            f"# The optimizer side of a bf16 step ({args.preset} CoLA weights autocast casts: {len(params)} tensors, "
             f"{elements / 1e6:.1f} M elements)\n\n- command: `python {' '.join(sys.argv)}`\n- {args.timer} clock, "
             f"{args.threads} thread(s); load average at start {load}; a shared machine: a diagnostic\n\n{table}"
         )

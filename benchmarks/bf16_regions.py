@@ -1,4 +1,4 @@
-"""OpenMP parallel regions per train step (outer and nested apart), fp32 vs bf16 autocast vs bf16 weight copies.
+"""OpenMP parallel regions per train step (outer and nested apart), fp32 vs bf16 autocast.
 
 Every outer region wakes the other threads (with ``OMP_WAIT_POLICY=PASSIVE``, as the CLI sets it, from sleep); a
 nested one runs inline on its thread. The counts do not depend on the machine's load. Needs the counter preloaded:
@@ -50,7 +50,7 @@ def main() -> None:
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
     batch = torch.randint(model.config.vocab_size, (1, args.seq_len), generator=torch.Generator().manual_seed(0))
     lines = ["| step | outer regions | nested regions |", "|---|---|---|"]
-    for variant in ("fp32", "autocast", "shadows"):
+    for variant in ("fp32", "autocast"):
         step = make_step(model, optimizer, batch, variant)
         step()
         step()

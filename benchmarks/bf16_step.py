@@ -1,13 +1,13 @@
-"""The bf16 train step, fp32 vs autocast vs bf16 weight shadows, on one model in one process, and where its time goes.
+"""The bf16 train step, fp32 vs autocast, on one model in one process, and where its time goes.
 
 Variants (one LLaMA model, its fused AdamW and freed memory kept in the process, as in ``tensorslim bench``):
 
 - ``fp32``: no autocast;
-- ``autocast``: plain bf16 autocast (every forward casts the fp32 weights, backward casts their gradients back);
-- ``shadows``: :class:`tensorslim.train.precision.BF16Shadows`, what ``--dtype auto``/``bf16`` trains with on a CPU.
+- ``autocast``: plain bf16 autocast (every forward casts the fp32 weights, backward casts their gradients back), what
+  ``--dtype bf16`` trains with.
 
 The variants alternate step by step (``tensorslim.bench.timing.alternate``). They all step the same model, so the
-losses are not a comparison (``tests/unit/test_precision.py`` checks them); the times are. Alternating in one process
+losses are not a comparison; the times are. Alternating in one process
 has a catch: each variant frees and allocates differently, so the heap that one variant leaves makes the next one
 fault in fresh pages (a 52 ms instead of 3 ms zero fill of the `60m` embedding gradient, seen in the profile). With
 ``--processes N`` each variant runs alone in a fresh process instead, the variants taking turns, N rounds.
@@ -32,7 +32,6 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -44,7 +43,7 @@ from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss
 from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import BF16Shadows, autocast
+from tensorslim.train.precision import autocast
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 PHASES = ("forward", "backward", "optimizer")
@@ -54,24 +53,17 @@ GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
 
 
 def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, variant: str):
-    shadows = BF16Shadows(model) if variant == "shadows" else None
+    if variant not in ("fp32", "autocast"):
+        raise ValueError(f"variant={variant!r}; allowed: fp32, autocast")
 
     def step() -> None:
-        with (
-            record_function("forward"),
-            shadows.swapped() if shadows else nullcontext(),
-            autocast("fp32" if variant == "fp32" else "bf16", "cpu"),
-        ):
+        with record_function("forward"), autocast("fp32" if variant == "fp32" else "bf16", "cpu"):
             loss = causal_lm_loss(model(batch), batch)
         with record_function("backward"):
             loss.backward()
         with record_function("optimizer"):
-            if shadows:
-                shadows.step(optimizer)
-                shadows.zero_grad(optimizer)
-            else:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     return step
 
@@ -181,7 +173,7 @@ def main() -> None:
     parser.add_argument("--timer", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--variants", default="fp32,autocast,shadows", help="comma-separated: fp32, autocast, shadows")
+    parser.add_argument("--variants", default="fp32,autocast", help="comma-separated: fp32, autocast")
     parser.add_argument("--profile", action="store_true", help="also profile one step of each variant")
     parser.add_argument("--processes", type=int, default=0, help="N rounds of one fresh process per variant")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child of --processes

@@ -10,8 +10,7 @@ By default it measures what a user sees: wall-clock time with torch's threads (a
 process CPU time (``--threads 1 --timer cpu``) stays available as a diagnostic that a shared machine disturbs less.
 Each method can be measured in several precisions (``--dtype fp32,bf16`` or ``auto``, see
 :mod:`tensorslim.train.precision`) and, with ``--compile``, both eager and compiled (:mod:`tensorslim.train.compile`);
-every variant is compared with dense in the same variant. A bf16 variant on CPU steps as ``tensorslim train`` does,
-with bf16 copies of the GEMM weights (:class:`tensorslim.train.precision.BF16Shadows`).
+every variant is compared with dense in the same variant.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import check_preset
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import DTYPES, BF16Shadows, autocast, fused_adamw, resolve_dtype
+from tensorslim.train.precision import DTYPES, autocast, resolve_dtype
 
 
 def _help(text: str) -> dict[str, str]:
@@ -129,9 +127,6 @@ class _Arm:
         self.optimizer = build_optimizer(self.model, lr=1e-4, weight_decay=0.0, galore_rank=galore_rank)
         if compiled:
             compile_model(self.model)
-        # bf16 on CPU trains as `tensorslim train` does: with bf16 weight copies where the step can use them.
-        usable = dtype == "bf16" and torch.device(config.device).type == "cpu" and not compiled
-        self.shadows = BF16Shadows(self.model) if usable and fused_adamw(self.optimizer) else None
         meta, _, _ = build_for_method(
             config.preset, method, task=config.task, options=options, device="meta", max_seq_len=config.seq_len
         )
@@ -155,19 +150,11 @@ class _Arm:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start = clock()
-        with (
-            count_saved_tensors(self.model) as tally,
-            self.shadows.swapped() if self.shadows else nullcontext(),
-            autocast(self.dtype, self.model_device),
-        ):
+        with count_saved_tensors(self.model) as tally, autocast(self.dtype, self.model_device):
             loss = self.task.loss(self.model, batch)
         loss.backward()
-        if self.shadows:
-            self.shadows.step(self.optimizer)
-            self.shadows.zero_grad(self.optimizer)
-        else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize()
             self.cuda_peak = max(self.cuda_peak, torch.cuda.max_memory_allocated())

@@ -26,7 +26,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from torch import nn
 
 from tensorslim.bench.memory import MemoryBreakdown, count_saved_tensors, training_memory
 from tensorslim.books import count_params, flops_per_token
-from tensorslim.distributed.layout import Layout, SingleProcess, parallel_layout
+from tensorslim.distributed.layout import Layout, parallel_layout
 from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
@@ -49,7 +49,7 @@ from tensorslim.train.cuda_graph import GraphedStep
 from tensorslim.train.hooks import TrainHook
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import BF16Shadows, autocast, fused_adamw, resolve_dtype
+from tensorslim.train.precision import autocast, resolve_dtype
 from tensorslim.train.schedule import warmup_cosine
 
 
@@ -231,8 +231,6 @@ class Trainer:
         self.skipped_steps = 0
         if config.resume:
             self._resume()
-        self.shadows = self._bf16_shadows()
-        self.precision["bf16_weight_copies"] = self.shadows.describe() if self.shadows else None
 
     def _books(self) -> dict[str, float]:
         """Parameters and forward FLOPs per token of the method and of the dense baseline, on meta models."""
@@ -286,34 +284,8 @@ class Trainer:
         """Before the weights load: the method hook restores its state (and may reshape the model to match)."""
         self.hook.load_state_dict(state.get("method", {}), model=self.model, optimizer=self.optimizer)
 
-    def _bf16_shadows(self) -> BF16Shadows | None:
-        """bf16 copies of the GEMM weights (:class:`~tensorslim.train.precision.BF16Shadows`) for a bf16 run on CPU
-        that steps the plain fused AdamW, in one process, eagerly, without micro-batches (whose bf16 gradients would
-        add up in bf16) and without a method hook (which may reshape the model or read its gradients)."""
-        config = self.config
-        usable = (
-            self.dtype == "bf16"
-            and self.device.type == "cpu"
-            and config.grad_accum == 1
-            and not config.compile
-            and self.static_step is None
-            and isinstance(self.layout, SingleProcess)
-            and self.method.hook is None
-            and fused_adamw(self.optimizer)
-        )
-        shadows = BF16Shadows(self.model) if usable else None
-        return shadows if shadows else None
-
     def _autocast(self) -> Any:
         return autocast(self.dtype, self.device)
-
-    def _forward(self) -> ExitStack:
-        """The training forward's context: autocast, and the bf16 weight copies where the run has them."""
-        stack = ExitStack()
-        if self.shadows is not None:
-            stack.enter_context(self.shadows.swapped())
-        stack.enter_context(self._autocast())
-        return stack
 
     def _set_lr(self) -> None:
         config = self.config
@@ -338,41 +310,28 @@ class Trainer:
         for batch, sync in self.layout.micro_batches(self.stream, config.grad_accum):
             with sync:
                 batch = to_device(batch, self.device)
-                with count_saved_tensors(self.model) as tally, self._forward():
+                with count_saved_tensors(self.model) as tally, self._autocast():
                     loss = self.layout.loss(self.task, self.model, batch)
                 saved = max(saved, tally.bytes)
                 objective = self.hook.loss(loss, model=self.model, step=self.step)
                 (objective / config.grad_accum).backward()
             loss_sum += loss.item()
         max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-        grad_scale = None
-        if self.shadows is not None:
-            grad_norm, grad_scale = self.shadows.clip_grad_norm(self.model, max_norm)
-        else:
-            grad_norm = self.layout.clip_grad_norm(self.model, max_norm)
+        grad_norm = self.layout.clip_grad_norm(self.model, max_norm)
         loss_mean = self.layout.mean(loss_sum / config.grad_accum)
         if math.isfinite(loss_mean) and math.isfinite(grad_norm):
-            if self.shadows is not None:
-                self.shadows.step(self.optimizer, grad_scale=grad_scale)
-            else:
-                self.optimizer.step()
+            self.optimizer.step()
         elif self.on_nonfinite == "stop":
-            self._zero_grad()
+            self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteError(
                 f"step {self.step + 1}: loss={loss_mean} grad_norm={grad_norm} is not finite; stopped before updating "
                 f"the weights (lower --lr or keep --grad-clip > 0; the last checkpoint is the last good one)"
             )
         else:
             self.skipped_steps += 1
-        self._zero_grad()
+        self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return loss_mean, grad_norm, saved
-
-    def _zero_grad(self) -> None:
-        if self.shadows is not None:
-            self.shadows.zero_grad(self.optimizer)
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
 
     def _static_step(self) -> GraphedStep:
         """The step as one static-shape call: forward, loss, backward, clipping and AdamW, no host sync inside."""

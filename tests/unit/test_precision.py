@@ -3,28 +3,10 @@ the machine's CPU."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-from torch import nn
 
-from tensorslim.bench.harness import BenchConfig, _Arm, synthetic_batch
-from tensorslim.layers.lowrank import LowRankLinear
-from tensorslim.methods import build_for_method
-from tensorslim.tasks.lm import causal_lm_loss
-from tensorslim.train import optim
-from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import (
-    BF16Shadows,
-    PrecisionProbe,
-    autocast,
-    cpu_flags,
-    fused_adamw,
-    probe_bf16,
-    resolve_dtype,
-    shadowable,
-)
+from tensorslim.train.precision import PrecisionProbe, autocast, cpu_flags, probe_bf16, resolve_dtype
 
 
 def _probe(native: bool):
@@ -82,91 +64,3 @@ def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_leaves_them() -> None:
         assert (a @ a).dtype == torch.bfloat16
     with autocast("fp32", "cpu"):
         assert (a @ a).dtype == torch.float32
-
-
-def _tiny_cola(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model, _, _ = build_for_method("tiny", "cola", max_seq_len=32)
-    return model
-
-
-def _autocast_step(model, optimizer, batch, max_norm) -> tuple[float, float]:
-    with autocast("bf16", "cpu"):
-        loss = causal_lm_loss(model(batch), batch)
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.item(), norm
-
-
-def _shadow_step(model, optimizer, shadows, batch, max_norm) -> tuple[float, float]:
-    with shadows.swapped(), autocast("bf16", "cpu"):
-        loss = causal_lm_loss(model(batch), batch)
-    loss.backward()
-    norm, scale = shadows.clip_grad_norm(model, max_norm)
-    shadows.step(optimizer, grad_scale=scale)
-    shadows.zero_grad(optimizer)
-    return loss.item(), norm
-
-
-@pytest.mark.parametrize("max_norm", [0.5, float("inf")])
-def test_bf16_weight_copies_compute_exactly_what_autocast_computes(monkeypatch, max_norm: float) -> None:
-    # Slices of 1,000 elements: every weight is updated in several slices, some ending mid-tensor.
-    monkeypatch.setattr(optim, "BF16_SLICE", 1000)
-    plain, shadowed = _tiny_cola(), _tiny_cola()
-    plain_opt = build_optimizer(plain, lr=3e-3, weight_decay=0.1)
-    shadow_opt = build_optimizer(shadowed, lr=3e-3, weight_decay=0.1)
-    shadows = BF16Shadows(shadowed)
-    assert (
-        fused_adamw(shadow_opt) and shadows.describe()["tensors"] == len(plain.layers) * 7 * 2 + 1
-    )  # A, B × 7 per block; head
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(4):  # the first step creates AdamW's state through the optimizer's own step, the others do not
-        batch = torch.randint(plain.config.vocab_size, (2, 32), generator=generator)
-        assert _shadow_step(shadowed, shadow_opt, shadows, batch, max_norm) == _autocast_step(
-            plain, plain_opt, batch, max_norm
-        )
-    for (name, a), b in zip(plain.named_parameters(), shadowed.parameters(), strict=True):
-        assert b.dtype == torch.float32 and torch.equal(a, b), name  # fp32 master weights, bit for bit
-        if id(b) in shadows.shadows:
-            assert torch.equal(shadows.shadows[id(b)], a.to(torch.bfloat16)), name  # fresh copies
-    # Between forwards the modules hold their fp32 parameters again.
-    assert all(p.dtype == torch.float32 for p in shadowed.parameters())
-
-
-def test_a_weight_changed_outside_the_optimizer_is_copied_again() -> None:
-    model = _tiny_cola()
-    head = model.lm_head.weight
-    shadows = BF16Shadows(model)
-    with torch.no_grad():
-        head.mul_(3.0)  # a checkpoint loaded, a hook: the version counter moves
-    with shadows.swapped():
-        assert model.lm_head.weight is not head and torch.equal(model.lm_head.weight, head.to(torch.bfloat16))
-    assert model.lm_head.weight is head
-
-
-def test_only_weights_that_autocast_casts_whole_get_a_copy() -> None:
-    gated = LowRankLinear(8, 8, rank=4)
-    gated.enable_gates()  # B·diag(gate) is formed in fp32, then cast: B itself is not cast whole
-    plain = LowRankLinear(8, 8, rank=4)
-    embedding, head, frozen = nn.Embedding(10, 8), nn.Linear(8, 10, bias=True), nn.Linear(8, 8)
-    head.weight = embedding.weight  # tied: the embedding reads it in fp32
-    frozen.weight.requires_grad_(False)
-    model = nn.ModuleDict({"gated": gated, "plain": plain, "embedding": embedding, "head": head, "frozen": frozen})
-    found = [(m, n) for m, n in shadowable(model)]
-    assert [n for m, n in found if m is plain] == ["weight_a", "weight_b"]
-    assert [n for m, n in found if m is gated] == ["weight_a"]
-    assert len(found) == 3  # nothing of the tied head, the embedding or the frozen layer
-
-
-def test_bench_steps_bf16_with_weight_copies_and_autocast_values() -> None:
-    config = BenchConfig(preset="tiny", methods="cola", batch_size=1, seq_len=16, dtype="bf16", task="lm")
-    batch = synthetic_batch(config)
-    copies, plain = _Arm(config, "cola", dtype="bf16"), _Arm(config, "cola", dtype="bf16")
-    plain.shadows = None
-    assert copies.shadows and _Arm(config, "cola", dtype="fp32").shadows is None
-    for _ in range(3):
-        for arm in (copies, plain):
-            arm.step(batch, timed=True, clock=time.perf_counter)
-    assert copies.losses == plain.losses
