@@ -85,17 +85,30 @@ class PromptConfig:
         length: number of virtual tokens; adds ``length × d`` parameters.
         init_text: initialize from the word embeddings of this text (repeated or cut to ``length`` tokens, as
             peft's ``PromptTuningInit.TEXT``); None: uniform in ±``init_scale``.
+        init_vocab: ``(start, stop)``: initialize each token from the word embedding of an id drawn uniformly from
+            ``start ≤ id < stop`` (Lester et al. §3.2's sampled vocabulary: ids of frequent tokens; ``(0, V)`` draws
+            as peft's ``PromptTuningInit.SAMPLE_VOCAB``); the draw uses torch's global generator.
         init_scale: half-width of the random-uniform init (AdapterHub's ``random_uniform_scale``).
     """
 
     length: int = 10
     init_text: str | None = None
+    init_vocab: tuple[int, int] | None = None
     init_scale: float = 0.5
 
     def __post_init__(self) -> None:
         require_int("length", self.length)
         if self.init_text is not None and not self.init_text.strip():
             raise ValueError("init_text='' is invalid; allowed: None or a non-empty text")
+        if self.init_vocab is not None:
+            ids = self.init_vocab
+            bad = len(ids) != 2 or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)
+            if bad or not 0 <= ids[0] < ids[1]:
+                raise ValueError(
+                    f"init_vocab={ids!r} is invalid; allowed: None or (start, stop) with 0 <= start < stop"
+                )
+            if self.init_text is not None:
+                raise ValueError("init_vocab and init_text are both set; allowed: one prompt init")
         if not self.init_scale > 0:
             raise ValueError(f"init_scale={self.init_scale!r} is invalid; allowed: a number > 0")
 
@@ -140,8 +153,9 @@ class PELTConfig:
         for name, kind in kinds.items():
             if fields.get(name) is not None:
                 value = dict(fields[name])
-                if "targets" in value:
-                    value["targets"] = tuple(value["targets"])
+                for tupled in ("targets", "init_vocab"):  # JSON lists back to tuples
+                    if value.get(tupled) is not None:
+                        value[tupled] = tuple(value[tupled])
                 fields[name] = kind(**value)
         return cls(**fields)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,16 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
 
 def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode: Callable | None) -> None:
     with torch.no_grad():
+        if spec.init_vocab is not None:
+            start, stop = spec.init_vocab
+            if stop > words.shape[0]:
+                raise ValueError(
+                    f"prompt init_vocab={spec.init_vocab!r} reaches past the {words.shape[0]}-token vocabulary; "
+                    f"allowed: stop <= {words.shape[0]}"
+                )
+            ids = torch.randint(start, stop, (spec.length,), dtype=torch.long)  # peft's SAMPLE_VOCAB draw
+            prompt.weight.copy_(words[ids.to(words.device)])
+            return
         if spec.init_text is None:
             prompt.weight.uniform_(-spec.init_scale, spec.init_scale)
             return
@@ -330,7 +341,12 @@ def load_adapters(model: nn.Module, folder: str | Path) -> dict:
     folder = Path(folder)
     record = json.loads((folder / CONFIG_FILE).read_text())
     state = load_file(str(folder / WEIGHTS_FILE))
-    report = equip_(model, PELTConfig.from_dict(record["config"]))
+    config = PELTConfig.from_dict(record["config"])
+    # Where the prompt started does not matter (its trained tensor replaces it), so a prompt from text needs no
+    # tokenizer here; the model keeps the saved config.
+    start = replace(config, prompt=replace(config.prompt, init_text=None, init_vocab=None)) if config.prompt else config
+    report = equip_(model, start)
+    model.pelt_config = config
     mine = dict(model.named_parameters())
     for name, tensor in state.items():
         here = mine.get(name)

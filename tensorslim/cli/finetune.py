@@ -39,6 +39,9 @@ LR_GRIDS = {
 }
 # Methods with a soft prompt, and so a prompt initialization.
 PROMPTED = ("prompt", "peft-prompt", "unipelt-prompt")
+# Where their soft prompt starts unless --prompt-init says otherwise (chosen on the development split, see
+# docs/adapters.md).
+PROMPT_INIT = "random"
 METHODS = tuple(LR_GRIDS)
 TFIDF = "tfidf-logreg"
 
@@ -74,11 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompt-init",
-        default="random",
-        metavar="random|labels|TEXT",
-        help="soft prompt start: 'random' (uniform in ±0.5), 'labels' (the class names' word embeddings, like Lester "
-        "et al. 2021's class-label init, arXiv 2104.08691 §3.2) or the word embeddings of TEXT (default: random; "
-        "labels lost on the development set at K=100, see docs/adapters.md)",
+        default=PROMPT_INIT,
+        metavar="random|vocab|labels|TEXT",
+        help="soft prompt start: 'random' (uniform in ±0.5), 'vocab' (word embeddings of tokens drawn from the 5,000 "
+        "most frequent, Lester et al. 2021's sampled vocabulary, arXiv 2104.08691 §3.2), 'labels' (the class names' "
+        "word embeddings, like their class-label init) or the word embeddings of TEXT (default: random; see "
+        "docs/adapters.md for the development-set comparison)",
     )
     parser.add_argument(
         "--prompt-lr-scale",
@@ -110,23 +114,33 @@ def _methods(text: str) -> list[str]:
     return names
 
 
-def prompt_init_text(choice: str, label_names: list[str]) -> str | None:
-    """The text a soft prompt starts from for ``--prompt-init choice``: the class names joined by spaces for
-    ``labels``, None (a random start) for ``random``, else ``choice`` itself.
+# Lester et al. (arXiv 2104.08691, §3.2) sample prompt starts from the 5,000 most common tokens.
+VOCAB_INIT_TOKENS = 5000
+
+
+def prompt_init_options(choice: str, label_names: list[str]) -> dict[str, Any]:
+    """The method options a soft prompt starts from for ``--prompt-init choice``: nothing (uniform random) for
+    ``random``, tokens sampled from the 5,000 most frequent for ``vocab``, the class names joined by spaces for
+    ``labels``, else the text ``choice``.
 
     Raises:
         ValueError: ``choice`` is blank.
     """
     if not choice.strip():
-        raise ValueError(f"prompt_init={choice!r} is invalid; allowed: 'labels', 'random' or a non-empty text")
-    if choice == "labels":
-        return " ".join(label_names)
-    return None if choice == "random" else choice
+        raise ValueError(f"prompt_init={choice!r} is invalid; allowed: 'random', 'vocab', 'labels' or a non-empty text")
+    if choice == "random":
+        return {}
+    if choice == "vocab":
+        return {"prompt_init_vocab": VOCAB_INIT_TOKENS}
+    return {"prompt_init_text": " ".join(label_names) if choice == "labels" else choice}
 
 
 def run(args: argparse.Namespace) -> int:
     methods = _methods(args.adapter)
-    prompt_init_text(args.prompt_init, [])  # a bad value fails before any run
+    if prompt_init_options(args.prompt_init, []).get("prompt_init_vocab") and "peft-prompt" in methods:
+        raise ValueError(
+            "--prompt-init vocab: peft's SAMPLE_VOCAB draws from the whole vocabulary; allowed: drop peft-prompt"
+        )
     _scale_of(args, "unipelt-prompt")  # so does a bad --prompt-lr-scale
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +190,9 @@ def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str,
         return (LR_GRIDS[method][len(LR_GRIDS[method]) // 2],)
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
-    name = variant({"method": method, "prompt_lr_scale": _scale_of(args, method)})
+    name = variant(
+        {"method": method, "prompt_lr_scale": _scale_of(args, method), "prompt_init": _init_of(args, method)}
+    )
     return (chosen_lr(records, name, args.lr_from),)
 
 
@@ -218,14 +234,18 @@ def _scale(record: dict[str, Any]) -> float | None:
 
 
 def variant(record: dict[str, Any]) -> str:
-    """The table row of a run: its method, or ``method (prompt lr ×s)`` when it trained its prompt at a multiple
-    ``s`` other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``)."""
+    """The table row of a run: its method, then ``(prompt lr ×s)`` when it trained its prompt at a multiple ``s``
+    other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``) and ``(init X)``
+    when its prompt started from another ``--prompt-init`` than the default."""
     from tensorslim.methods.adapters import PROMPT_LR_SCALE
 
-    scale = _scale(record)
-    if scale is None or scale == PROMPT_LR_SCALE[record["method"]]:
-        return record["method"]
-    return f"{record['method']} (prompt lr ×{scale:g})"
+    name, scale = record["method"], _scale(record)
+    if scale is not None and scale != PROMPT_LR_SCALE[record["method"]]:
+        name += f" (prompt lr ×{scale:g})"
+    init = record.get("prompt_init")  # runs from before --prompt-init started at random
+    if name.split(" ")[0] in PROMPTED and (init or "random") != PROMPT_INIT:
+        name += f" (init {init})"
+    return name
 
 
 def _scale_of(args: argparse.Namespace, method: str) -> float | None:
@@ -265,7 +285,7 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
 
     steps = _steps(args, k)
     init, scale = _init_of(args, method), _scale_of(args, method)
-    options = {} if init is None else {"prompt_init_text": prompt_init_text(init, labelled_dataset(args.data)[2])}
+    options = {} if init is None else prompt_init_options(init, labelled_dataset(args.data)[2])
     if scale is not None:
         options["prompt_lr_scale"] = scale
     config = TrainConfig(

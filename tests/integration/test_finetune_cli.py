@@ -26,7 +26,7 @@ def test_finetune_runs_methods_through_the_trainer_and_writes_table_and_figure(t
     assert trained["steps"] == 1 and 0 <= trained["test_accuracy"] <= 1 and trained["inference_ratio"] > 0
     assert trained["trainable"] == 2_766_637  # UniPELT + prompt on MiniLM, plus its 5-class head (1,925)
     table = out.with_suffix(".md").read_text()
-    assert "| unipelt-prompt | " in table and "--prompt-init labels" in table
+    assert "| unipelt-prompt (init labels) | " in table and "--prompt-init labels" in table
     assert out.with_suffix(".png").stat().st_size > 0
 
 
@@ -119,13 +119,32 @@ def test_the_table_puts_all_of_the_training_split_after_the_sizes(tmp_path) -> N
     assert "| method | K=100 | K=1000 | K=all |" in (tmp_path / "s.md").read_text()
 
 
-def test_prompt_init_labels_is_the_class_names_random_is_none_else_the_text() -> None:
-    from tensorslim.cli.finetune import prompt_init_text
+def test_prompt_init_labels_is_the_class_names_vocab_the_frequent_tokens_random_nothing_else_the_text() -> None:
+    from tensorslim.cli.finetune import prompt_init_options
 
     names = ["business", "sports"]
-    assert prompt_init_text("labels", names) == "business sports"
-    assert prompt_init_text("random", names) is None
-    assert prompt_init_text("a news topic", names) == "a news topic"
+    assert prompt_init_options("labels", names) == {"prompt_init_text": "business sports"}
+    assert prompt_init_options("vocab", names) == {"prompt_init_vocab": 5000}
+    assert prompt_init_options("random", names) == {}
+    assert prompt_init_options("a news topic", names) == {"prompt_init_text": "a news topic"}
+
+
+def test_runs_with_another_prompt_init_get_a_row_of_their_own() -> None:
+    from tensorslim.cli.finetune import variant
+
+    assert variant({"method": "unipelt-prompt", "prompt_lr_scale": 10.0, "prompt_init": "vocab"}) == (
+        "unipelt-prompt (init vocab)"
+    )
+    assert variant({"method": "prompt", "prompt_init": "random"}) == "prompt"
+    assert variant({"method": "unipelt-prompt"}) == "unipelt-prompt (prompt lr ×1)"  # before both options
+    assert variant({"method": "lora", "prompt_init": None}) == "lora"
+
+
+def test_vocab_init_with_peft_prompt_is_a_one_line_error(tmp_path, capsys) -> None:
+    argv = ["finetune", "--adapter", "prompt,peft-prompt", "--prompt-init", "vocab", "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert "SAMPLE_VOCAB draws from the whole vocabulary" in error and "\n" not in error
 
 
 def test_blank_prompt_init_is_a_one_line_error(tmp_path, capsys) -> None:
