@@ -77,6 +77,9 @@ class BottleneckConfig:
         require_int("reduction", self.reduction)
 
 
+PROMPT_COMBINE = ("prefix", "prefix_after_bos")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PromptConfig:
     """Soft prompt tokens before the input embeddings (Lester et al., 2021, arXiv 2104.08691).
@@ -89,15 +92,21 @@ class PromptConfig:
             ``start ≤ id < stop`` (Lester et al. §3.2's sampled vocabulary: ids of frequent tokens; ``(0, V)`` draws
             as peft's ``PromptTuningInit.SAMPLE_VOCAB``); the draw uses torch's global generator.
         init_scale: half-width of the random-uniform init (AdapterHub's ``random_uniform_scale``).
+        combine: where the prompt goes (AdapterHub's ``PromptTuningConfig.combine``): ``"prefix"`` before the input
+            (Lester et al., peft), ``"prefix_after_bos"`` after its first token (``[CLS]``), so a BERT classifier's
+            pooler keeps reading ``[CLS]`` at position 0.
     """
 
     length: int = 10
     init_text: str | None = None
     init_vocab: tuple[int, int] | None = None
     init_scale: float = 0.5
+    combine: str = "prefix"
 
     def __post_init__(self) -> None:
         require_int("length", self.length)
+        if self.combine not in PROMPT_COMBINE:
+            raise ValueError(f"combine={self.combine!r} is invalid; allowed: {list(PROMPT_COMBINE)}")
         if self.init_text is not None and not self.init_text.strip():
             raise ValueError("init_text='' is invalid; allowed: None or a non-empty text")
         if self.init_vocab is not None:

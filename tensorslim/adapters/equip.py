@@ -182,7 +182,10 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
         raise ValueError(
             f"prompt length={spec.length} leaves no position for the input; allowed: < {positions} (the position table)"
         )
-    prompt = PromptEmbedding(spec.length, words.shape[1], device=words.device, dtype=words.dtype)
+    after_first = spec.combine == "prefix_after_bos"
+    prompt = PromptEmbedding(
+        spec.length, words.shape[1], after_first=after_first, device=words.device, dtype=words.dtype
+    )
     if words.device.type != "meta":
         _init_prompt(prompt, spec, words, encode)
     model.pelt_prompt = prompt
@@ -213,7 +216,7 @@ def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode
 
 
 def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
-    """A forward pre-hook on the base model: embeds the ids, puts the prompt before them, extends the masks."""
+    """A forward pre-hook on the base model: embeds the ids, puts the prompt in, extends the masks."""
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         ids = args[0] if args else kwargs.get("input_ids")
@@ -227,11 +230,11 @@ def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
                 f"allowed: sequences of at most {positions - prompt.length} tokens"
             )
         ones = torch.ones(batch, prompt.length, dtype=torch.long, device=embeds.device)
-        kwargs.update(input_ids=None, inputs_embeds=prompt.prepend(embeds))
+        kwargs.update(input_ids=None, inputs_embeds=prompt.insert(embeds))
         if kwargs.get("attention_mask") is not None:  # None: every position is seen, the prompt too
-            kwargs["attention_mask"] = torch.cat([ones.to(kwargs["attention_mask"].dtype), kwargs["attention_mask"]], 1)
+            kwargs["attention_mask"] = prompt.around(kwargs["attention_mask"], ones.to(kwargs["attention_mask"].dtype))
         if kwargs.get("token_type_ids") is not None:
-            kwargs["token_type_ids"] = torch.cat([torch.zeros_like(ones), kwargs["token_type_ids"]], dim=1)
+            kwargs["token_type_ids"] = prompt.around(kwargs["token_type_ids"], torch.zeros_like(ones))
         kwargs["position_ids"] = None  # positions 0..n+T-1 over prompt and input, as peft
         return (), kwargs
 

@@ -42,6 +42,8 @@ PROMPTED = ("prompt", "peft-prompt", "unipelt-prompt")
 # Where their soft prompt starts unless --prompt-init says otherwise (chosen on the development split, see
 # docs/adapters.md).
 PROMPT_INIT = "random"
+# Where their soft prompt goes unless --prompt-combine says otherwise.
+PROMPT_COMBINE = "prefix"
 METHODS = tuple(LR_GRIDS)
 TFIDF = "tfidf-logreg"
 
@@ -83,6 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "most frequent, Lester et al. 2021's sampled vocabulary, arXiv 2104.08691 §3.2), 'labels' (the class names' "
         "word embeddings, like their class-label init) or the word embeddings of TEXT (default: random; see "
         "docs/adapters.md for the development-set comparison)",
+    )
+    parser.add_argument(
+        "--prompt-combine",
+        choices=("prefix", "prefix_after_bos"),
+        default=PROMPT_COMBINE,
+        help="where the soft prompt of prompt and unipelt-prompt goes: before the input, or after its first token "
+        "([CLS], which the classifier reads) (default: %(default)s)",
     )
     parser.add_argument(
         "--prompt-lr-scale",
@@ -141,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--prompt-init vocab: peft's SAMPLE_VOCAB draws from the whole vocabulary; allowed: drop peft-prompt"
         )
+    if args.prompt_combine != "prefix" and "peft-prompt" in methods:
+        raise ValueError("--prompt-combine: peft puts its prompt before the input; allowed: drop peft-prompt")
     _scale_of(args, "unipelt-prompt")  # so does a bad --prompt-lr-scale
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
                     for lr in grid:
                         planned = {"method": method, "k": k, "seed": seed, "lr": lr, "steps": _steps(args, k)}
                         planned |= {"prompt_init": _init_of(args, method), "prompt_lr_scale": _scale_of(args, method)}
+                        planned |= {"prompt_combine": _combine_of(args, method)}
                         if _key(planned) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
@@ -178,6 +190,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         f"--dev-size {args.dev_size} --epochs {args.epochs:g} --max-steps {args.max_steps}",
         *reuse,
         f"--prompt-init {shlex.quote(args.prompt_init)}",
+        *([] if args.prompt_combine == PROMPT_COMBINE else [f"--prompt-combine {args.prompt_combine}"]),
         *([] if args.prompt_lr_scale is None else [f"--prompt-lr-scale {args.prompt_lr_scale:g}"]),
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
@@ -191,7 +204,12 @@ def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str,
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
     name = variant(
-        {"method": method, "prompt_lr_scale": _scale_of(args, method), "prompt_init": _init_of(args, method)}
+        {
+            "method": method,
+            "prompt_lr_scale": _scale_of(args, method),
+            "prompt_init": _init_of(args, method),
+            "prompt_combine": _combine_of(args, method),
+        }
     )
     return (chosen_lr(records, name, args.lr_from),)
 
@@ -215,8 +233,13 @@ def chosen_lr(records: list[dict[str, Any]], name: str, k: int) -> float:
 
 
 def _key(record: dict[str, Any]) -> tuple:
-    init, steps = record.get("prompt_init"), record.get("steps")
-    return record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps
+    init, steps, combine = record.get("prompt_init"), record.get("steps"), _combine(record)
+    return record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps, combine
+
+
+def _combine(record: dict[str, Any]) -> str | None:
+    """Where a run's soft prompt went (runs from before ``--prompt-combine`` put it before the input), else None."""
+    return record.get("prompt_combine", "prefix") if record["method"] in PROMPTED else None
 
 
 def _steps(args: argparse.Namespace, k: int) -> int:
@@ -236,7 +259,8 @@ def _scale(record: dict[str, Any]) -> float | None:
 def variant(record: dict[str, Any]) -> str:
     """The table row of a run: its method, then ``(prompt lr ×s)`` when it trained its prompt at a multiple ``s``
     other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``) and ``(init X)``
-    when its prompt started from another ``--prompt-init`` than the default."""
+    when its prompt started from another ``--prompt-init`` than the default, ``(after [CLS])`` or ``(before [CLS])``
+    when it went elsewhere than ``--prompt-combine``'s default."""
     from tensorslim.methods.adapters import PROMPT_LR_SCALE
 
     name, scale = record["method"], _scale(record)
@@ -245,6 +269,9 @@ def variant(record: dict[str, Any]) -> str:
     init = record.get("prompt_init")  # runs from before --prompt-init started at random
     if name.split(" ")[0] in PROMPTED and (init or "random") != PROMPT_INIT:
         name += f" (init {init})"
+    combine = _combine(record)
+    if combine is not None and combine != PROMPT_COMBINE:
+        name += " (after [CLS])" if combine == "prefix_after_bos" else " (before [CLS])"
     return name
 
 
@@ -255,6 +282,11 @@ def _scale_of(args: argparse.Namespace, method: str) -> float | None:
     if method not in PROMPT_LR_SCALE:
         return None
     return prompt_lr_scale(method, PELTOptions(prompt_lr_scale=args.prompt_lr_scale))
+
+
+def _combine_of(args: argparse.Namespace, method: str) -> str | None:
+    """``--prompt-combine`` for a method with a soft prompt, else None."""
+    return args.prompt_combine if method in PROMPTED else None
 
 
 def _init_of(args: argparse.Namespace, method: str) -> str | None:
@@ -288,6 +320,9 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     options = {} if init is None else prompt_init_options(init, labelled_dataset(args.data)[2])
     if scale is not None:
         options["prompt_lr_scale"] = scale
+    combine = _combine_of(args, method)
+    if combine is not None and combine != "prefix":  # peft-prompt takes only its own order
+        options["prompt_combine"] = combine
     config = TrainConfig(
         preset=args.model,
         task="classify",
@@ -326,6 +361,8 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
         record["prompt_init"] = init
     if scale is not None:
         record["prompt_lr_scale"] = scale
+    if combine is not None:
+        record["prompt_combine"] = combine
     if seed == 0 and lr == LR_GRIDS[method][0]:
         record["inference_ratio"] = _inference_ratio(trainer, args)
     return record

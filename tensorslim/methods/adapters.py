@@ -37,6 +37,9 @@ class PELTOptions:
         "initialize the prompt from the word embeddings of tokens drawn from the N most frequent of the model's "
         "vocabulary (Lester et al. 2021 sampled 5000; 0: off)",
     )
+    prompt_combine: str = option(
+        "prefix", "where the prompt goes: 'prefix' (before the input) or 'prefix_after_bos' (after [CLS])"
+    )
     prompt_lr_scale: float | None = option(
         None,
         "the soft prompt's learning rate as a multiple of the run's (default: 10 for unipelt-prompt, 1 for prompt)",
@@ -55,6 +58,10 @@ class PELTOptions:
         require_int("prefix_mlp", self.prefix_mlp, minimum=0)
         require_int("from_layer", self.from_layer, minimum=0)
         require_int("prompt_init_vocab", self.prompt_init_vocab, minimum=0)
+        from tensorslim.adapters.config import PROMPT_COMBINE
+
+        if self.prompt_combine not in PROMPT_COMBINE:
+            raise ValueError(f"prompt_combine={self.prompt_combine!r} is invalid; allowed: {list(PROMPT_COMBINE)}")
         if self.prompt_init_text is not None and not self.prompt_init_text.strip():
             text = self.prompt_init_text
             raise ValueError(f"prompt_init_text={text!r} is invalid; allowed: None or a non-empty text")
@@ -89,7 +96,12 @@ def pelt_config(
         if "prefix" in modules
         else None,
         bottleneck=BottleneckConfig(reduction=options.reduction, gate=gates) if "bottleneck" in modules else None,
-        prompt=PromptConfig(length=options.prompt_length, init_text=options.prompt_init_text, init_vocab=vocab)
+        prompt=PromptConfig(
+            length=options.prompt_length,
+            init_text=options.prompt_init_text,
+            init_vocab=vocab,
+            combine=options.prompt_combine,
+        )
         if "prompt" in modules
         else None,
         from_layer=options.from_layer,
@@ -299,6 +311,10 @@ def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
     own forward."""
     import peft
 
+    if context.options.prompt_combine != "prefix":
+        raise ValueError(
+            "peft-prompt puts its prompt before the input; allowed: prompt_combine='prefix' for peft-prompt"
+        )
     if context.options.prompt_init_vocab:
         raise ValueError(
             "peft-prompt's SAMPLE_VOCAB draws from the whole vocabulary, not the most frequent tokens; allowed: "

@@ -138,13 +138,23 @@ def test_runs_with_another_prompt_init_get_a_row_of_their_own() -> None:
     assert variant({"method": "prompt", "prompt_init": "random"}) == "prompt"
     assert variant({"method": "unipelt-prompt"}) == "unipelt-prompt (prompt lr ×1)"  # before both options
     assert variant({"method": "lora", "prompt_init": None}) == "lora"
+    after = {"method": "prompt", "prompt_init": "random", "prompt_combine": "prefix_after_bos"}
+    assert variant(after) == "prompt (after [CLS])"
+    assert variant({**after, "prompt_combine": "prefix"}) == "prompt"  # runs from before the option: "prefix"
 
 
-def test_vocab_init_with_peft_prompt_is_a_one_line_error(tmp_path, capsys) -> None:
-    argv = ["finetune", "--adapter", "prompt,peft-prompt", "--prompt-init", "vocab", "--out", str(tmp_path / "x")]
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--prompt-init", "vocab"], "SAMPLE_VOCAB draws from the whole vocabulary"),
+        (["--prompt-combine", "prefix_after_bos"], "peft puts its prompt before the input"),
+    ],
+)
+def test_vocab_init_or_prompt_after_cls_with_peft_prompt_is_a_one_line_error(tmp_path, capsys, flag, message) -> None:
+    argv = ["finetune", "--adapter", "prompt,peft-prompt", *flag, "--out", str(tmp_path / "x")]
     assert main(argv) == 2
     error = capsys.readouterr().err.strip()
-    assert "SAMPLE_VOCAB draws from the whole vocabulary" in error and "\n" not in error
+    assert message in error and "\n" not in error
 
 
 def test_blank_prompt_init_is_a_one_line_error(tmp_path, capsys) -> None:

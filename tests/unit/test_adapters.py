@@ -213,6 +213,27 @@ def test_prompt_from_text_copies_word_embeddings_repeated_like_peft() -> None:
     torch.testing.assert_close(model.pelt_prompt.weight, words[[7, 9, 7, 9, 7]])
 
 
+def test_prompt_after_the_first_token_equals_the_base_on_hand_built_embeddings() -> None:
+    """AdapterHub's ``combine="prefix_after_bos"``: the base model run on ``[e(x₀), P, e(x₁…)]`` with the mask and
+    token types widened at the same place gives the same logits; ``[CLS]`` stays at position 0 for the pooler."""
+    model, base = tiny_bert(), tiny_bert()
+    equip_(model, PELTConfig(prompt=PromptConfig(length=3, combine="prefix_after_bos")))
+    ids, mask = batch()
+    types = torch.ones_like(ids)  # non-zero, so where the prompt's zeros go shows
+    words = base.bert.embeddings.word_embeddings(ids)  # (2, 7, d)
+    prompt = model.pelt_prompt.weight.detach().expand(2, -1, -1)
+    embeds = torch.cat([words[:, :1], prompt, words[:, 1:]], dim=1)
+    ones, zeros = torch.ones(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long)
+    wide_mask = torch.cat([mask[:, :1], ones, mask[:, 1:]], dim=1)
+    wide_types = torch.cat([types[:, :1], zeros, types[:, 1:]], dim=1)
+    expected = base(inputs_embeds=embeds, attention_mask=wide_mask, token_type_ids=wide_types).logits
+    torch.testing.assert_close(model(ids, attention_mask=mask, token_type_ids=types).logits, expected)
+    before = tiny_bert()
+    equip_(before, PELTConfig(prompt=PromptConfig(length=3)))
+    before.pelt_prompt.weight.data.copy_(model.pelt_prompt.weight)
+    assert not torch.allclose(before(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+
+
 def test_prompt_from_the_vocabulary_draws_rows_of_the_frozen_embedding_table() -> None:
     """Lester et al.'s sampled-vocabulary start (arXiv 2104.08691, §3.2): each prompt token is the word embedding of
     an id drawn uniformly from the range, the draw peft's ``SAMPLE_VOCAB`` makes (``randint`` on the global
@@ -372,6 +393,10 @@ def test_trainable_report_counts_what_the_optimizer_sees() -> None:
         (lambda: equip_(nn.Sequential(nn.Linear(4, 4)), PELTConfig(bottleneck=BottleneckConfig())), "BERT-family"),
         (lambda: PELTConfig(), "has no module"),
         (lambda: PromptConfig(init_vocab=(5, 5)), r"init_vocab=\(5, 5\) is invalid"),
+        (
+            lambda: PromptConfig(combine="suffix"),
+            r"combine='suffix' is invalid; allowed: \['prefix', 'prefix_after_bos'\]",
+        ),
         (lambda: PromptConfig(init_vocab=(0, 9), init_text="x"), "init_vocab and init_text are both set"),
         (
             lambda: equip_(tiny_bert(), PELTConfig(prompt=PromptConfig(init_vocab=(0, 101)))),
