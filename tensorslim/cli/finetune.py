@@ -42,8 +42,6 @@ PROMPTED = ("prompt", "peft-prompt", "unipelt-prompt")
 # Where their soft prompt starts unless --prompt-init says otherwise (chosen on the development split, see
 # docs/adapters.md).
 PROMPT_INIT = "random"
-# Where their soft prompt goes unless --prompt-combine says otherwise.
-PROMPT_COMBINE = "prefix"
 METHODS = tuple(LR_GRIDS)
 TFIDF = "tfidf-logreg"
 
@@ -89,9 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompt-combine",
         choices=("prefix", "prefix_after_bos"),
-        default=PROMPT_COMBINE,
+        default=None,
         help="where the soft prompt of prompt and unipelt-prompt goes: before the input, or after its first token "
-        "([CLS], which the classifier reads) (default: %(default)s)",
+        "([CLS], which the classifier reads) (default: each method's, see docs/adapters.md)",
     )
     parser.add_argument(
         "--prompt-lr-scale",
@@ -150,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--prompt-init vocab: peft's SAMPLE_VOCAB draws from the whole vocabulary; allowed: drop peft-prompt"
         )
-    if args.prompt_combine != "prefix" and "peft-prompt" in methods:
+    if args.prompt_combine not in (None, "prefix") and "peft-prompt" in methods:
         raise ValueError("--prompt-combine: peft puts its prompt before the input; allowed: drop peft-prompt")
     _scale_of(args, "unipelt-prompt")  # so does a bad --prompt-lr-scale
     out = Path(args.out)
@@ -190,7 +188,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         f"--dev-size {args.dev_size} --epochs {args.epochs:g} --max-steps {args.max_steps}",
         *reuse,
         f"--prompt-init {shlex.quote(args.prompt_init)}",
-        *([] if args.prompt_combine == PROMPT_COMBINE else [f"--prompt-combine {args.prompt_combine}"]),
+        *([] if args.prompt_combine is None else [f"--prompt-combine {args.prompt_combine}"]),
         *([] if args.prompt_lr_scale is None else [f"--prompt-lr-scale {args.prompt_lr_scale:g}"]),
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
@@ -261,7 +259,7 @@ def variant(record: dict[str, Any]) -> str:
     other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``) and ``(init X)``
     when its prompt started from another ``--prompt-init`` than the default, ``(after [CLS])`` or ``(before [CLS])``
     when it went elsewhere than ``--prompt-combine``'s default."""
-    from tensorslim.methods.adapters import PROMPT_LR_SCALE
+    from tensorslim.methods.adapters import PROMPT_COMBINE, PROMPT_LR_SCALE
 
     name, scale = record["method"], _scale(record)
     if scale is not None and scale != PROMPT_LR_SCALE[record["method"]]:
@@ -270,7 +268,7 @@ def variant(record: dict[str, Any]) -> str:
     if name.split(" ")[0] in PROMPTED and (init or "random") != PROMPT_INIT:
         name += f" (init {init})"
     combine = _combine(record)
-    if combine is not None and combine != PROMPT_COMBINE:
+    if combine is not None and combine != PROMPT_COMBINE.get(record["method"], "prefix"):
         name += " (after [CLS])" if combine == "prefix_after_bos" else " (before [CLS])"
     return name
 
@@ -285,8 +283,13 @@ def _scale_of(args: argparse.Namespace, method: str) -> float | None:
 
 
 def _combine_of(args: argparse.Namespace, method: str) -> str | None:
-    """``--prompt-combine`` for a method with a soft prompt, else None."""
-    return args.prompt_combine if method in PROMPTED else None
+    """Where the soft prompt of ``method`` goes (``--prompt-combine`` or the method's default; peft's always before
+    the input), else None."""
+    from tensorslim.methods.adapters import PROMPT_COMBINE, PELTOptions, prompt_combine
+
+    if method not in PROMPT_COMBINE:
+        return "prefix" if method in PROMPTED else None
+    return prompt_combine(method, PELTOptions(prompt_combine=args.prompt_combine))
 
 
 def _init_of(args: argparse.Namespace, method: str) -> str | None:
@@ -321,7 +324,7 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     if scale is not None:
         options["prompt_lr_scale"] = scale
     combine = _combine_of(args, method)
-    if combine is not None and combine != "prefix":  # peft-prompt takes only its own order
+    if combine is not None and method != "peft-prompt":  # peft-prompt takes only its own order
         options["prompt_combine"] = combine
     config = TrainConfig(
         preset=args.model,

@@ -37,8 +37,10 @@ class PELTOptions:
         "initialize the prompt from the word embeddings of tokens drawn from the N most frequent of the model's "
         "vocabulary (Lester et al. 2021 sampled 5000; 0: off)",
     )
-    prompt_combine: str = option(
-        "prefix", "where the prompt goes: 'prefix' (before the input) or 'prefix_after_bos' (after [CLS])"
+    prompt_combine: str | None = option(
+        None,
+        "where the prompt goes: 'prefix' (before the input) or 'prefix_after_bos' (after [CLS]; default: each "
+        "method's, see PROMPT_COMBINE)",
     )
     prompt_lr_scale: float | None = option(
         None,
@@ -60,7 +62,7 @@ class PELTOptions:
         require_int("prompt_init_vocab", self.prompt_init_vocab, minimum=0)
         from tensorslim.adapters.config import PROMPT_COMBINE
 
-        if self.prompt_combine not in PROMPT_COMBINE:
+        if self.prompt_combine is not None and self.prompt_combine not in PROMPT_COMBINE:
             raise ValueError(f"prompt_combine={self.prompt_combine!r} is invalid; allowed: {list(PROMPT_COMBINE)}")
         if self.prompt_init_text is not None and not self.prompt_init_text.strip():
             text = self.prompt_init_text
@@ -100,7 +102,7 @@ def pelt_config(
             length=options.prompt_length,
             init_text=options.prompt_init_text,
             init_vocab=vocab,
-            combine=options.prompt_combine,
+            combine=prompt_combine(method, options),
         )
         if "prompt" in modules
         else None,
@@ -122,6 +124,15 @@ MODULES = {
 # than adapters (Lester et al., arXiv 2104.08691, §3: 0.3); on the BBC-titles development split prompt tuning alone
 # chose 5e-2 and every adapter method 5e-3, so UniPELT + prompt trains its prompt at 10x its adapters' rate.
 PROMPT_LR_SCALE = {"prompt": 1.0, "unipelt-prompt": 10.0}
+
+
+# Where the soft prompt goes when --prompt-combine is not given (AdapterHub's PromptTuningConfig.combine).
+PROMPT_COMBINE = {"prompt": "prefix", "unipelt-prompt": "prefix_after_bos"}
+
+
+def prompt_combine(method: str, options: PELTOptions) -> str:
+    """Where the soft prompt of ``method`` goes: ``prefix`` (before the input) or ``prefix_after_bos``."""
+    return options.prompt_combine or PROMPT_COMBINE[method]
 
 
 def prompt_lr_scale(method: str, options: PELTOptions) -> float:
@@ -311,7 +322,7 @@ def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
     own forward."""
     import peft
 
-    if context.options.prompt_combine != "prefix":
+    if context.options.prompt_combine not in (None, "prefix"):
         raise ValueError(
             "peft-prompt puts its prompt before the input; allowed: prompt_combine='prefix' for peft-prompt"
         )

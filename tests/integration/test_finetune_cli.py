@@ -87,7 +87,8 @@ def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> N
     run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
     records = [{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}]
     records.append({**records[0], "method": "prompt", "step_s": 9.0})
-    records.append({**records[1], "method": "unipelt-prompt", "prompt_lr_scale": 1.0})  # a variant: its method's
+    variant = {"method": "unipelt-prompt", "prompt_lr_scale": 1.0, "prompt_combine": "prefix_after_bos"}
+    records.append({**records[1], **variant})  # a variant: its method's costs
     summary = summarize(records)
     measured = {"table": {"lora": 1.02, "prompt": 1.9, "unipelt-prompt": 2.0}, "step_seconds": {"lora": 0.2}}
     measured["step_seconds"].update({"prompt": 0.3, "unipelt-prompt": 0.4})
@@ -132,11 +133,11 @@ def test_prompt_init_labels_is_the_class_names_vocab_the_frequent_tokens_random_
 def test_runs_with_another_prompt_init_get_a_row_of_their_own() -> None:
     from tensorslim.cli.finetune import variant
 
-    assert variant({"method": "unipelt-prompt", "prompt_lr_scale": 10.0, "prompt_init": "vocab"}) == (
-        "unipelt-prompt (init vocab)"
-    )
+    vocab = {"method": "unipelt-prompt", "prompt_lr_scale": 10.0, "prompt_init": "vocab"}
+    assert variant({**vocab, "prompt_combine": "prefix_after_bos"}) == "unipelt-prompt (init vocab)"
+    assert variant(vocab) == "unipelt-prompt (init vocab) (before [CLS])"  # from before --prompt-combine
     assert variant({"method": "prompt", "prompt_init": "random"}) == "prompt"
-    assert variant({"method": "unipelt-prompt"}) == "unipelt-prompt (prompt lr ×1)"  # before both options
+    assert variant({"method": "unipelt-prompt"}) == "unipelt-prompt (prompt lr ×1) (before [CLS])"  # before all three
     assert variant({"method": "lora", "prompt_init": None}) == "lora"
     after = {"method": "prompt", "prompt_init": "random", "prompt_combine": "prefix_after_bos"}
     assert variant(after) == "prompt (after [CLS])"
@@ -205,8 +206,8 @@ def test_the_trainer_schedules_the_prompt_group_at_its_multiple_of_the_run_rate(
 def test_runs_at_another_prompt_rate_are_another_row_and_not_taken_for_done() -> None:
     from tensorslim.cli.finetune import _key, variant
 
-    old = {"method": "unipelt-prompt", "k": 100, "seed": 0, "lr": 5e-3}  # from before --prompt-lr-scale: ×1
-    new = {**old, "prompt_lr_scale": 10.0}
+    old = {"method": "unipelt-prompt", "k": 100, "seed": 0, "lr": 5e-3, "prompt_combine": "prefix_after_bos"}
+    new = {**old, "prompt_lr_scale": 10.0}  # old is from before --prompt-lr-scale: ×1
     assert _key(old) != _key(new) and _key({**old, "prompt_lr_scale": 1.0}) == _key(old)
     assert (variant(new), variant(old)) == ("unipelt-prompt", "unipelt-prompt (prompt lr ×1)")
     assert variant({"method": "prompt", "prompt_lr_scale": 1.0}) == "prompt" == variant({"method": "prompt"})

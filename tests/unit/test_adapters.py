@@ -529,6 +529,17 @@ def test_the_prompt_trains_in_its_own_group_at_its_multiple_of_the_rate() -> Non
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
 
 
+def test_unipelt_prompt_puts_its_prompt_after_cls_by_default_and_prompt_before_the_input() -> None:
+    from tensorslim.methods.adapters import PELTOptions, pelt_config
+
+    assert pelt_config("unipelt-prompt", PELTOptions()).prompt.combine == "prefix_after_bos"
+    assert pelt_config("prompt", PELTOptions()).prompt.combine == "prefix"
+    assert pelt_config("unipelt-prompt", PELTOptions(prompt_combine="prefix")).prompt.combine == "prefix"
+    with pytest.raises(ValueError, match="prompt_combine='end' is invalid") as error:
+        PELTOptions(prompt_combine="end")
+    assert "\n" not in str(error.value)
+
+
 def test_prompt_rate_defaults_ten_times_for_unipelt_prompt_and_once_for_prompt() -> None:
     from tensorslim.methods.adapters import PELTOptions, PromptRateHook, prompt_lr_scale
 
