@@ -172,13 +172,16 @@ class PELTConfig:
 MODULES = ("lora", "prefix", "bottleneck", "prompt")
 
 
-def unipelt(*, prompt: bool = False, gates: bool = True, from_layer: int = 0) -> PELTConfig:
+def unipelt(
+    *, prompt: bool = False, gates: bool = True, from_layer: int = 0, prompt_combine: str = "prefix_after_bos"
+) -> PELTConfig:
     """UniPELT (arXiv 2110.07577): gated LoRA + gated prefix + gated adapter; ``prompt`` adds arXiv 2405.05493's
-    prompt layer; ``gates=False`` is the ungated combination."""
+    prompt layer, after ``[CLS]`` unless ``prompt_combine="prefix"`` (the ``unipelt-prompt`` method's default,
+    chosen on a development split: docs/adapters.md); ``gates=False`` is the ungated combination."""
     return PELTConfig(
         lora=GatedLoRAConfig(gate=gates),
         prefix=PrefixConfig(gate=gates),
         bottleneck=BottleneckConfig(gate=gates),
-        prompt=PromptConfig() if prompt else None,
+        prompt=PromptConfig(combine=prompt_combine) if prompt else None,
         from_layer=from_layer,
     )

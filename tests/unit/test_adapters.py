@@ -533,6 +533,7 @@ def test_unipelt_prompt_puts_its_prompt_after_cls_by_default_and_prompt_before_t
     from tensorslim.methods.adapters import PELTOptions, pelt_config
 
     assert pelt_config("unipelt-prompt", PELTOptions()).prompt.combine == "prefix_after_bos"
+    assert unipelt(prompt=True) == pelt_config("unipelt-prompt", PELTOptions())  # the API shortcut: the same
     assert pelt_config("prompt", PELTOptions()).prompt.combine == "prefix"
     assert pelt_config("unipelt-prompt", PELTOptions(prompt_combine="prefix")).prompt.combine == "prefix"
     with pytest.raises(ValueError, match="prompt_combine='end' is invalid") as error:
