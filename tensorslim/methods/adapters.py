@@ -39,8 +39,8 @@ class PELTOptions:
     )
     prompt_combine: str | None = option(
         None,
-        "where the prompt goes: 'prefix' (before the input) or 'prefix_after_bos' (after [CLS]; default: each "
-        "method's, see PROMPT_COMBINE)",
+        "where the prompt goes: 'prefix' (before the input) or 'prefix_after_bos' (after [CLS]) (default: after [CLS] "
+        "for unipelt-prompt, before the input for prompt)",
     )
     prompt_lr_scale: float | None = option(
         None,
