@@ -127,7 +127,7 @@ PROMPT_LR_SCALE = {"prompt": 1.0, "unipelt-prompt": 10.0}
 
 
 # Where the soft prompt goes when --prompt-combine is not given (AdapterHub's PromptTuningConfig.combine).
-PROMPT_COMBINE = {"prompt": "prefix", "unipelt-prompt": "prefix_after_bos"}
+PROMPT_COMBINE = {"prompt": "prefix_after_bos", "unipelt-prompt": "prefix_after_bos"}
 
 
 def prompt_combine(method: str, options: PELTOptions) -> str:

@@ -86,7 +86,7 @@ def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> N
 
     run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
     records = [{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}]
-    records.append({**records[0], "method": "prompt", "step_s": 9.0})
+    records.append({**records[0], "method": "prompt", "step_s": 9.0, "prompt_combine": "prefix_after_bos"})
     variant = {"method": "unipelt-prompt", "prompt_lr_scale": 1.0, "prompt_combine": "prefix_after_bos"}
     records.append({**records[1], **variant})  # a variant: its method's costs
     summary = summarize(records)
@@ -136,12 +136,13 @@ def test_runs_with_another_prompt_init_get_a_row_of_their_own() -> None:
     vocab = {"method": "unipelt-prompt", "prompt_lr_scale": 10.0, "prompt_init": "vocab"}
     assert variant({**vocab, "prompt_combine": "prefix_after_bos"}) == "unipelt-prompt (init vocab)"
     assert variant(vocab) == "unipelt-prompt (init vocab) (before [CLS])"  # from before --prompt-combine
-    assert variant({"method": "prompt", "prompt_init": "random"}) == "prompt"
+    assert variant({"method": "prompt", "prompt_init": "random"}) == "prompt (before [CLS])"  # before the option
     assert variant({"method": "unipelt-prompt"}) == "unipelt-prompt (prompt lr ×1) (before [CLS])"  # before all three
     assert variant({"method": "lora", "prompt_init": None}) == "lora"
     after = {"method": "prompt", "prompt_init": "random", "prompt_combine": "prefix_after_bos"}
-    assert variant(after) == "prompt (after [CLS])"
-    assert variant({**after, "prompt_combine": "prefix"}) == "prompt"  # runs from before the option: "prefix"
+    assert variant(after) == "prompt"
+    assert variant({**after, "prompt_combine": "prefix"}) == "prompt (before [CLS])"
+    assert variant({"method": "peft-prompt", "prompt_combine": "prefix"}) == "peft-prompt"  # peft's only placement
 
 
 @pytest.mark.parametrize(
@@ -210,7 +211,8 @@ def test_runs_at_another_prompt_rate_are_another_row_and_not_taken_for_done() ->
     new = {**old, "prompt_lr_scale": 10.0}  # old is from before --prompt-lr-scale: ×1
     assert _key(old) != _key(new) and _key({**old, "prompt_lr_scale": 1.0}) == _key(old)
     assert (variant(new), variant(old)) == ("unipelt-prompt", "unipelt-prompt (prompt lr ×1)")
-    assert variant({"method": "prompt", "prompt_lr_scale": 1.0}) == "prompt" == variant({"method": "prompt"})
+    after = {"method": "prompt", "prompt_combine": "prefix_after_bos"}
+    assert variant({**after, "prompt_lr_scale": 1.0}) == "prompt" == variant(after)
     assert variant({"method": "lora"}) == "lora"
     runs = [
         {**run, "lr": lr, "dev_accuracy": dev, "test_accuracy": test, "grid": [1e-3, 5e-3]}

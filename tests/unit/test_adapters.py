@@ -529,12 +529,12 @@ def test_the_prompt_trains_in_its_own_group_at_its_multiple_of_the_rate() -> Non
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
 
 
-def test_unipelt_prompt_puts_its_prompt_after_cls_by_default_and_prompt_before_the_input() -> None:
+def test_the_prompt_methods_put_their_prompt_after_cls_by_default() -> None:
     from tensorslim.methods.adapters import PELTOptions, pelt_config
 
     assert pelt_config("unipelt-prompt", PELTOptions()).prompt.combine == "prefix_after_bos"
     assert unipelt(prompt=True) == pelt_config("unipelt-prompt", PELTOptions())  # the API shortcut: the same
-    assert pelt_config("prompt", PELTOptions()).prompt.combine == "prefix"
+    assert pelt_config("prompt", PELTOptions()).prompt.combine == "prefix_after_bos"
     assert pelt_config("unipelt-prompt", PELTOptions(prompt_combine="prefix")).prompt.combine == "prefix"
     with pytest.raises(ValueError, match="prompt_combine='end' is invalid") as error:
         PELTOptions(prompt_combine="end")
