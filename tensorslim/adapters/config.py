@@ -77,6 +77,9 @@ class BottleneckConfig:
         require_int("reduction", self.reduction)
 
 
+PROMPT_COMBINE = ("prefix", "prefix_after_bos")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PromptConfig:
     """Soft prompt tokens before the input embeddings (Lester et al., 2021, arXiv 2104.08691).
@@ -85,17 +88,36 @@ class PromptConfig:
         length: number of virtual tokens; adds ``length × d`` parameters.
         init_text: initialize from the word embeddings of this text (repeated or cut to ``length`` tokens, as
             peft's ``PromptTuningInit.TEXT``); None: uniform in ±``init_scale``.
+        init_vocab: ``(start, stop)``: initialize each token from the word embedding of an id drawn uniformly from
+            ``start ≤ id < stop`` (Lester et al. §3.2's sampled vocabulary: ids of frequent tokens; ``(0, V)`` draws
+            as peft's ``PromptTuningInit.SAMPLE_VOCAB``); the draw uses torch's global generator.
         init_scale: half-width of the random-uniform init (AdapterHub's ``random_uniform_scale``).
+        combine: where the prompt goes (AdapterHub's ``PromptTuningConfig.combine``): ``"prefix"`` before the input
+            (Lester et al., peft), ``"prefix_after_bos"`` after its first token (``[CLS]``), so a BERT classifier's
+            pooler keeps reading ``[CLS]`` at position 0.
     """
 
     length: int = 10
     init_text: str | None = None
+    init_vocab: tuple[int, int] | None = None
     init_scale: float = 0.5
+    combine: str = "prefix"
 
     def __post_init__(self) -> None:
         require_int("length", self.length)
+        if self.combine not in PROMPT_COMBINE:
+            raise ValueError(f"combine={self.combine!r} is invalid; allowed: {list(PROMPT_COMBINE)}")
         if self.init_text is not None and not self.init_text.strip():
             raise ValueError("init_text='' is invalid; allowed: None or a non-empty text")
+        if self.init_vocab is not None:
+            ids = self.init_vocab
+            bad = len(ids) != 2 or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)
+            if bad or not 0 <= ids[0] < ids[1]:
+                raise ValueError(
+                    f"init_vocab={ids!r} is invalid; allowed: None or (start, stop) with 0 <= start < stop"
+                )
+            if self.init_text is not None:
+                raise ValueError("init_vocab and init_text are both set; allowed: one prompt init")
         if not self.init_scale > 0:
             raise ValueError(f"init_scale={self.init_scale!r} is invalid; allowed: a number > 0")
 
@@ -140,8 +162,9 @@ class PELTConfig:
         for name, kind in kinds.items():
             if fields.get(name) is not None:
                 value = dict(fields[name])
-                if "targets" in value:
-                    value["targets"] = tuple(value["targets"])
+                for tupled in ("targets", "init_vocab"):  # JSON lists back to tuples
+                    if value.get(tupled) is not None:
+                        value[tupled] = tuple(value[tupled])
                 fields[name] = kind(**value)
         return cls(**fields)
 
@@ -149,13 +172,16 @@ class PELTConfig:
 MODULES = ("lora", "prefix", "bottleneck", "prompt")
 
 
-def unipelt(*, prompt: bool = False, gates: bool = True, from_layer: int = 0) -> PELTConfig:
+def unipelt(
+    *, prompt: bool = False, gates: bool = True, from_layer: int = 0, prompt_combine: str = "prefix_after_bos"
+) -> PELTConfig:
     """UniPELT (arXiv 2110.07577): gated LoRA + gated prefix + gated adapter; ``prompt`` adds arXiv 2405.05493's
-    prompt layer; ``gates=False`` is the ungated combination."""
+    prompt layer, after ``[CLS]`` unless ``prompt_combine="prefix"`` (the ``unipelt-prompt`` method's default,
+    chosen on a development split: docs/adapters.md); ``gates=False`` is the ungated combination."""
     return PELTConfig(
         lora=GatedLoRAConfig(gate=gates),
         prefix=PrefixConfig(gate=gates),
         bottleneck=BottleneckConfig(gate=gates),
-        prompt=PromptConfig() if prompt else None,
+        prompt=PromptConfig(combine=prompt_combine) if prompt else None,
         from_layer=from_layer,
     )

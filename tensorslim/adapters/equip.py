@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,10 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
         raise ValueError(
             f"prompt length={spec.length} leaves no position for the input; allowed: < {positions} (the position table)"
         )
-    prompt = PromptEmbedding(spec.length, words.shape[1], device=words.device, dtype=words.dtype)
+    after_first = spec.combine == "prefix_after_bos"
+    prompt = PromptEmbedding(
+        spec.length, words.shape[1], after_first=after_first, device=words.device, dtype=words.dtype
+    )
     if words.device.type != "meta":
         _init_prompt(prompt, spec, words, encode)
     model.pelt_prompt = prompt
@@ -191,6 +195,16 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
 
 def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode: Callable | None) -> None:
     with torch.no_grad():
+        if spec.init_vocab is not None:
+            start, stop = spec.init_vocab
+            if stop > words.shape[0]:
+                raise ValueError(
+                    f"prompt init_vocab={spec.init_vocab!r} reaches past the {words.shape[0]}-token vocabulary; "
+                    f"allowed: stop <= {words.shape[0]}"
+                )
+            ids = torch.randint(start, stop, (spec.length,), dtype=torch.long)  # peft's SAMPLE_VOCAB draw
+            prompt.weight.copy_(words[ids.to(words.device)])
+            return
         if spec.init_text is None:
             prompt.weight.uniform_(-spec.init_scale, spec.init_scale)
             return
@@ -202,7 +216,7 @@ def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode
 
 
 def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
-    """A forward pre-hook on the base model: embeds the ids, puts the prompt before them, extends the masks."""
+    """A forward pre-hook on the base model: embeds the ids, puts the prompt in, extends the masks."""
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         ids = args[0] if args else kwargs.get("input_ids")
@@ -216,11 +230,11 @@ def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
                 f"allowed: sequences of at most {positions - prompt.length} tokens"
             )
         ones = torch.ones(batch, prompt.length, dtype=torch.long, device=embeds.device)
-        kwargs.update(input_ids=None, inputs_embeds=prompt.prepend(embeds))
+        kwargs.update(input_ids=None, inputs_embeds=prompt.insert(embeds))
         if kwargs.get("attention_mask") is not None:  # None: every position is seen, the prompt too
-            kwargs["attention_mask"] = torch.cat([ones.to(kwargs["attention_mask"].dtype), kwargs["attention_mask"]], 1)
+            kwargs["attention_mask"] = prompt.around(kwargs["attention_mask"], ones.to(kwargs["attention_mask"].dtype))
         if kwargs.get("token_type_ids") is not None:
-            kwargs["token_type_ids"] = torch.cat([torch.zeros_like(ones), kwargs["token_type_ids"]], dim=1)
+            kwargs["token_type_ids"] = prompt.around(kwargs["token_type_ids"], torch.zeros_like(ones))
         kwargs["position_ids"] = None  # positions 0..n+T-1 over prompt and input, as peft
         return (), kwargs
 
@@ -330,7 +344,12 @@ def load_adapters(model: nn.Module, folder: str | Path) -> dict:
     folder = Path(folder)
     record = json.loads((folder / CONFIG_FILE).read_text())
     state = load_file(str(folder / WEIGHTS_FILE))
-    report = equip_(model, PELTConfig.from_dict(record["config"]))
+    config = PELTConfig.from_dict(record["config"])
+    # Where the prompt started does not matter (its trained tensor replaces it), so a prompt from text needs no
+    # tokenizer here; the model keeps the saved config.
+    start = replace(config, prompt=replace(config.prompt, init_text=None, init_vocab=None)) if config.prompt else config
+    report = equip_(model, start)
+    model.pelt_config = config
     mine = dict(model.named_parameters())
     for name, tensor in state.items():
         here = mine.get(name)

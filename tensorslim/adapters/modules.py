@@ -210,17 +210,25 @@ class BottleneckOutput(nn.Module):
 
 
 class PromptEmbedding(nn.Module):
-    """``length`` trainable virtual-token embeddings (Lester et al., arXiv 2104.08691), put before the input
-    embeddings with the attention mask extended by ones (peft's ``PromptTuningConfig`` order)."""
+    """``length`` trainable virtual-token embeddings (Lester et al., arXiv 2104.08691) put into the input embeddings
+    with the attention mask extended by ones: before them (peft's ``PromptTuningConfig`` order, AdapterHub's
+    ``combine="prefix"``), or with ``after_first`` after the first token (AdapterHub's ``"prefix_after_bos"``), so a
+    BERT classifier's pooler still reads ``[CLS]`` at position 0."""
 
-    def __init__(self, length: int, dim: int, *, device=None, dtype=None) -> None:
+    def __init__(self, length: int, dim: int, *, after_first: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(length, dim, device=device, dtype=dtype))
+        self.after_first = after_first
 
     @property
     def length(self) -> int:
         return self.weight.shape[0]
 
-    def prepend(self, embeds: torch.Tensor) -> torch.Tensor:
+    def insert(self, embeds: torch.Tensor) -> torch.Tensor:
         """``(B, T, d) → (B, n + T, d)``."""
-        return torch.cat([self.weight.expand(embeds.shape[0], -1, -1).to(embeds.dtype), embeds], dim=1)
+        return self.around(embeds, self.weight.expand(embeds.shape[0], -1, -1).to(embeds.dtype))
+
+    def around(self, rows: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        """``prompt`` ``(B, n, …)`` put into ``rows`` ``(B, T, …)`` where the prompt goes (masks, token types)."""
+        cut = 1 if self.after_first else 0
+        return torch.cat([rows[:, :cut], prompt, rows[:, cut:]], dim=1)

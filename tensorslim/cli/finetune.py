@@ -39,6 +39,9 @@ LR_GRIDS = {
 }
 # Methods with a soft prompt, and so a prompt initialization.
 PROMPTED = ("prompt", "peft-prompt", "unipelt-prompt")
+# Where their soft prompt starts unless --prompt-init says otherwise (chosen on the development split, see
+# docs/adapters.md).
+PROMPT_INIT = "random"
 METHODS = tuple(LR_GRIDS)
 TFIDF = "tfidf-logreg"
 
@@ -74,11 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompt-init",
-        default="random",
-        metavar="random|labels|TEXT",
-        help="soft prompt start: 'random' (uniform in ±0.5), 'labels' (the class names' word embeddings, like Lester "
-        "et al. 2021's class-label init, arXiv 2104.08691 §3.2) or the word embeddings of TEXT (default: random; "
-        "labels lost on the development set at K=100, see docs/adapters.md)",
+        default=PROMPT_INIT,
+        metavar="random|vocab|labels|TEXT",
+        help="soft prompt start: 'random' (uniform in ±0.5), 'vocab' (word embeddings of tokens drawn from the 5,000 "
+        "most frequent, Lester et al. 2021's sampled vocabulary, arXiv 2104.08691 §3.2), 'labels' (the class names' "
+        "word embeddings, like their class-label init) or the word embeddings of TEXT (default: random; see "
+        "docs/adapters.md for the development-set comparison)",
+    )
+    parser.add_argument(
+        "--prompt-combine",
+        choices=("prefix", "prefix_after_bos"),
+        default=None,
+        help="where the soft prompt of prompt and unipelt-prompt goes: before the input, or after its first token "
+        "([CLS], which the classifier reads) (default: each method's, see docs/adapters.md)",
     )
     parser.add_argument(
         "--prompt-lr-scale",
@@ -110,23 +121,35 @@ def _methods(text: str) -> list[str]:
     return names
 
 
-def prompt_init_text(choice: str, label_names: list[str]) -> str | None:
-    """The text a soft prompt starts from for ``--prompt-init choice``: the class names joined by spaces for
-    ``labels``, None (a random start) for ``random``, else ``choice`` itself.
+# Lester et al. (arXiv 2104.08691, §3.2) sample prompt starts from the 5,000 most common tokens.
+VOCAB_INIT_TOKENS = 5000
+
+
+def prompt_init_options(choice: str, label_names: list[str]) -> dict[str, Any]:
+    """The method options a soft prompt starts from for ``--prompt-init choice``: nothing (uniform random) for
+    ``random``, tokens sampled from the 5,000 most frequent for ``vocab``, the class names joined by spaces for
+    ``labels``, else the text ``choice``.
 
     Raises:
         ValueError: ``choice`` is blank.
     """
     if not choice.strip():
-        raise ValueError(f"prompt_init={choice!r} is invalid; allowed: 'labels', 'random' or a non-empty text")
-    if choice == "labels":
-        return " ".join(label_names)
-    return None if choice == "random" else choice
+        raise ValueError(f"prompt_init={choice!r} is invalid; allowed: 'random', 'vocab', 'labels' or a non-empty text")
+    if choice == "random":
+        return {}
+    if choice == "vocab":
+        return {"prompt_init_vocab": VOCAB_INIT_TOKENS}
+    return {"prompt_init_text": " ".join(label_names) if choice == "labels" else choice}
 
 
 def run(args: argparse.Namespace) -> int:
     methods = _methods(args.adapter)
-    prompt_init_text(args.prompt_init, [])  # a bad value fails before any run
+    if prompt_init_options(args.prompt_init, []).get("prompt_init_vocab") and "peft-prompt" in methods:
+        raise ValueError(
+            "--prompt-init vocab: peft's SAMPLE_VOCAB draws from the whole vocabulary; allowed: drop peft-prompt"
+        )
+    if args.prompt_combine not in (None, "prefix") and "peft-prompt" in methods:
+        raise ValueError("--prompt-combine: peft puts its prompt before the input; allowed: drop peft-prompt")
     _scale_of(args, "unipelt-prompt")  # so does a bad --prompt-lr-scale
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
                     for lr in grid:
                         planned = {"method": method, "k": k, "seed": seed, "lr": lr, "steps": _steps(args, k)}
                         planned |= {"prompt_init": _init_of(args, method), "prompt_lr_scale": _scale_of(args, method)}
+                        planned |= {"prompt_combine": _combine_of(args, method)}
                         if _key(planned) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
@@ -164,6 +188,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         f"--dev-size {args.dev_size} --epochs {args.epochs:g} --max-steps {args.max_steps}",
         *reuse,
         f"--prompt-init {shlex.quote(args.prompt_init)}",
+        *([] if args.prompt_combine is None else [f"--prompt-combine {args.prompt_combine}"]),
         *([] if args.prompt_lr_scale is None else [f"--prompt-lr-scale {args.prompt_lr_scale:g}"]),
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
@@ -176,7 +201,14 @@ def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str,
         return (LR_GRIDS[method][len(LR_GRIDS[method]) // 2],)
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
-    name = variant({"method": method, "prompt_lr_scale": _scale_of(args, method)})
+    name = variant(
+        {
+            "method": method,
+            "prompt_lr_scale": _scale_of(args, method),
+            "prompt_init": _init_of(args, method),
+            "prompt_combine": _combine_of(args, method),
+        }
+    )
     return (chosen_lr(records, name, args.lr_from),)
 
 
@@ -199,8 +231,13 @@ def chosen_lr(records: list[dict[str, Any]], name: str, k: int) -> float:
 
 
 def _key(record: dict[str, Any]) -> tuple:
-    init, steps = record.get("prompt_init"), record.get("steps")
-    return record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps
+    init, steps, combine = record.get("prompt_init"), record.get("steps"), _combine(record)
+    return record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps, combine
+
+
+def _combine(record: dict[str, Any]) -> str | None:
+    """Where a run's soft prompt went (runs from before ``--prompt-combine`` put it before the input), else None."""
+    return record.get("prompt_combine", "prefix") if record["method"] in PROMPTED else None
 
 
 def _steps(args: argparse.Namespace, k: int) -> int:
@@ -218,14 +255,22 @@ def _scale(record: dict[str, Any]) -> float | None:
 
 
 def variant(record: dict[str, Any]) -> str:
-    """The table row of a run: its method, or ``method (prompt lr ×s)`` when it trained its prompt at a multiple
-    ``s`` other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``)."""
-    from tensorslim.methods.adapters import PROMPT_LR_SCALE
+    """The table row of a run: its method, then ``(prompt lr ×s)`` when it trained its prompt at a multiple ``s``
+    other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``) and ``(init X)``
+    when its prompt started from another ``--prompt-init`` than the default, ``(after [CLS])`` or ``(before [CLS])``
+    when it went elsewhere than ``--prompt-combine``'s default."""
+    from tensorslim.methods.adapters import PROMPT_COMBINE, PROMPT_LR_SCALE
 
-    scale = _scale(record)
-    if scale is None or scale == PROMPT_LR_SCALE[record["method"]]:
-        return record["method"]
-    return f"{record['method']} (prompt lr ×{scale:g})"
+    name, scale = record["method"], _scale(record)
+    if scale is not None and scale != PROMPT_LR_SCALE[record["method"]]:
+        name += f" (prompt lr ×{scale:g})"
+    init = record.get("prompt_init")  # runs from before --prompt-init started at random
+    if name.split(" ")[0] in PROMPTED and (init or "random") != PROMPT_INIT:
+        name += f" (init {init})"
+    combine = _combine(record)
+    if combine is not None and combine != PROMPT_COMBINE.get(record["method"], "prefix"):
+        name += " (after [CLS])" if combine == "prefix_after_bos" else " (before [CLS])"
+    return name
 
 
 def _scale_of(args: argparse.Namespace, method: str) -> float | None:
@@ -235,6 +280,16 @@ def _scale_of(args: argparse.Namespace, method: str) -> float | None:
     if method not in PROMPT_LR_SCALE:
         return None
     return prompt_lr_scale(method, PELTOptions(prompt_lr_scale=args.prompt_lr_scale))
+
+
+def _combine_of(args: argparse.Namespace, method: str) -> str | None:
+    """Where the soft prompt of ``method`` goes (``--prompt-combine`` or the method's default; peft's always before
+    the input), else None."""
+    from tensorslim.methods.adapters import PROMPT_COMBINE, PELTOptions, prompt_combine
+
+    if method not in PROMPT_COMBINE:
+        return "prefix" if method in PROMPTED else None
+    return prompt_combine(method, PELTOptions(prompt_combine=args.prompt_combine))
 
 
 def _init_of(args: argparse.Namespace, method: str) -> str | None:
@@ -265,9 +320,12 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
 
     steps = _steps(args, k)
     init, scale = _init_of(args, method), _scale_of(args, method)
-    options = {} if init is None else {"prompt_init_text": prompt_init_text(init, labelled_dataset(args.data)[2])}
+    options = {} if init is None else prompt_init_options(init, labelled_dataset(args.data)[2])
     if scale is not None:
         options["prompt_lr_scale"] = scale
+    combine = _combine_of(args, method)
+    if combine is not None and method != "peft-prompt":  # peft-prompt takes only its own order
+        options["prompt_combine"] = combine
     config = TrainConfig(
         preset=args.model,
         task="classify",
@@ -306,6 +364,8 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
         record["prompt_init"] = init
     if scale is not None:
         record["prompt_lr_scale"] = scale
+    if combine is not None:
+        record["prompt_combine"] = combine
     if seed == 0 and lr == LR_GRIDS[method][0]:
         record["inference_ratio"] = _inference_ratio(trainer, args)
     return record

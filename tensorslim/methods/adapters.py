@@ -32,6 +32,16 @@ class PELTOptions:
     prompt_init_text: str | None = option(
         None, "initialize the prompt from this text's word embeddings (e.g. the class names; default: random)"
     )
+    prompt_init_vocab: int = option(
+        0,
+        "initialize the prompt from the word embeddings of tokens drawn from the N most frequent of the model's "
+        "vocabulary (Lester et al. 2021 sampled 5000; 0: off)",
+    )
+    prompt_combine: str | None = option(
+        None,
+        "where the prompt goes: 'prefix' (before the input) or 'prefix_after_bos' (after [CLS]) (default: after [CLS] "
+        "for unipelt-prompt, before the input for prompt)",
+    )
     prompt_lr_scale: float | None = option(
         None,
         "the soft prompt's learning rate as a multiple of the run's (default: 10 for unipelt-prompt, 1 for prompt)",
@@ -49,9 +59,16 @@ class PELTOptions:
             require_int(name, getattr(self, name))
         require_int("prefix_mlp", self.prefix_mlp, minimum=0)
         require_int("from_layer", self.from_layer, minimum=0)
+        require_int("prompt_init_vocab", self.prompt_init_vocab, minimum=0)
+        from tensorslim.adapters.config import PROMPT_COMBINE
+
+        if self.prompt_combine is not None and self.prompt_combine not in PROMPT_COMBINE:
+            raise ValueError(f"prompt_combine={self.prompt_combine!r} is invalid; allowed: {list(PROMPT_COMBINE)}")
         if self.prompt_init_text is not None and not self.prompt_init_text.strip():
             text = self.prompt_init_text
             raise ValueError(f"prompt_init_text={text!r} is invalid; allowed: None or a non-empty text")
+        if self.prompt_init_text is not None and self.prompt_init_vocab:
+            raise ValueError("prompt_init_text and prompt_init_vocab are both set; allowed: one prompt init")
 
 
 # The attention projections LoRA adapts in each family (UniPELT: W_q and W_v).
@@ -59,9 +76,11 @@ LORA_TARGETS = {"hf-bert": ("query", "value"), "bert": ("q", "v"), "llama": ("q_
 CAUSAL = ("llama", "gpt2")
 
 
-def pelt_config(method: str, options: PELTOptions, *, family: str = "hf-bert") -> Any:
+def pelt_config(
+    method: str, options: PELTOptions, *, family: str = "hf-bert", vocab: tuple[int, int] | None = None
+) -> Any:
     """The :class:`tensorslim.adapters.PELTConfig` that ``method`` (``lora``, ``unipelt-prompt`` …) puts on a model
-    of ``family``."""
+    of ``family``; ``vocab``: the id range a prompt with ``prompt_init_vocab`` draws its start from."""
     from tensorslim.adapters import BottleneckConfig, GatedLoRAConfig, PELTConfig, PrefixConfig, PromptConfig
 
     modules = MODULES[method]
@@ -79,7 +98,12 @@ def pelt_config(method: str, options: PELTOptions, *, family: str = "hf-bert") -
         if "prefix" in modules
         else None,
         bottleneck=BottleneckConfig(reduction=options.reduction, gate=gates) if "bottleneck" in modules else None,
-        prompt=PromptConfig(length=options.prompt_length, init_text=options.prompt_init_text)
+        prompt=PromptConfig(
+            length=options.prompt_length,
+            init_text=options.prompt_init_text,
+            init_vocab=vocab,
+            combine=prompt_combine(method, options),
+        )
         if "prompt" in modules
         else None,
         from_layer=options.from_layer,
@@ -100,6 +124,15 @@ MODULES = {
 # than adapters (Lester et al., arXiv 2104.08691, §3: 0.3); on the BBC-titles development split prompt tuning alone
 # chose 5e-2 and every adapter method 5e-3, so UniPELT + prompt trains its prompt at 10x its adapters' rate.
 PROMPT_LR_SCALE = {"prompt": 1.0, "unipelt-prompt": 10.0}
+
+
+# Where the soft prompt goes when --prompt-combine is not given (AdapterHub's PromptTuningConfig.combine).
+PROMPT_COMBINE = {"prompt": "prefix_after_bos", "unipelt-prompt": "prefix_after_bos"}
+
+
+def prompt_combine(method: str, options: PELTOptions) -> str:
+    """Where the soft prompt of ``method`` goes: ``prefix`` (before the input) or ``prefix_after_bos``."""
+    return options.prompt_combine or PROMPT_COMBINE[method]
 
 
 def prompt_lr_scale(method: str, options: PELTOptions) -> float:
@@ -146,6 +179,43 @@ def _prompt_hook(method: str) -> Any:
         return PromptRateHook(prompt_lr_scale(method, context.options))
 
     return hook
+
+
+def frequent_token_range(tokens: list[str], special: set[str], count: int) -> tuple[int, int]:
+    """The ids of the ``count`` most frequent tokens of a vocabulary listed in id order (``tokens[i]`` is id ``i``).
+
+    Lester et al. (arXiv 2104.08691, §3.2) start prompt tokens from the embeddings of tokens sampled from the
+    5,000 most common. WordPiece and BPE vocabularies list their entries in frequency order after the special
+    tokens, the reserved ``[unused…]`` slots and the single characters (BERT's: ``the of and in …`` from id 1996),
+    so the range starts at the first entry of two or more characters that is neither special nor reserved.
+
+    Raises:
+        ValueError: fewer than ``count`` entries from there.
+    """
+
+    def reserved(token: str) -> bool:
+        bracketed = token[:1] in "[<" and token[-1:] in "]>"
+        return token in special or bracketed or len(token.removeprefix("##").removeprefix("Ġ")) < 2
+
+    start = next((i for i, token in enumerate(tokens) if not reserved(token)), len(tokens))
+    if start + count > len(tokens):
+        raise ValueError(
+            f"prompt_init_vocab={count} is more than the {len(tokens) - start} frequency-ordered tokens of the "
+            f"vocabulary; allowed: at most {len(tokens) - start}"
+        )
+    return start, start + count
+
+
+def _vocab_range(context: MethodContext) -> tuple[int, int] | None:
+    """The id range a prompt with ``--prompt-init-vocab N`` draws from (the model's tokenizer), or None."""
+    count = context.options.prompt_init_vocab
+    if not count:
+        return None
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(_tokenizer_folder(context), local_files_only=True)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return frequent_token_range(tokens, set(tokenizer.all_special_tokens), count)
 
 
 def _encoder_for(context: MethodContext) -> Any:
@@ -212,7 +282,8 @@ def _convert(method: str) -> Any:
     def convert(model: nn.Module, context: MethodContext) -> list:
         from tensorslim.adapters import equip_
 
-        config = pelt_config(method, context.options, family=context.family)
+        vocab = _vocab_range(context) if "prompt" in MODULES[method] else None
+        config = pelt_config(method, context.options, family=context.family, vocab=vocab)
         before = _count(model)
         equip_(model, config, encode=_encoder_for(context))
         return [_report(method, model, before, _added_by_module(model))]
@@ -251,6 +322,15 @@ def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
     own forward."""
     import peft
 
+    if context.options.prompt_combine not in (None, "prefix"):
+        raise ValueError(
+            "peft-prompt puts its prompt before the input; allowed: prompt_combine='prefix' for peft-prompt"
+        )
+    if context.options.prompt_init_vocab:
+        raise ValueError(
+            "peft-prompt's SAMPLE_VOCAB draws from the whole vocabulary, not the most frequent tokens; allowed: "
+            "prompt_init_vocab=0 for peft-prompt"
+        )
     text = context.options.prompt_init_text
     start = {} if text is None else {"prompt_tuning_init": "TEXT", "prompt_tuning_init_text": text}
     config = peft.PromptTuningConfig(

@@ -26,7 +26,7 @@ def test_finetune_runs_methods_through_the_trainer_and_writes_table_and_figure(t
     assert trained["steps"] == 1 and 0 <= trained["test_accuracy"] <= 1 and trained["inference_ratio"] > 0
     assert trained["trainable"] == 2_766_637  # UniPELT + prompt on MiniLM, plus its 5-class head (1,925)
     table = out.with_suffix(".md").read_text()
-    assert "| unipelt-prompt | " in table and "--prompt-init labels" in table
+    assert "| unipelt-prompt (init labels) | " in table and "--prompt-init labels" in table
     assert out.with_suffix(".png").stat().st_size > 0
 
 
@@ -86,8 +86,9 @@ def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> N
 
     run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
     records = [{**run, "grid": [5e-3], "trainable": 1, "step_s": 1.0, "inference_ratio": 1.4}]
-    records.append({**records[0], "method": "prompt", "step_s": 9.0})
-    records.append({**records[1], "method": "unipelt-prompt", "prompt_lr_scale": 1.0})  # a variant: its method's
+    records.append({**records[0], "method": "prompt", "step_s": 9.0, "prompt_combine": "prefix_after_bos"})
+    variant = {"method": "unipelt-prompt", "prompt_lr_scale": 1.0, "prompt_combine": "prefix_after_bos"}
+    records.append({**records[1], **variant})  # a variant: its method's costs
     summary = summarize(records)
     measured = {"table": {"lora": 1.02, "prompt": 1.9, "unipelt-prompt": 2.0}, "step_seconds": {"lora": 0.2}}
     measured["step_seconds"].update({"prompt": 0.3, "unipelt-prompt": 0.4})
@@ -119,13 +120,43 @@ def test_the_table_puts_all_of_the_training_split_after_the_sizes(tmp_path) -> N
     assert "| method | K=100 | K=1000 | K=all |" in (tmp_path / "s.md").read_text()
 
 
-def test_prompt_init_labels_is_the_class_names_random_is_none_else_the_text() -> None:
-    from tensorslim.cli.finetune import prompt_init_text
+def test_prompt_init_labels_is_the_class_names_vocab_the_frequent_tokens_random_nothing_else_the_text() -> None:
+    from tensorslim.cli.finetune import prompt_init_options
 
     names = ["business", "sports"]
-    assert prompt_init_text("labels", names) == "business sports"
-    assert prompt_init_text("random", names) is None
-    assert prompt_init_text("a news topic", names) == "a news topic"
+    assert prompt_init_options("labels", names) == {"prompt_init_text": "business sports"}
+    assert prompt_init_options("vocab", names) == {"prompt_init_vocab": 5000}
+    assert prompt_init_options("random", names) == {}
+    assert prompt_init_options("a news topic", names) == {"prompt_init_text": "a news topic"}
+
+
+def test_runs_with_another_prompt_init_get_a_row_of_their_own() -> None:
+    from tensorslim.cli.finetune import variant
+
+    vocab = {"method": "unipelt-prompt", "prompt_lr_scale": 10.0, "prompt_init": "vocab"}
+    assert variant({**vocab, "prompt_combine": "prefix_after_bos"}) == "unipelt-prompt (init vocab)"
+    assert variant(vocab) == "unipelt-prompt (init vocab) (before [CLS])"  # from before --prompt-combine
+    assert variant({"method": "prompt", "prompt_init": "random"}) == "prompt (before [CLS])"  # before the option
+    assert variant({"method": "unipelt-prompt"}) == "unipelt-prompt (prompt lr ×1) (before [CLS])"  # before all three
+    assert variant({"method": "lora", "prompt_init": None}) == "lora"
+    after = {"method": "prompt", "prompt_init": "random", "prompt_combine": "prefix_after_bos"}
+    assert variant(after) == "prompt"
+    assert variant({**after, "prompt_combine": "prefix"}) == "prompt (before [CLS])"
+    assert variant({"method": "peft-prompt", "prompt_combine": "prefix"}) == "peft-prompt"  # peft's only placement
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--prompt-init", "vocab"], "SAMPLE_VOCAB draws from the whole vocabulary"),
+        (["--prompt-combine", "prefix_after_bos"], "peft puts its prompt before the input"),
+    ],
+)
+def test_vocab_init_or_prompt_after_cls_with_peft_prompt_is_a_one_line_error(tmp_path, capsys, flag, message) -> None:
+    argv = ["finetune", "--adapter", "prompt,peft-prompt", *flag, "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
 
 
 def test_blank_prompt_init_is_a_one_line_error(tmp_path, capsys) -> None:
@@ -176,11 +207,12 @@ def test_the_trainer_schedules_the_prompt_group_at_its_multiple_of_the_run_rate(
 def test_runs_at_another_prompt_rate_are_another_row_and_not_taken_for_done() -> None:
     from tensorslim.cli.finetune import _key, variant
 
-    old = {"method": "unipelt-prompt", "k": 100, "seed": 0, "lr": 5e-3}  # from before --prompt-lr-scale: ×1
-    new = {**old, "prompt_lr_scale": 10.0}
+    old = {"method": "unipelt-prompt", "k": 100, "seed": 0, "lr": 5e-3, "prompt_combine": "prefix_after_bos"}
+    new = {**old, "prompt_lr_scale": 10.0}  # old is from before --prompt-lr-scale: ×1
     assert _key(old) != _key(new) and _key({**old, "prompt_lr_scale": 1.0}) == _key(old)
     assert (variant(new), variant(old)) == ("unipelt-prompt", "unipelt-prompt (prompt lr ×1)")
-    assert variant({"method": "prompt", "prompt_lr_scale": 1.0}) == "prompt" == variant({"method": "prompt"})
+    after = {"method": "prompt", "prompt_combine": "prefix_after_bos"}
+    assert variant({**after, "prompt_lr_scale": 1.0}) == "prompt" == variant(after)
     assert variant({"method": "lora"}) == "lora"
     runs = [
         {**run, "lr": lr, "dev_accuracy": dev, "test_accuracy": test, "grid": [1e-3, 5e-3]}

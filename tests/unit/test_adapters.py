@@ -213,6 +213,68 @@ def test_prompt_from_text_copies_word_embeddings_repeated_like_peft() -> None:
     torch.testing.assert_close(model.pelt_prompt.weight, words[[7, 9, 7, 9, 7]])
 
 
+def test_prompt_after_the_first_token_equals_the_base_on_hand_built_embeddings() -> None:
+    """AdapterHub's ``combine="prefix_after_bos"``: the base model run on ``[e(x₀), P, e(x₁…)]`` with the mask and
+    token types widened at the same place gives the same logits; ``[CLS]`` stays at position 0 for the pooler."""
+    model, base = tiny_bert(), tiny_bert()
+    equip_(model, PELTConfig(prompt=PromptConfig(length=3, combine="prefix_after_bos")))
+    ids, mask = batch()
+    types = torch.ones_like(ids)  # non-zero, so where the prompt's zeros go shows
+    words = base.bert.embeddings.word_embeddings(ids)  # (2, 7, d)
+    prompt = model.pelt_prompt.weight.detach().expand(2, -1, -1)
+    embeds = torch.cat([words[:, :1], prompt, words[:, 1:]], dim=1)
+    ones, zeros = torch.ones(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long)
+    wide_mask = torch.cat([mask[:, :1], ones, mask[:, 1:]], dim=1)
+    wide_types = torch.cat([types[:, :1], zeros, types[:, 1:]], dim=1)
+    expected = base(inputs_embeds=embeds, attention_mask=wide_mask, token_type_ids=wide_types).logits
+    torch.testing.assert_close(model(ids, attention_mask=mask, token_type_ids=types).logits, expected)
+    before = tiny_bert()
+    equip_(before, PELTConfig(prompt=PromptConfig(length=3)))
+    before.pelt_prompt.weight.data.copy_(model.pelt_prompt.weight)
+    assert not torch.allclose(before(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+
+
+def test_prompt_from_the_vocabulary_draws_rows_of_the_frozen_embedding_table() -> None:
+    """Lester et al.'s sampled-vocabulary start (arXiv 2104.08691, §3.2): each prompt token is the word embedding of
+    an id drawn uniformly from the range, the draw peft's ``SAMPLE_VOCAB`` makes (``randint`` on the global
+    generator); the prompt still adds exactly length × d parameters."""
+    model, plain = tiny_bert(), tiny_bert()
+    torch.manual_seed(11)
+    report = equip_(model, PELTConfig(prompt=PromptConfig(length=6, init_vocab=(40, 60))))
+    torch.manual_seed(11)
+    ids = torch.randint(40, 60, (6,))
+    words = model.bert.embeddings.word_embeddings.weight
+    assert torch.equal(model.pelt_prompt.weight, words[ids])
+    matches = (model.pelt_prompt.weight[:, None, :] == words[None, :, :]).all(-1)  # (6, V): which rows it is
+    assert all(40 <= int(row.nonzero()[0]) < 60 for row in matches)
+    assert torch.equal(words, plain.bert.embeddings.word_embeddings.weight) and not words.requires_grad
+    assert report["prompt"] == 6 * D and report["trainable"] == 6 * D + D * CLASSES + CLASSES
+
+
+def test_frequent_tokens_start_after_specials_reserved_slots_and_single_characters() -> None:
+    from tensorslim.methods.adapters import frequent_token_range
+
+    tokens = ["[PAD]", "[unused0]", "[CLS]", "a", "b", "!", "the", "##s", "of", "and"]
+    assert frequent_token_range(tokens, {"[PAD]", "[CLS]"}, 3) == (6, 9)  # the, ##s, of
+    with pytest.raises(ValueError, match="prompt_init_vocab=5 is more than the 4 frequency-ordered") as error:
+        frequent_token_range(tokens, {"[PAD]", "[CLS]"}, 5)
+    assert "\n" not in str(error.value)
+
+
+def test_prompt_from_minilms_5000_most_frequent_tokens_starts_at_the() -> None:
+    """``--prompt-init-vocab 5000`` on MiniLM draws from BERT's ids 1996 (``the``) … 6995, frequency order."""
+    from tensorslim.methods import build_for_method
+
+    torch.manual_seed(5)
+    model, _, _ = build_for_method(
+        "minilm", "prompt", task="classify", options={"prompt_init_vocab": 5000}, n_classes=5
+    )
+    assert model.pelt_config.prompt.init_vocab == (1996, 6996)
+    words = model.get_input_embeddings().weight
+    rows = (model.pelt_prompt.weight[:, None, :] == words[None, :, :]).all(-1).nonzero()[:, 1]
+    assert len(rows) == 10 and all(1996 <= int(i) < 6996 for i in rows)
+
+
 def test_masks_with_prefix_and_prompt_hide_padding() -> None:
     """Ungated (a gate averages over padding too), a padded sequence gives the logits of the unpadded one."""
     model = tiny_bert()
@@ -283,6 +345,18 @@ def test_save_then_load_onto_a_fresh_base_gives_identical_logits(tmp_path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapters.json", "adapters.safetensors"]
 
 
+def test_a_prompt_started_from_text_loads_without_a_tokenizer(tmp_path) -> None:
+    """The trained prompt replaces its start, so loading needs no ``encode``; the saved config is kept."""
+    model = tiny_bert()
+    equip_(model, PELTConfig(prompt=PromptConfig(length=3, init_text="topic")), encode=lambda _: [7])
+    randomize_(model)
+    save_adapters(model, tmp_path)
+    fresh = tiny_bert()
+    load_adapters(fresh, tmp_path)
+    assert torch.equal(fresh.pelt_prompt.weight, model.pelt_prompt.weight)
+    assert fresh.pelt_config == model.pelt_config
+
+
 def test_merging_ungated_lora_is_exact_and_gated_lora_refuses() -> None:
     model = tiny_bert()
     equip_(model, PELTConfig(lora=GatedLoRAConfig(gate=False)))
@@ -318,6 +392,16 @@ def test_trainable_report_counts_what_the_optimizer_sees() -> None:
         (lambda: equip_(nn.Sequential(nn.Linear(4, 4)), PELTConfig(prefix=PrefixConfig())), "has none it recognizes"),
         (lambda: equip_(nn.Sequential(nn.Linear(4, 4)), PELTConfig(bottleneck=BottleneckConfig())), "BERT-family"),
         (lambda: PELTConfig(), "has no module"),
+        (lambda: PromptConfig(init_vocab=(5, 5)), r"init_vocab=\(5, 5\) is invalid"),
+        (
+            lambda: PromptConfig(combine="suffix"),
+            r"combine='suffix' is invalid; allowed: \['prefix', 'prefix_after_bos'\]",
+        ),
+        (lambda: PromptConfig(init_vocab=(0, 9), init_text="x"), "init_vocab and init_text are both set"),
+        (
+            lambda: equip_(tiny_bert(), PELTConfig(prompt=PromptConfig(init_vocab=(0, 101)))),
+            r"reaches past the 100-token vocabulary",
+        ),
     ],
 )
 def test_bad_input_is_a_one_line_error(build, message) -> None:
@@ -443,6 +527,18 @@ def test_the_prompt_trains_in_its_own_group_at_its_multiple_of_the_rate() -> Non
             expected = start[id(p)] - group["lr"] * p.grad / (p.grad.abs() + 1e-8)
             torch.testing.assert_close(p.detach(), expected, atol=1e-7, rtol=1e-5)
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+
+
+def test_the_prompt_methods_put_their_prompt_after_cls_by_default() -> None:
+    from tensorslim.methods.adapters import PELTOptions, pelt_config
+
+    assert pelt_config("unipelt-prompt", PELTOptions()).prompt.combine == "prefix_after_bos"
+    assert unipelt(prompt=True) == pelt_config("unipelt-prompt", PELTOptions())  # the API shortcut: the same
+    assert pelt_config("prompt", PELTOptions()).prompt.combine == "prefix_after_bos"
+    assert pelt_config("unipelt-prompt", PELTOptions(prompt_combine="prefix")).prompt.combine == "prefix"
+    with pytest.raises(ValueError, match="prompt_combine='end' is invalid") as error:
+        PELTOptions(prompt_combine="end")
+    assert "\n" not in str(error.value)
 
 
 def test_prompt_rate_defaults_ten_times_for_unipelt_prompt_and_once_for_prompt() -> None:
