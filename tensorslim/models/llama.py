@@ -209,11 +209,15 @@ class LlamaForCausalLM(nn.Module):
         """An empty cache for incremental decoding with this model."""
         return KVCache(self.config.n_layers)
 
-    def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, *, cache: KVCache | None = None, return_hidden: bool = False
+    ) -> torch.Tensor:
         """Logits ``(B, T, V)`` of ``input_ids`` ``(B, T)``.
 
         With ``cache`` (from :meth:`new_cache`), ``input_ids`` continue the cached tokens: their positions start at
         ``cache.length``, they attend to the cached keys too, and their keys and values are appended to ``cache``.
+        With ``return_hidden``, the final normed hidden states ``(B, T, d)`` that ``lm_head`` reads, instead of the
+        logits: the LM task feeds them with ``lm_head.weight`` to a fused head and loss.
         """
         past = 0 if cache is None else cache.length
         seq = past + input_ids.shape[1]
@@ -226,7 +230,8 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = cos[past:], sin[past:]  # (T, hd): the new tokens' positions
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin) if cache is None else block(x, cos, sin, cache.layers[i])
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        hidden = self.norm(x)  # (B, T, d)
+        return hidden if return_hidden else self.lm_head(hidden)  # (B, T, V)
 
 
 def _build(config: LlamaConfig, *, task: str) -> LlamaForCausalLM:
