@@ -3,9 +3,10 @@
 
 Every arm is a full train step (forward, loss, backward, fused AdamW, as ``tensorslim bench`` runs it, with freed
 memory kept in the process); the arms alternate (``tensorslim.bench.timing.alternate``). ``plain`` computes the
-``(B, T, V)`` logits and ``causal_lm_loss``; ``cN`` is the fused loss in chunks of N tokens. The dense arms step one
+``(B, T, V)`` logits and ``causal_lm_loss``; ``cN`` is the fused loss in chunks of N tokens, ``cN-mkl`` the same with
+every GEMM on MKL (no oneDNN). The dense arms step one
 dense model, the CoLA arms one CoLA model. With ``--memory``, each arm's peak resident memory is measured in a fresh
-process (``ru_maxrss`` after two steps; the arms share everything but the loss).
+process (Linux's VmHWM after two steps; the arms share everything but the loss).
 
 Usage:
     OMP_WAIT_POLICY=PASSIVE python benchmarks/lm_head_loss.py --preset 60m --batch-size 4 --seq-len 256 \
@@ -18,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+import tensorslim.functional.cross_entropy as fused
 from tensorslim.bench.harness import machine_description
 from tensorslim.bench.timing import alternate
-from tensorslim.functional.cross_entropy import linear_cross_entropy
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss, next_token_targets
 from tensorslim.train.allocator import keep_freed_memory
@@ -46,6 +46,18 @@ def build(method: str, preset: str, seq_len: int) -> tuple[torch.nn.Module, torc
     return model, build_optimizer(model, lr=1e-4, weight_decay=0.0)
 
 
+def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, loss: str) -> torch.Tensor:
+    """``cN``: the fused loss in chunks of N tokens; ``cN-mkl``: the same with every GEMM on MKL (no oneDNN)."""
+    chunk, _, backend = loss[1:].partition("-")
+    kernel_check = fused._use_onednn
+    if backend == "mkl":
+        fused._use_onednn = lambda *args, **kwargs: False
+    try:
+        return fused.linear_cross_entropy(hidden, weight, targets, chunk_size=int(chunk))
+    finally:
+        fused._use_onednn = kernel_check
+
+
 def make_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, dtype: str, loss: str
 ) -> Callable[[], None]:
@@ -57,10 +69,32 @@ def make_step(
                 value = causal_lm_loss(model(batch), batch)
             else:
                 hidden = model(batch, return_hidden=True)
-                value = linear_cross_entropy(hidden, model.lm_head.weight, targets, chunk_size=int(loss[1:]))
+                value = fused_loss(hidden, model.lm_head.weight, targets, loss)
         value.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def make_head_step(preset: str, batch: torch.Tensor, dtype: str, loss: str) -> Callable[[], None]:
+    """Forward and backward of the head and the loss alone, on random hidden states of the preset's width."""
+    from tensorslim.models.registry import model_config
+
+    config = model_config(preset)
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(*batch.shape, config.d_model, generator=gen).requires_grad_()
+    head = torch.nn.Linear(config.d_model, config.vocab_size, bias=False)
+    targets = next_token_targets(batch)
+
+    def step() -> None:
+        with autocast(dtype, "cpu"):
+            if loss == "plain":
+                value = causal_lm_loss(head(hidden), batch)
+            else:
+                value = fused_loss(hidden, head.weight, targets, loss)
+        value.backward()
+        hidden.grad = head.weight.grad = None
 
     return step
 
@@ -74,6 +108,14 @@ def peak_rss_mb(args: argparse.Namespace, method: str, loss: str) -> float:
     return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout.split()[-1])
 
 
+def peak_of_this_process_mb() -> float:
+    """This process's peak resident memory (MB): Linux's VmHWM. Not ``ru_maxrss``, which a process started by
+    ``subprocess`` inherits from its parent's peak across ``exec``."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024  # kB
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="60m")
@@ -83,10 +125,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32", help="fp32 or bf16 (autocast)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--timer", choices=sorted(CLOCKS), default="wall")
-    parser.add_argument("--chunks", default="512", help="fused chunk sizes (tokens), comma-separated")
+    parser.add_argument("--chunks", default="512", help="fused arms, comma-separated: N or N-mkl")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--memory", action="store_true", help="also each arm's peak RSS, in fresh processes")
+    parser.add_argument(
+        "--head-only", action="store_true", help="time only the head + loss forward and backward (no model)"
+    )
     parser.add_argument("--peak-of", default=None, help=argparse.SUPPRESS)  # internal: METHOD:LOSS
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -100,12 +145,16 @@ def main() -> None:
         step = make_step(*build(method, args.preset, args.seq_len), batch, args.dtype, loss)
         step()
         step()
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
+        print(peak_of_this_process_mb())
         return
     load_before = os.getloadavg()
     losses = ["plain"] + [f"c{c}" for c in args.chunks.split(",")]
     cases = {}
-    for method in args.methods.split(","):
+    if args.head_only:
+        args.methods = "head"
+        for loss in losses:
+            cases[f"head {loss}"] = make_head_step(args.preset, batch, args.dtype, loss)
+    for method in [] if args.head_only else args.methods.split(","):
         model, optimizer = build(method, args.preset, args.seq_len)
         for loss in losses:
             cases[f"{method} {loss}"] = make_step(model, optimizer, batch, args.dtype, loss)

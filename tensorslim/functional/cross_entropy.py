@@ -12,8 +12,10 @@ the chunk's logits, its log-sum-exp and loss, and turns the same buffer into the
 forward, as Liger does (Cut Cross-Entropy recomputes the logits in backward instead, a third more FLOPs in the head);
 backward only scales them by the loss's incoming gradient. Only one chunk's logits exist at a time.
 
-We deviate from both papers' GPU kernels: the chunk is a plain BLAS GEMM into a reused buffer followed by
-in-place PyTorch ops, not a fused tiled kernel. docs/speed.md ("Sixth round") has the measurements.
+We deviate from both papers' GPU kernels: a chunk is one GEMM followed by in-place PyTorch ops, not a fused tiled
+kernel. On CPU in fp32 and bf16 the logits and ``∂h`` GEMMs run on oneDNN (as the low-rank kernel's token-parallel
+GEMMs do, :mod:`tensorslim.functional.lowrank`), which ran them 6–8 % faster than MKL at 60m's shapes; ``∂W`` stays on
+MKL, which ran it faster. docs/speed.md ("Sixth round") has the measurements.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from tensorslim.functional.tt import _compute_dtype
+from tensorslim.functional.tt import _compute_dtype, _linear, _use_onednn
 
 REDUCTIONS = ("mean", "sum")
 
-# Tokens per chunk. At 60m (1,024 tokens, V = 32,000) chunks of 256-1,024 tokens measured within a few percent of
-# each other and smaller ones slower (each chunk adds a pass over ∂W); docs/speed.md ("Sixth round") has the figures.
-DEFAULT_CHUNK = 512
+# Tokens per chunk: one chunk's logits take chunk · V floats (131 MB at 1,024 tokens and V = 32,000). At 60m chunks of
+# 512 and 1,024 tokens measured within noise of each other, 256 slower (each chunk adds a pass over ∂W, and the GEMMs
+# get narrower); docs/speed.md ("Sixth round") has the figures.
+DEFAULT_CHUNK = 1024
 
 
 def linear_cross_entropy(
@@ -103,34 +106,32 @@ def _chunked(
     dtype = _compute_dtype(h)
     acc = torch.float64 if dtype == torch.float64 else torch.float32  # log-softmax and loss; ∂W's accumulator
     hc, wc = h.to(dtype), weight.to(dtype)  # autocast's casts, once
+    onednn = _use_onednn(hc, dtype, training=True)
     n, vocab = h.shape[0], weight.shape[0]
     loss = torch.zeros((), dtype=acc)
     grad_h = torch.empty(n, h.shape[1], dtype=dtype) if need_h else None
     grad_w = None
     if need_w:  # zeros only when no chunk will write it
         grad_w = torch.empty(vocab, h.shape[1], dtype=acc) if n else torch.zeros(vocab, h.shape[1], dtype=acc)
-    rows = max(min(chunk, n), 1)
-    logits_buf = torch.empty(rows, vocab, dtype=dtype)  # reused by every chunk
-    # fp32 (or fp64): one buffer holds logits, then log-probabilities, then the gradient. bf16: the log-softmax
-    # needs a float32 buffer, and the gradient is rounded back into the bf16 one for the GEMMs.
-    logp_buf = logits_buf if dtype == acc else torch.empty(rows, vocab, dtype=acc)
-    for i, start in enumerate(range(0, n, rows)):
-        x, t = hc[start : start + rows], targets[start : start + rows]  # (m, d), (m,)
-        m = x.shape[0]
-        logits = torch.mm(x, wc.t(), out=logits_buf[:m])  # (m, V)
-        # The CPU kernel reads each row before it writes it, so the output may alias the input.
-        logp = torch.log_softmax(logits, 1, dtype=acc, out=logp_buf[:m])  # (m, V)
+    for i, start in enumerate(range(0, n, chunk)):
+        x, t = hc[start : start + chunk], targets[start : start + chunk]  # (m, d), (m,)
+        logits = _linear(x, wc, None, onednn=onednn)  # (m, V)
+        # In place (the CPU kernel reads each row before it writes it): in fp32 one buffer holds the logits, then
+        # the log-probabilities, then the gradient. bf16 logits get a float32 buffer, as ``.float()`` makes.
+        logp = torch.log_softmax(logits, 1, dtype=acc, out=logits if logits.dtype == acc else None)  # (m, V)
         loss -= logp.gather(1, t[:, None]).sum()
         if not (need_h or need_w):
             continue
         grad = logp.exp_()  # softmax
-        grad.scatter_add_(1, t[:, None], torch.full((m, 1), -1.0, dtype=acc))  # softmax − onehot
+        grad.scatter_add_(1, t[:, None], torch.full((x.shape[0], 1), -1.0, dtype=acc))  # softmax − onehot
         if grad.dtype != dtype:
             grad = logits.copy_(grad)  # rounded as autograd rounds the plain path's gradient of ``.float()``
         if need_h:
-            torch.mm(grad, wc, out=grad_h[start : start + m]).mul_(scale)  # (m, d)
+            grad_h[start : start + chunk] = _linear(grad, wc.t(), None, onednn=onednn)  # (m, d): grad · W
         if need_w:
             _add_grad_w(grad_w, grad, x, scale, first=i == 0)
+    if need_h:
+        grad_h.mul_(scale)
     return loss, grad_h, grad_w
 
 
