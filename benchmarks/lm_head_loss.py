@@ -116,6 +116,26 @@ def peak_of_this_process_mb() -> float:
     return int(line.split()[1]) / 1024  # kB
 
 
+def timing_lines(times: dict[str, list[float]], methods: list[str], losses: list[str]) -> list[str]:
+    """The timing table (median/min/max, × the method's own plain loss, × dense plain) and CoLA × dense per loss."""
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    lines = [
+        "| step | median (s) | min (s) | max (s) | × own plain | first plain / step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, t in times.items():
+        own = medians[f"{name.split(' ')[0]} plain"] / medians[name]
+        first = medians[f"{methods[0]} plain"] / medians[name]
+        lines.append(f"| {name} | {medians[name]:.3f} | {min(t):.3f} | {max(t):.3f} | {own:.3f}× | {first:.3f}× |")
+    if "dense" in methods and len(methods) > 1:
+        lines.append("")
+        for loss in losses:
+            for other in methods[1:]:
+                ratio = medians[f"dense {loss}"] / medians[f"{other} {loss}"]
+                lines.append(f"- {other} × dense with the {loss} loss: {ratio:.3f}×")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="60m")
@@ -127,7 +147,7 @@ def main() -> None:
     parser.add_argument("--timer", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--chunks", default="512", help="fused arms, comma-separated: N or N-mkl")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=8, help="timed rounds; 0: no timing (with --memory)")
     parser.add_argument("--memory", action="store_true", help="also each arm's peak RSS, in fresh processes")
     parser.add_argument(
         "--head-only", action="store_true", help="time only the head + loss forward and backward (no model)"
@@ -149,36 +169,25 @@ def main() -> None:
         return
     load_before = os.getloadavg()
     losses = ["plain"] + [f"c{c}" for c in args.chunks.split(",")]
+    methods = ["head"] if args.head_only else args.methods.split(",")
+    names = [f"{method} {loss}" for method in methods for loss in losses]
     cases = {}
-    if args.head_only:
-        args.methods = "head"
-        for loss in losses:
-            cases[f"head {loss}"] = make_head_step(args.preset, batch, args.dtype, loss)
-    for method in [] if args.head_only else args.methods.split(","):
+    for method in methods if args.repeats else []:  # the models are built only to be timed
+        if args.head_only:
+            cases.update({f"head {loss}": make_head_step(args.preset, batch, args.dtype, loss) for loss in losses})
+            continue
         model, optimizer = build(method, args.preset, args.seq_len)
         for loss in losses:
             cases[f"{method} {loss}"] = make_step(model, optimizer, batch, args.dtype, loss)
-    times = alternate(cases, repeats=args.repeats, warmup=args.warmup, clock=CLOCKS[args.timer])
-    medians = {name: statistics.median(t) for name, t in times.items()}
+    times = alternate(cases, repeats=args.repeats, warmup=args.warmup, clock=CLOCKS[args.timer]) if args.repeats else {}
     load_after = os.getloadavg()
-    peaks = {}
-    if args.memory:
-        peaks = {name: peak_rss_mb(args, *name.split(" ")) for name in cases}
-    methods = args.methods.split(",")
-    header = "| step | median (s) | min (s) | max (s) | × own plain | dense plain / step |"
-    lines = [header + (" peak RSS (MB) |" if peaks else ""), "|---|---|---|---|---|---|" + ("---|" if peaks else "")]
-    for name, t in times.items():
-        own = medians[f"{name.split(' ')[0]} plain"] / medians[name]
-        row = f"| {name} | {medians[name]:.3f} | {min(t):.3f} | {max(t):.3f} | {own:.3f}× |"
-        row += f" {medians[f'{methods[0]} plain'] / medians[name]:.3f}× |"
-        lines.append(row + (f" {peaks[name]:.0f} |" if peaks else ""))
-    ratios = []
-    if "dense" in methods and len(methods) > 1:
-        for loss in losses:
-            for other in methods[1:]:
-                ratio = medians[f"dense {loss}"] / medians[f"{other} {loss}"]
-                ratios.append(f"- {other} × dense with the {loss} loss: {ratio:.3f}×")
-    table = "\n".join(lines) + "\n\n" + "\n".join(ratios) + "\n"
+    peaks = {name: peak_rss_mb(args, *name.split(" ")) for name in names} if args.memory and not args.head_only else {}
+    lines = timing_lines(times, methods, losses) if times else []
+    if peaks:
+        lines += ["", "| step | peak RSS (MB) | × own plain |", "|---|---|---|"]
+        for name, peak in peaks.items():
+            lines.append(f"| {name} | {peak:.0f} | {peak / peaks[name.split(' ')[0] + ' plain']:.3f} |")
+    table = "\n".join(lines) + "\n"
     print(table)
     if args.out:
         command = "OMP_WAIT_POLICY=PASSIVE python " + " ".join(sys.argv)
