@@ -14,8 +14,8 @@ backward only scales them by the loss's incoming gradient. Only one chunk's logi
 
 We deviate from both papers' GPU kernels: a chunk is one GEMM followed by in-place PyTorch ops, not a fused tiled
 kernel. On CPU in fp32 and bf16 the logits and ``∂h`` GEMMs run on oneDNN (as the low-rank kernel's token-parallel
-GEMMs do, :mod:`tensorslim.functional.lowrank`), which ran them 6–8 % faster than MKL at 60m's shapes; ``∂W`` stays on
-MKL, which ran it faster. docs/speed.md ("Sixth round") has the measurements.
+GEMMs do, :mod:`tensorslim.functional.lowrank`): at 60m's shapes the head and loss alone ran 6 % faster with them on
+oneDNN than all on MKL. ``∂W`` stays on MKL, which ran it faster. docs/speed.md ("Sixth round") has the measurements.
 """
 
 from __future__ import annotations
