@@ -39,11 +39,12 @@ def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
 
 def fused_head(model: nn.Module) -> nn.Linear | None:
     """``model``'s LM head when the loss may read the model's hidden states and the head's weight directly: our
-    LLaMA with a plain bias-free ``nn.Linear`` head, no hooks on it and a plain weight (a sharded DTensor is only
-    gathered inside the model's forward). None otherwise."""
+    LLaMA, not sharded by FSDP2, with a plain bias-free ``nn.Linear`` head, no hooks on it and a plain weight. None
+    otherwise."""
     head = getattr(model, "lm_head", None)
     if (
         not isinstance(model, LlamaForCausalLM)
+        or any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__)  # FSDP2 gathers the head's weight itself
         or type(head) is not nn.Linear
         or head.bias is not None
         or type(head.weight.data) is not torch.Tensor
