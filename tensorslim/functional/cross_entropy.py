@@ -116,13 +116,15 @@ def _chunked(
     for i, start in enumerate(range(0, n, chunk)):
         x, t = hc[start : start + chunk], targets[start : start + chunk]  # (m, d), (m,)
         logits = _linear(x, wc, None, onednn=onednn)  # (m, V)
+        target_logits = logits.gather(1, t[:, None]).to(acc)  # (m, 1), before the buffer is overwritten
         # In place (the CPU kernel reads each row before it writes it): in fp32 one buffer holds the logits, then
-        # the log-probabilities, then the gradient. bf16 logits get a float32 buffer, as ``.float()`` makes.
-        logp = torch.log_softmax(logits, 1, dtype=acc, out=logits if logits.dtype == acc else None)  # (m, V)
-        loss -= logp.gather(1, t[:, None]).sum()
+        # the probabilities, then the gradient. bf16 logits get a float32 buffer, as ``.float()`` makes. Softmax and
+        # then -log p_t is one pass over the buffer fewer than log-softmax and then exp.
+        probs = torch.softmax(logits, 1, dtype=acc, out=logits if logits.dtype == acc else None)  # (m, V)
+        loss += _token_losses(probs.gather(1, t[:, None]), target_logits, x, wc, acc).sum()
         if not (need_h or need_w):
             continue
-        grad = logp.exp_()  # softmax
+        grad = probs
         grad.scatter_add_(1, t[:, None], torch.full((x.shape[0], 1), -1.0, dtype=acc))  # softmax − onehot
         if grad.dtype != dtype:
             grad = logits.copy_(grad)  # rounded as autograd rounds the plain path's gradient of ``.float()``
@@ -133,6 +135,23 @@ def _chunked(
     if need_h:
         grad_h.mul_(scale)
     return loss, grad_h, grad_w
+
+
+def _token_losses(
+    target_probs: torch.Tensor,  # (m, 1) softmax at the targets
+    target_logits: torch.Tensor,  # (m, 1)
+    x: torch.Tensor,  # (m, d)
+    weight: torch.Tensor,  # (V, d)
+    acc: torch.dtype,
+) -> torch.Tensor:
+    """``-log p_t`` per token; where ``p_t`` underflowed (a target logit far below the row's largest), the exact
+    ``logsumexp(logits) - logit_t`` from the row's logits computed again."""
+    losses = -target_probs.log()  # (m, 1)
+    lost = (target_probs < torch.finfo(acc).tiny).squeeze(1).nonzero().squeeze(1)  # zero or subnormal
+    if lost.numel():
+        logits = F.linear(x.index_select(0, lost), weight).to(acc)  # (k, V)
+        losses[lost] = torch.logsumexp(logits, 1, keepdim=True) - target_logits[lost]
+    return losses
 
 
 def _add_grad_w(grad_w: torch.Tensor, grad: torch.Tensor, x: torch.Tensor, scale: float, *, first: bool) -> None:

@@ -127,3 +127,24 @@ def test_other_heads_take_the_logits_path() -> None:
     loss = lm_loss(model, ids)
     assert loss.grad_fn.name() != "_LinearCrossEntropyBackward"
     torch.testing.assert_close(loss, causal_lm_loss(model(ids), ids))
+
+
+def test_a_target_far_below_the_top_logit_keeps_its_exact_loss() -> None:
+    # Every token has logit 200 for class 5 and 0 for the others: the target class 3's probability e^-200
+    # underflows to 0 in fp32 softmax, which the log-softmax of the plain path does not.
+    hidden = torch.zeros(2, 6, 8)
+    hidden[..., 0] = 1.0
+    hidden.requires_grad_()
+    weight = torch.zeros(20, 8)
+    weight[5, 0] = 200.0
+    weight.requires_grad_()
+    targets = torch.full((2, 6), 3)
+    targets[0, -1] = -100
+    ref = F.cross_entropy(F.linear(hidden, weight).flatten(0, 1), targets.flatten())
+    out = linear_cross_entropy(hidden, weight, targets)
+    assert torch.isfinite(out) and out.item() > 199
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad(out, (hidden, weight))
+    ref_grads = torch.autograd.grad(ref, (hidden, weight))
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want)
