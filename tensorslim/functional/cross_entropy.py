@@ -6,9 +6,9 @@ the plain path writes and reads them several times (log-softmax forward and back
 backward's scatter) and keeps two copies alive from forward to backward.
 
 :func:`linear_cross_entropy` follows Cut Cross-Entropy (Wijmans et al., 2024, arXiv 2411.09009, §4) and Liger-Kernel's
-fused linear cross-entropy (Hsu et al., 2024, arXiv 2410.10989, §3.2): it takes the tokens a chunk at a time, forms
-the chunk's logits, its log-sum-exp and loss, and turns the same buffer into the chunk's gradient
-``softmax − onehot``, which gives ``∂h`` for the chunk and is added into ``∂W``. Both gradients are computed in
+fused linear cross-entropy (Hsu et al., 2024, arXiv 2410.10989): it takes the tokens a chunk at a time, forms the
+chunk's logits, turns the same buffer in place into the softmax (the loss is ``−log p_t``) and then into the chunk's
+gradient ``softmax − onehot``, which gives ``∂h`` for the chunk and is added into ``∂W``. Both gradients are computed in
 forward, as Liger does (Cut Cross-Entropy recomputes the logits in backward instead, a third more FLOPs in the head);
 backward only scales them by the loss's incoming gradient. Only one chunk's logits exist at a time.
 
