@@ -59,7 +59,7 @@ def state_bytes(model: nn.Module, cache: Any) -> dict[str, int]:
 
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     weights += sum(m.cached_bytes() for m in model.modules() if isinstance(m, QuantLinear))
-    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    kv = sum(layer.nbytes for layer in cache.layers)  # the buffers, spare capacity included
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
 

@@ -74,11 +74,13 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(
-    seq_len: int, head_dim: int, *, theta: float, device: torch.device
+    seq_len: int, head_dim: int, *, theta: float, device: torch.device, start: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape ``(T, head_dim)`` in Hugging Face's half-split layout."""
+    """cos/sin tables of positions ``start .. seq_len - 1``, shape ``(T, head_dim)``, in Hugging Face's half-split
+    layout."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
+    positions = torch.arange(start, seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)  # (T, hd/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, hd)
     return angles.cos(), angles.sin()
 
@@ -91,22 +93,48 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class LayerKV:
-    """The rotated keys and the values of one attention layer for the tokens seen so far, each ``(B, H, P, hd)``."""
+    """The rotated keys and the values of one attention layer for the tokens seen so far, each ``(B, H, P, hd)``.
+
+    They live in buffers with room for more tokens (capacity doubled when full), so appending one decoded token
+    copies that token's keys and values only, not the whole cache as a concatenation would.
+    """
 
     def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self._keys: torch.Tensor | None = None  # (B, H, capacity, hd)
+        self._values: torch.Tensor | None = None
+        self.length = 0
 
     @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :, : self.length]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, spare capacity included."""
+        return sum(t.numel() * t.element_size() for t in (self._keys, self._values) if t is not None)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new tokens' ``(B, H, T, hd)`` keys and values; returns all of them, ``(B, H, P + T, hd)``."""
-        if self.keys is not None:
-            keys, values = torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
-        self.keys, self.values = keys, values
-        return keys, values
+        end = self.length + keys.shape[2]
+        if self._keys is None or end > self._keys.shape[2] or self._keys.dtype != keys.dtype:
+            self._grow(keys, values, capacity=max(end, 2 * self.length))
+        self._keys[:, :, self.length : end] = keys
+        self._values[:, :, self.length : end] = values
+        self.length = end
+        return self.keys, self.values
+
+    def _grow(self, keys: torch.Tensor, values: torch.Tensor, *, capacity: int) -> None:
+        batch, heads, _, head_dim = keys.shape
+        new_keys = keys.new_empty(batch, heads, capacity, head_dim)
+        new_values = values.new_empty(batch, heads, capacity, values.shape[-1])
+        if self.length:
+            new_keys[:, :, : self.length] = self.keys
+            new_values[:, :, : self.length] = self.values
+        self._keys, self._values = new_keys, new_values
 
 
 class KVCache:
@@ -150,8 +178,9 @@ class Attention(nn.Module):
         if kv is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
         else:
-            # SDPA's is_causal aligns the mask top-left; the new queries sit after the P cached keys.
-            mask = causal_mask(seq, kv.length, device=x.device)  # (T, P + T)
+            # SDPA's is_causal aligns the mask top-left; the new queries sit after the P cached keys. One new token
+            # attends to every key: no mask.
+            mask = None if seq == 1 else causal_mask(seq, kv.length, device=x.device)  # (T, P + T)
             y = F.scaled_dot_product_attention(q, *kv.append(k, v), attn_mask=mask)  # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(batch, seq, d))
 
@@ -209,11 +238,15 @@ class LlamaForCausalLM(nn.Module):
         """An empty cache for incremental decoding with this model."""
         return KVCache(self.config.n_layers)
 
-    def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, *, cache: KVCache | None = None, return_hidden: bool = False
+    ) -> torch.Tensor:
         """Logits ``(B, T, V)`` of ``input_ids`` ``(B, T)``.
 
         With ``cache`` (from :meth:`new_cache`), ``input_ids`` continue the cached tokens: their positions start at
         ``cache.length``, they attend to the cached keys too, and their keys and values are appended to ``cache``.
+        With ``return_hidden``, the final normed hidden states ``(B, T, d)`` that ``lm_head`` reads, instead of the
+        logits: the LM task feeds them with ``lm_head.weight`` to a fused head and loss.
         """
         past = 0 if cache is None else cache.length
         seq = past + input_ids.shape[1]
@@ -222,11 +255,11 @@ class LlamaForCausalLM(nn.Module):
         if cache is not None and len(cache.layers) != len(self.layers):
             raise ValueError(f"cache has {len(cache.layers)} layers; allowed: the model's {len(self.layers)}")
         x = self.embed_tokens(input_ids)  # (B, T, d); any embedding layer (a TT embedding has no .weight)
-        cos, sin = rotary_cos_sin(seq, self.config.head_dim, theta=self.config.rope_theta, device=x.device)
-        cos, sin = cos[past:], sin[past:]  # (T, hd): the new tokens' positions
+        cos, sin = rotary_cos_sin(seq, self.config.head_dim, theta=self.config.rope_theta, device=x.device, start=past)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin) if cache is None else block(x, cos, sin, cache.layers[i])
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        hidden = self.norm(x)  # (B, T, d)
+        return hidden if return_hidden else self.lm_head(hidden)  # (B, T, V)
 
 
 def _build(config: LlamaConfig, *, task: str) -> LlamaForCausalLM:

@@ -2,6 +2,10 @@
 
 Validation loss is the mean cross-entropy over every predicted token of a fixed held-out set (the reference code
 divides the summed batch losses by n + 1; we divide by n).
+
+On our LLaMA with its plain ``nn.Linear`` head, the head and the loss run fused in token chunks
+(:func:`tensorslim.functional.cross_entropy.linear_cross_entropy`, arXiv 2411.09009 §4), so the ``(B, T, V)`` logits
+are never formed; any other model or head (converted, quantized, hooked, Hugging Face's) takes the logits path.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim.functional.cross_entropy import linear_cross_entropy
+from tensorslim.models.llama import LlamaForCausalLM
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task
 
 
@@ -22,8 +28,43 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, *, reduction: 
     The last position has no target and is ignored, rather than sliced off: slicing ``logits[:, :-1]`` would copy
     the whole ``(B, T, V)`` tensor, which at a 32k vocabulary costs as much memory traffic as a small layer.
     """
-    targets = F.pad(input_ids[:, 1:], (0, 1), value=-100)  # (B, T), -100 = ignore_index
+    targets = next_token_targets(input_ids)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction, ignore_index=-100)
+
+
+def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` targets: token t+1 at position t, -100 (``ignore_index``) at the last position."""
+    return F.pad(input_ids[:, 1:], (0, 1), value=-100)
+
+
+def fused_head(model: nn.Module) -> nn.Linear | None:
+    """``model``'s LM head when the loss may read the model's hidden states and the head's weight directly: our
+    LLaMA, not sharded by FSDP2, with a plain bias-free ``nn.Linear`` head, no hooks on it and a plain weight. None
+    otherwise."""
+    head = getattr(model, "lm_head", None)
+    if (
+        not isinstance(model, LlamaForCausalLM)
+        or any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__)  # FSDP2 gathers the head's weight itself
+        or type(head) is not nn.Linear
+        or head.bias is not None
+        or type(head.weight.data) is not torch.Tensor
+        or head._forward_hooks
+        or head._forward_pre_hooks
+        or nn.modules.module._global_forward_hooks
+        or nn.modules.module._global_forward_pre_hooks
+    ):
+        return None
+    return head
+
+
+def lm_loss(model: nn.Module, input_ids: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy of ``model`` on ``input_ids`` ``(B, T)``: fused head and loss where
+    :func:`fused_head` allows it, else :func:`causal_lm_loss` of the model's logits."""
+    head = fused_head(model)
+    if head is None:
+        return causal_lm_loss(logits_of(model(input_ids)), input_ids, reduction=reduction)
+    hidden = model(input_ids, return_hidden=True)  # (B, T, d)
+    return linear_cross_entropy(hidden, head.weight, next_token_targets(input_ids), reduction=reduction)
 
 
 @register_task
@@ -53,7 +94,7 @@ class CausalLM(Task):
         )
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        return causal_lm_loss(logits_of(model(batch)), batch)
+        return lm_loss(model, batch)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
@@ -63,7 +104,7 @@ class CausalLM(Task):
         for start in range(0, len(blocks), batch_size):
             batch = blocks[start : start + batch_size].to(device)
             with autocast():
-                total += causal_lm_loss(logits_of(model(batch)), batch, reduction="sum").item()
+                total += lm_loss(model, batch, reduction="sum").item()
             count += batch.shape[0] * (batch.shape[1] - 1)
         loss = total / count
         return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}

@@ -1,0 +1,73 @@
+"""Batch-1 matrix-vector products at one and two threads, with the weights streamed from memory as in decoding.
+
+Cycles through enough distinct matrices of each shape (about 300 MB) that none is in cache, and reports the best of
+four passes per shape, product (``F.linear``, ``torch.mv``, a batched GEMM over two row halves) and thread count.
+Diagnostic: a shared machine moves these figures.
+
+Usage:
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/decode_gemv_threads.py --out benchmarks/results/decode_gemv_threads
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = ((256, 1024), (1024, 256), (2736, 1024), (1024, 1024))  # CoLA's 350m factors; dense 350m layers
+
+
+def seconds_per_product(rows: int, cols: int, threads: int, product: str) -> float:
+    torch.set_num_threads(threads)
+    count = max(8, int(300e6 / (rows * cols * 4)))
+    weights = [torch.randn(rows, cols) for _ in range(count)]
+    x = torch.randn(1, cols)
+    halves = [w.view(2, rows // 2, cols) for w in weights]
+    best = float("inf")
+    for _ in range(4):
+        start = time.perf_counter()
+        if product == "linear":
+            for w in weights:
+                F.linear(x, w)
+        elif product == "mv":
+            for w in weights:
+                torch.mv(w, x[0])
+        else:
+            for w in halves:
+                torch.bmm(x.expand(2, 1, cols), w.transpose(1, 2))
+        best = min(best, (time.perf_counter() - start) / count)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    load = os.getloadavg()
+    lines = ["| shape | product | 1 thread (µs, GB/s) | 2 threads (µs, GB/s) |", "|---|---|---|---|"]
+    for rows, cols in SHAPES:
+        for product in ("linear", "mv", "bmm2"):
+            cells = []
+            for threads in (1, 2):
+                s = seconds_per_product(rows, cols, threads, product)
+                cells.append(f"{s * 1e6:.0f}, {rows * cols * 4 / s / 1e9:.1f}")
+            lines.append(f"| {rows}×{cols} | {product} | {cells[0]} | {cells[1]} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.out:
+        command = "OMP_WAIT_POLICY=PASSIVE python " + " ".join(sys.argv)
+        Path(args.out).with_suffix(".md").write_text(
+            f"# Batch-1 GEMV, weights streamed from memory, 1 vs 2 threads\n\n- command: `{command}`\n"
+            f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average {load[0]:.1f}; a shared "
+            f"machine: a diagnostic\n\n{table}"
+        )
+
+
+if __name__ == "__main__":
+    main()
