@@ -1,7 +1,10 @@
 """Batch-1 matrix-vector products at one and two threads, with the weights streamed from memory as in decoding.
 
 Cycles through enough distinct matrices of each shape (about 300 MB) that none is in cache, and reports the best of
-four passes per shape, product (``F.linear``, ``torch.mv``, a batched GEMM over two row halves) and thread count.
+four passes per shape, product and thread count. Products of ``x (1, cols)`` with a weight ``(rows, cols)``:
+``F.linear`` (BLAS), ``torch.mv``, a batched GEMM over two row halves, oneDNN's matmul (``onednn``), and ``x @ Wᵀ``
+with the weight stored transposed, ``(cols, rows)`` contiguous (``stored-t``: the same product from the other memory
+layout, which tells whether a short-row factor such as CoLA's ``B (d_out, r)`` is slow because of its layout).
 Diagnostic: a shared machine moves these figures.
 
 Usage:
@@ -20,7 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SHAPES = ((256, 1024), (1024, 256), (2736, 1024), (1024, 1024))  # CoLA's 350m factors; dense 350m layers
+SHAPES = ((256, 1024), (1024, 256), (2736, 256), (2736, 1024), (1024, 1024))  # CoLA's 350m factors; dense layers
+PRODUCTS = ("linear", "mv", "bmm2", "onednn", "stored-t")
 
 
 def seconds_per_product(rows: int, cols: int, threads: int, product: str) -> float:
@@ -29,6 +33,7 @@ def seconds_per_product(rows: int, cols: int, threads: int, product: str) -> flo
     weights = [torch.randn(rows, cols) for _ in range(count)]
     x = torch.randn(1, cols)
     halves = [w.view(2, rows // 2, cols) for w in weights]
+    stored_t = [w.t().contiguous() for w in weights] if product == "stored-t" else []  # (cols, rows)
     best = float("inf")
     for _ in range(4):
         start = time.perf_counter()
@@ -38,6 +43,12 @@ def seconds_per_product(rows: int, cols: int, threads: int, product: str) -> flo
         elif product == "mv":
             for w in weights:
                 torch.mv(w, x[0])
+        elif product == "onednn":
+            for w in weights:
+                torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        elif product == "stored-t":
+            for w in stored_t:
+                torch.mm(x, w)
         else:
             for w in halves:
                 torch.bmm(x.expand(2, 1, cols), w.transpose(1, 2))
@@ -52,7 +63,7 @@ def main() -> None:
     load = os.getloadavg()
     lines = ["| shape | product | 1 thread (µs, GB/s) | 2 threads (µs, GB/s) |", "|---|---|---|---|"]
     for rows, cols in SHAPES:
-        for product in ("linear", "mv", "bmm2"):
+        for product in PRODUCTS:
             cells = []
             for threads in (1, 2):
                 s = seconds_per_product(rows, cols, threads, product)
