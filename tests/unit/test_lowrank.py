@@ -92,3 +92,41 @@ def test_rank_above_layer_limit_is_rejected() -> None:
 def test_rank_ratio_resolves_against_smaller_side() -> None:
     assert CoLAConfig().resolve_rank(512, 1376) == 128
     assert SVDConfig(rank_ratio=1.0).resolve_rank(7, 3) == 3
+
+
+def test_eval_stores_b_r_major_and_train_restores_it() -> None:
+    torch.manual_seed(0)
+    layer = LowRankLinear(64, 96, 16, bias=True, activation="silu", dtype=torch.float64)
+    x = torch.randn(5, 64, dtype=torch.float64)
+    b = layer.weight_b.detach().clone()
+    with torch.no_grad():
+        expected = layer(x)
+    layer.eval()
+    assert layer.weight_b.stride() == (1, 96) and torch.equal(layer.weight_b, b)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(layer.state_dict()["weight_b"], b)
+    layer.train()
+    assert layer.weight_b.is_contiguous() and torch.equal(layer.weight_b, b)
+
+
+def test_an_eval_round_trip_leaves_training_unchanged() -> None:
+    def trained(round_trip: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        layer = LowRankLinear(32, 48, 8, activation="silu")
+        optimizer = torch.optim.AdamW(layer.parameters(), lr=1e-2, fused=True)
+        for _ in range(3):
+            layer(torch.randn(4, 32)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if round_trip:
+                layer.eval()
+                layer.train()
+        return torch.cat([p.detach().flatten() for p in layer.parameters()])
+
+    assert torch.equal(trained(True), trained(False))
+
+
+def test_eval_layout_skips_meta_parameters() -> None:
+    layer = LowRankLinear(32, 48, 8, device="meta").eval()
+    assert layer.weight_b.is_contiguous()
