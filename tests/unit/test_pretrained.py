@@ -224,7 +224,7 @@ def test_a_custom_base_is_passed_to_load(tmp_path: Path) -> None:
     loaded = load_pretrained(tmp_path, model=_Custom().to("meta"))
     x = torch.randn(3, 8)
     with torch.no_grad():
-        assert torch.equal(model(x), loaded(x))
+        assert torch.equal(model.eval()(x), loaded(x))  # both in eval mode, as loaded
 
 
 def test_unknown_config_types_and_formats_are_rejected(tmp_path: Path) -> None:
