@@ -259,7 +259,7 @@ def variant(record: dict[str, Any]) -> str:
     other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``) and ``(init X)``
     when its prompt started from another ``--prompt-init`` than the default, ``(after [CLS])`` or ``(before [CLS])``
     when it went elsewhere than ``--prompt-combine``'s default."""
-    from tensorslim.methods.adapters import PROMPT_COMBINE, PROMPT_LR_SCALE
+    from tensorslim.methods.adapters import DEFAULT_PROMPT_COMBINE, PROMPT_LR_SCALE
 
     name, scale = record["method"], _scale(record)
     if scale is not None and scale != PROMPT_LR_SCALE[record["method"]]:
@@ -268,7 +268,7 @@ def variant(record: dict[str, Any]) -> str:
     if name.split(" ")[0] in PROMPTED and (init or "random") != PROMPT_INIT:
         name += f" (init {init})"
     combine = _combine(record)
-    if combine is not None and combine != PROMPT_COMBINE.get(record["method"], "prefix"):
+    if combine is not None and combine != DEFAULT_PROMPT_COMBINE.get(record["method"], "prefix"):
         name += " (after [CLS])" if combine == "prefix_after_bos" else " (before [CLS])"
     return name
 
@@ -285,9 +285,9 @@ def _scale_of(args: argparse.Namespace, method: str) -> float | None:
 def _combine_of(args: argparse.Namespace, method: str) -> str | None:
     """Where the soft prompt of ``method`` goes (``--prompt-combine`` or the method's default; peft's always before
     the input), else None."""
-    from tensorslim.methods.adapters import PROMPT_COMBINE, PELTOptions, prompt_combine
+    from tensorslim.methods.adapters import DEFAULT_PROMPT_COMBINE, PELTOptions, prompt_combine
 
-    if method not in PROMPT_COMBINE:
+    if method not in DEFAULT_PROMPT_COMBINE:
         return "prefix" if method in PROMPTED else None
     return prompt_combine(method, PELTOptions(prompt_combine=args.prompt_combine))
 

@@ -40,7 +40,7 @@ class PELTOptions:
     prompt_combine: str | None = option(
         None,
         "where the prompt goes: 'prefix' (before the input) or 'prefix_after_bos' (after [CLS]) (default: after [CLS] "
-        "for unipelt-prompt, before the input for prompt)",
+        "for prompt and unipelt-prompt)",
     )
     prompt_lr_scale: float | None = option(
         None,
@@ -127,12 +127,12 @@ PROMPT_LR_SCALE = {"prompt": 1.0, "unipelt-prompt": 10.0}
 
 
 # Where the soft prompt goes when --prompt-combine is not given (AdapterHub's PromptTuningConfig.combine).
-PROMPT_COMBINE = {"prompt": "prefix_after_bos", "unipelt-prompt": "prefix_after_bos"}
+DEFAULT_PROMPT_COMBINE = {"prompt": "prefix_after_bos", "unipelt-prompt": "prefix_after_bos"}
 
 
 def prompt_combine(method: str, options: PELTOptions) -> str:
     """Where the soft prompt of ``method`` goes: ``prefix`` (before the input) or ``prefix_after_bos``."""
-    return options.prompt_combine or PROMPT_COMBINE[method]
+    return options.prompt_combine or DEFAULT_PROMPT_COMBINE[method]
 
 
 def prompt_lr_scale(method: str, options: PELTOptions) -> float:
