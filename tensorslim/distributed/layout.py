@@ -36,8 +36,6 @@ from tensorslim.distributed.chunks import Holding, prepare_adamw_state, sharded_
 from tensorslim.distributed.comm import CommLog, TPGroup
 from tensorslim.distributed.parallelize import (
     DEFAULT_OVERLAP,
-    OVERLAPS,
-    STYLES,
     TPCausalLM,
     build_mesh,
     check_world,
@@ -74,10 +72,6 @@ def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
     from tensorslim.methods import METHODS, get_method
     from tensorslim.models.registry import get_model
 
-    if config.tp_style not in STYLES:
-        raise ValueError(f"tp_style={config.tp_style!r} is unknown; allowed: {list(STYLES)}")
-    if config.tp_overlap not in OVERLAPS:
-        raise ValueError(f"tp_overlap={config.tp_overlap!r} is unknown; allowed: {list(OVERLAPS)}")
     check_world(config.tp, world_size=world_size)
     dp = world_size // config.tp
     if config.dp_shard not in (1, dp):

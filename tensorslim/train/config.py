@@ -4,10 +4,12 @@ chosen method's options)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from tensorslim._checks import require_int
+from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
@@ -131,11 +133,17 @@ class TrainConfig:
             require_int(name, getattr(self, name))
         if self.vocab_size is not None:
             require_int("vocab_size", self.vocab_size)
+        require_int("tp", self.tp)
         require_int("dp_shard", self.dp_shard)
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"lr={self.lr} is invalid; allowed: a number > 0")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError(f"weight_decay={self.weight_decay}, grad_clip={self.grad_clip}: allowed values are >= 0")
+        if self.tp_style not in STYLES:
+            raise ValueError(f"tp_style={self.tp_style!r} is unknown; allowed: {list(STYLES)}")
+        if self.tp_overlap not in OVERLAPS:
+            raise ValueError(f"tp_overlap={self.tp_overlap!r} is unknown; allowed: {list(OVERLAPS)}")
+        if self.lr is not None and not 0 < self.lr < math.inf:
+            raise ValueError(f"lr={self.lr} is invalid; allowed: a finite number > 0")
+        for name in ("weight_decay", "grad_clip"):  # ``not >=`` also rejects nan
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: a number >= 0")
         if self.warmup_fraction is not None and not 0 <= self.warmup_fraction < 1:
             raise ValueError(f"warmup_fraction={self.warmup_fraction} is invalid; allowed: [0, 1)")
         if not 0 <= self.min_lr_ratio <= 1:
