@@ -16,8 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorslim._checks import require_output
     from tensorslim.bench.harness import BenchConfig, run_bench
     from tensorslim.cli.flags import config_from_args
 
-    run_bench(config_from_args(BenchConfig, args))
+    config = config_from_args(BenchConfig, args)
+    if config.out:
+        require_output("out", config.out, folder=False)  # the stem of .md/.json/.png
+    run_bench(config)
     return 0

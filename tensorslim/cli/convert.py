@@ -42,12 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorslim._checks import require_output
     from tensorslim.cli.flags import config_from_args, method_owners, options_from_args
 
-    convert(
-        config_from_args(ConvertConfig, args),
-        options=options_from_args(args.method, method_owners(), args, what="method"),
-    )
+    config = config_from_args(ConvertConfig, args)
+    if config.save is not None:
+        require_output("save", config.save, folder=True)
+    convert(config, options=options_from_args(args.method, method_owners(), args, what="method"))
     return 0
 
 

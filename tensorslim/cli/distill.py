@@ -186,13 +186,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorslim._checks import require_output
     from tensorslim.cli.flags import config_from_args
     from tensorslim.methods.qat import TTQATOptions
     from tensorslim.tasks.distill import DistillOptions
 
-    run_distill(
-        config_from_args(DistillRunConfig, args),
-        options=config_from_args(TTQATOptions, args),
-        task_options=config_from_args(DistillOptions, args),
-    )
+    run_config = config_from_args(DistillRunConfig, args)
+    options, task_options = config_from_args(TTQATOptions, args), config_from_args(DistillOptions, args)
+    run_dir = train_config(run_config, options=options, task_options=task_options).run_dir
+    require_output("out_dir", run_dir, folder=True)
+    if run_config.out is not None:
+        require_output("out", run_config.out, folder=False)
+    run_distill(run_config, options=options, task_options=task_options)
     return 0

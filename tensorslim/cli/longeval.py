@@ -57,6 +57,7 @@ def _configs(config: object, *, length: int, compare: bool) -> list[object]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorslim._checks import require_output
     from tensorslim.cli.flags import config_from_args
     from tensorslim.memory import MemoryConfig, equip_memory_
     from tensorslim.memory.evaluate import DATA, documents, evaluate
@@ -67,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{name}={getattr(args, name)} is invalid; allowed: an integer >= 1")
     if args.data not in DATA:
         raise ValueError(f"data={args.data!r} is unknown; allowed: {list(DATA)}")
+    if args.json:
+        require_output("json", args.json, folder=False)
     model, tokenizer = _load(args)
     equip_memory_(copy.deepcopy(model), config)  # a model we cannot equip fails before the documents are read
     docs = documents(args.data, tokenizer(), length=args.length, count=args.docs)

@@ -2,8 +2,9 @@
 finetune, longeval, segment).
 
 Each subcommand module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> exit code`` (and
-optionally ``description()``). User errors (``ValueError``/``TypeError`` raised while validating or running) are
-printed as one line and exit with code 2; argparse's own usage errors also exit with 2.
+optionally ``description()``). User errors (``ValueError``/``TypeError`` raised while validating or running, and
+``OSError`` for a path that cannot be read or written) are printed as one line and exit with code 2; argparse's own
+usage errors also exit with 2.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, OSError) as error:  # OSError: a file the user named cannot be read or written
         print(f"tensorslim {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -88,7 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorslim._checks import require_output
     from tensorslim.cli.flags import config_from_args
 
-    run_quantize(config_from_args(QuantizeRunConfig, args))
+    config = config_from_args(QuantizeRunConfig, args)
+    if config.out is not None:
+        require_output("out", config.out, folder=False)
+    run_quantize(config)
     return 0

@@ -74,6 +74,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorslim._checks import require_output
     from tensorslim.tasks.segment import SegmentOptions
     from tensorslim.train.config import TrainConfig
 
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         for mode in modes
     ]  # every setting is checked before the first run starts
     out_dir = Path(args.out_dir or f"runs/segment-{args.dataset}")
+    require_output("out_dir", out_dir, folder=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs_dir = out_dir / "runs" if args.keep_runs else Path(tempfile.mkdtemp(prefix="tensorslim-segment-"))
 

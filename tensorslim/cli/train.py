@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorslim._checks import require_output
     from tensorslim.cli.flags import config_from_args, method_owners, options_from_args, task_owners
     from tensorslim.models.registry import resolve_task
     from tensorslim.train.config import TrainConfig, check_preset
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         options=options_from_args(args.method, method_owners(), args, what="method"),
         task_options=options_from_args(task, task_owners(), args, what="task"),
     )
+    require_output("out_dir", config.run_dir, folder=True)
     from tensorslim.report import print_train_summary
     from tensorslim.train.trainer import Interrupted, train
 

@@ -5,6 +5,8 @@ Each case fails before any model is built or data is read, so the whole file run
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tensorslim.cli.main import main
@@ -34,3 +36,43 @@ def test_bad_value_is_one_line_and_exit_code_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in _one_line_error(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "kind"),
+    [
+        (["train", "--out-dir"], "out_dir", "folder"),
+        (["bench", "--preset", "tiny", "--out"], "out", "file"),
+        (["convert", "--preset", "tiny", "--method", "svd", "--save"], "save", "folder"),
+        (["quantize", "--out"], "out", "file"),
+        (["distill", "--out"], "out", "file"),
+        (["distill", "--out-dir"], "out_dir", "folder"),
+        (["longeval", "--json"], "json", "file"),
+        (["segment", "--out-dir"], "out_dir", "folder"),
+    ],
+)
+def test_an_output_path_that_cannot_be_written_fails_before_the_work(
+    argv: list[str], flag: str, kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    under_a_file = a_file / "sub" / "out"
+    err = _one_line_error([*argv, str(under_a_file)], capsys)
+    assert f"{flag}={str(under_a_file)!r} cannot be created ({str(a_file)!r} is not a writable folder)" in err
+    wrong_kind = a_file if kind == "folder" else tmp_path  # an existing path of the other kind
+    err = _one_line_error([*argv, str(wrong_kind)], capsys)
+    assert f"{flag}={str(wrong_kind)!r} is not a {kind}; allowed: a {kind} path" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing was written
+
+
+def test_an_os_error_is_one_line_and_exit_code_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorslim.cli import bench
+
+    def unreadable(args: object) -> int:
+        raise PermissionError(13, "Permission denied", "/data/corpus.txt")
+
+    monkeypatch.setattr(bench, "run", unreadable)
+    err = _one_line_error(["bench"], capsys)
+    assert err == "tensorslim bench: error: [Errno 13] Permission denied: '/data/corpus.txt'"
