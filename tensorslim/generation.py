@@ -19,7 +19,8 @@ from torch import nn
 from tensorslim.tasks.base import logits_of
 
 
-def _check(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise a one-line ``ValueError`` for a sampling setting out of range."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid; allowed: an integer >= 0")
     if not isinstance(temperature, int | float) or not temperature > 0:
@@ -84,7 +85,7 @@ def generate_ids(
     Raises:
         ValueError: invalid settings, an empty prompt, or a prompt that fills the context already.
     """
-    _check(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     if not prompt_ids:
         raise ValueError("prompt_ids=[] is invalid; allowed: at least one token id")
     context = _context_length(model)

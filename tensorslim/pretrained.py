@@ -353,11 +353,15 @@ def load_weights_(model: nn.Module, path: Path, aliases: dict[str, str], *, devi
     ``aliases`` name the tied keys the file holds once (``{alias: kept name}``).
 
     Raises:
-        ValueError: the file's keys or shapes do not match the model.
+        ValueError: the file is missing or corrupt, or its keys or shapes do not match the model.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    weights = load_file(path, device=str(device))
+    try:
+        weights = load_file(path, device=str(device))
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"{path} is missing or corrupt: {error}") from None
     weights.update({alias: weights[kept] for alias, kept in aliases.items() if kept in weights})
     materialize_(model, {key: tensor.dtype for key, tensor in weights.items()}, device=device)
     expected = model.state_dict()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,13 @@ class GenerateConfig:
     device: str = field(default="cpu", metadata=_help("cpu or cuda"))
 
     def __post_init__(self) -> None:
+        from tensorslim.generation import check_sampling
+
         if not self.run_dir:
             raise ValueError("run_dir='' is invalid; allowed: a training run folder (--run DIR)")
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)  # before the model loads
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,13 +84,13 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
     from tensorslim.models.registry import get_model
     from tensorslim.pretrained import load_weights_
     from tensorslim.tasks.base import model_tokenizer
-    from tensorslim.train.checkpoint import latest_checkpoint
+    from tensorslim.train.checkpoint import latest_checkpoint, read_state
     from tensorslim.train.config import TrainConfig
 
     checkpoint = latest_checkpoint(Path(run_dir) / "checkpoints")
     if checkpoint is None:
         raise ValueError(f"run={str(run_dir)!r} holds no checkpoint (expected {Path(run_dir) / 'checkpoints'})")
-    state = json.loads((checkpoint / "state.json").read_text())
+    state = read_state(checkpoint)
     known = {f.name for f in fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in known})
     if config.model_task != "lm":

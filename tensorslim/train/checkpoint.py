@@ -240,10 +240,7 @@ def load_sharded_checkpoint(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
 
-    try:
-        state = json.loads((path / "state.json").read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
+    state = read_state(path)
     if prepare is not None:
         prepare(state)
     wanted = {**tensors(), "rng.torch": torch.get_rng_state()}
@@ -257,6 +254,18 @@ def load_sharded_checkpoint(
         raise ValueError(f"checkpoint {path} does not match this run's model/optimizer: {first}") from None
     torch.set_rng_state(wanted["rng.torch"])
     return state
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The JSON state (step, config, ...) of the checkpoint folder ``path``.
+
+    Raises:
+        ValueError: ``state.json`` is missing or unreadable.
+    """
+    try:
+        return json.loads((path / "state.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -169,3 +169,16 @@ def test_cli_continues_a_prompt_from_a_training_run(
     )
     assert capsys.readouterr().out == expected + "\n"
     assert main(["generate", "--run", str(tmp_path / "nothing"), "--prompt", "x"]) == 2
+    capsys.readouterr()
+    # Bad settings fail before the run is read; a corrupt checkpoint is one line, not a traceback.
+    assert main(["generate", "--run", str(tmp_path / "run"), "--temperature", "0", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "tensorslim generate: error: temperature=0.0 is invalid; allowed: a number > 0"
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_0000003"
+    (checkpoint / "model.safetensors").write_bytes(b"not safetensors")
+    assert main(["generate", "--run", str(tmp_path / "run")]) == 2
+    assert f"{checkpoint / 'model.safetensors'} is missing or corrupt" in capsys.readouterr().err
+    (checkpoint / "state.json").unlink()
+    assert main(["generate", "--run", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {checkpoint} is corrupt or incomplete" in err and len(err.splitlines()) == 1

@@ -241,6 +241,16 @@ def test_unknown_config_types_and_formats_are_rejected(tmp_path: Path) -> None:
         load_pretrained(tmp_path, model=_Custom())
 
 
+def test_missing_or_corrupt_weights_are_a_value_error(tmp_path: Path) -> None:
+    save_pretrained(_Custom(), tmp_path)
+    (tmp_path / WEIGHTS).write_bytes(b"{ not safetensors")
+    with pytest.raises(ValueError, match=f"{WEIGHTS} is missing or corrupt: "):
+        load_pretrained(tmp_path, model=_Custom())
+    (tmp_path / WEIGHTS).unlink()
+    with pytest.raises(ValueError, match=f"{WEIGHTS} is missing or corrupt: "):
+        load_pretrained(tmp_path, model=_Custom())
+
+
 def test_cli_convert_save_writes_a_loadable_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from safetensors.torch import load_file
 
