@@ -63,9 +63,9 @@ def run_quantize(config: QuantizeRunConfig) -> None:
     from tensorslim.quant.hf_inputs import calibration_batches, model_folder
 
     folder = model_folder(config.model)
+    texts = load_corpus(config.data).train[: config.calib_docs]  # a bad --data fails before the model loads
     model: nn.Module = AutoModel.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    texts = load_corpus(config.data).train[: config.calib_docs]
     batches = calibration_batches(tokenizer, texts, seq_len=config.seq_len)
     report = quantize_(model, config.quant_config(), batches)
     print(report.table())

@@ -45,6 +45,7 @@ def test_quantize_cli_writes_a_loadable_packed_file(tmp_path: Path, capsys: pyte
         (["--order", "random"], "order='random' is not supported"),
         (["--init", "zeros"], "init='zeros' is not supported"),
         (["--model", "/nonexistent"], "is neither 'minilm' nor"),
+        (["--data", "/no/such/corpus"], "data '/no/such/corpus' does not exist"),  # before the model loads
     ],
 )
 def test_quantize_cli_bad_input_is_one_line_exit_2(flags: list[str], message: str, capsys) -> None:  # noqa: ANN001
