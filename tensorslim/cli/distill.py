@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from tensorslim._checks import require_int
 
 if TYPE_CHECKING:  # torch loads only when a command runs (after the OpenMP setting)
     from torch import nn
@@ -41,12 +44,13 @@ class DistillRunConfig:
     out: str | None = field(default=None, metadata={"help": "write the JSON report here"})
 
     def __post_init__(self) -> None:
-        if self.task_steps < 0:
-            raise ValueError(f"task_steps={self.task_steps!r} is invalid; allowed: an integer >= 0")
+        require_int("task_steps", self.task_steps, minimum=0)
+        for name in ("batch_size", "seq_len", "eval_docs", "head_docs"):  # named as the flags, not as TrainConfig's
+            require_int(name, getattr(self, name))
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr={self.lr!r} is invalid; allowed: a finite number > 0")
         if not 0 < self.final_lr <= self.lr:
             raise ValueError(f"final_lr={self.final_lr!r} is invalid; allowed: 0 < final_lr <= lr={self.lr!r}")
-        if self.head_docs < 1:
-            raise ValueError(f"head_docs={self.head_docs!r} is invalid; allowed: an integer >= 1")
 
 
 def train_config(run: DistillRunConfig, *, options: Any, task_options: Any) -> TrainConfig:
