@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim._checks import require_int
 from tensorslim.options import option
 from tensorslim.reading import Reader, ReaderConfig, ReadingLog, ReadingStream, Span, pool_losses
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task
@@ -202,6 +203,12 @@ class LongQAOptions(ReaderConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # The ranges under the flags' names (LongQASpec checks them again, with the cross-field rules, as
+        # train_docs and lead).
+        for name in ("qa_docs", "doc_tokens", "passage_tokens"):
+            require_int(name, getattr(self, name))
+        for name in ("dev_docs", "fact_lead", "distractors"):
+            require_int(name, getattr(self, name), minimum=0)
         if not self.answer_weight >= 0:
             raise ValueError(f"answer_weight={self.answer_weight!r} is invalid; allowed: a number >= 0")
 
