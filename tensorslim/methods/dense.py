@@ -7,6 +7,7 @@ rank of the size, gap 200, α 0.25, lr 0.01).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tensorslim._checks import require_int
@@ -26,8 +27,8 @@ class GaLoreOptions:
         if self.rank is not None:
             require_int("rank", self.rank)
         require_int("galore_update_proj_gap", self.update_proj_gap)
-        if not self.scale > 0:
-            raise ValueError(f"galore_scale={self.scale!r} is invalid; allowed: a number > 0")
+        if not 0 < self.scale < math.inf:
+            raise ValueError(f"galore_scale={self.scale!r} is invalid; allowed: a finite number > 0")
 
 
 register_method(

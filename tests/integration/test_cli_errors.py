@@ -30,6 +30,8 @@ def _one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["train", "--lr", "inf"], "lr=inf is invalid; allowed: a finite number > 0"),
         (["train", "--weight-decay", "nan"], "weight_decay=nan is invalid; allowed: a number >= 0"),
         (["train", "--grad-clip", "-1"], "grad_clip=-1.0 is invalid; allowed: a number >= 0"),
+        (["train", "--method", "galore", "--galore-scale", "inf"], "galore_scale=inf is invalid; allowed: a finite"),
+        (["train", "--method", "comera", "--comera-gamma", "inf"], "comera_gamma=inf is invalid; allowed: a finite"),
         (["train", "--task", "longqa", "--qa-docs", "0"], "qa_docs=0 is invalid; allowed: an integer >= 1"),
         (["train", "--task", "longqa", "--fact-lead", "-1"], "fact_lead=-1 is invalid; allowed: an integer >= 0"),
     ],

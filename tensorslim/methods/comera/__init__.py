@@ -14,6 +14,7 @@ of the CUDA-graph step).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,12 +85,11 @@ class CoMERAOptions:
             raise ValueError(f"comera_target_ratio={self.target_ratio} is invalid; allowed: (0, 1]")
         if not 0 <= self.late_fraction < 1:
             raise ValueError(f"comera_late_fraction={self.late_fraction} is invalid; allowed: [0, 1)")
-        if not self.gamma >= 0:
-            raise ValueError(f"comera_gamma={self.gamma} is invalid; allowed: a number >= 0")
+        if not 0 <= self.gamma < math.inf:
+            raise ValueError(f"comera_gamma={self.gamma} is invalid; allowed: a finite number >= 0")
         if self.target_loss is not None and not self.target_loss > 0:
             raise ValueError(f"comera_target_loss={self.target_loss} is invalid; allowed: a number > 0")
-        if isinstance(self.truncate_every, bool) or not isinstance(self.truncate_every, int) or self.truncate_every < 0:
-            raise ValueError(f"comera_truncate_every={self.truncate_every!r} is invalid; allowed: an integer >= 0")
+        require_int("comera_truncate_every", self.truncate_every, minimum=0)
 
 
 def _convert(model: nn.Module, context: MethodContext) -> list:
