@@ -61,7 +61,7 @@ def convert(config: ConvertConfig, *, options: dict) -> None:
         allowed = [name for name, method in METHODS.items() if method.convert is not None]
         raise ValueError(f"method={config.method!r} is not a conversion; allowed: {allowed}")
     if config.model is not None:
-        model = _load_hf_model(config.model)
+        model = load_hf_model(config.model)
         context = MethodContext(
             model_name=config.model,
             family="hf",
@@ -86,10 +86,20 @@ def convert(config: ConvertConfig, *, options: dict) -> None:
     print(f"saved {save_pretrained(model, config.save, base=base)}")
 
 
-def _load_hf_model(path: str):  # noqa: ANN202 - a transformers PreTrainedModel
-    """A local Hugging Face model folder, loaded offline."""
+def load_hf_model(path: str | Path):  # noqa: ANN201 - a transformers PreTrainedModel
+    """A local Hugging Face model folder, loaded offline.
+
+    Raises:
+        ValueError: not a folder, or its weights are missing or corrupt.
+    """
     if not Path(path).is_dir():
-        raise ValueError(f"model={path!r} is not a folder; allowed: a local Hugging Face model folder")
+        raise ValueError(f"model={str(path)!r} is not a folder; allowed: a local Hugging Face model folder")
+    from safetensors import SafetensorError
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(path, local_files_only=True)
+    try:
+        return AutoModel.from_pretrained(path, local_files_only=True)
+    except (OSError, SafetensorError) as error:
+        raise ValueError(
+            f"model={str(path)!r} cannot be loaded ({error}); allowed: a Hugging Face model folder"
+        ) from None

@@ -56,15 +56,16 @@ class QuantizeRunConfig:
 
 
 def run_quantize(config: QuantizeRunConfig) -> None:
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from tensorslim.cli.convert import load_hf_model
     from tensorslim.data import load_corpus
     from tensorslim.quant.api import quantize_, save_quantized
     from tensorslim.quant.hf_inputs import calibration_batches, model_folder
 
     folder = model_folder(config.model)
     texts = load_corpus(config.data).train[: config.calib_docs]  # a bad --data fails before the model loads
-    model: nn.Module = AutoModel.from_pretrained(folder).eval()
+    model: nn.Module = load_hf_model(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     batches = calibration_batches(tokenizer, texts, seq_len=config.seq_len)
     report = quantize_(model, config.quant_config(), batches)

