@@ -12,6 +12,20 @@ def require_int(name: str, value: object, *, minimum: int = 1) -> None:
         raise ValueError(f"{name}={value!r} is invalid; allowed: an integer >= {minimum}")
 
 
+def require_number(name: str, value: object) -> None:
+    """Raise ``ValueError`` unless ``value`` is an int or a float (not a bool, not a string such as ``"1e-3"``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}={value!r} is invalid; allowed: a number")
+
+
+def require_module(model: object, name: str = "model") -> None:
+    """Raise ``TypeError`` unless ``model`` is a ``torch.nn.Module``."""
+    from torch import nn  # here, not at the top: the command line imports this module before torch
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{name} of type {type(model).__name__} is invalid; allowed: a torch.nn.Module")
+
+
 def require_output(name: str, path: str | os.PathLike, *, folder: bool) -> None:
     """Raise ``ValueError`` unless ``path`` can be written as a folder (``folder=True``) or a file.
 

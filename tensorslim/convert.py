@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from tensorslim._checks import require_module
 from tensorslim.registry import TRANSFORMS, ConversionReport, Transform, set_submodule, transform_for
 
 FilterFn = Callable[[nn.Module, str], bool]
@@ -64,7 +65,10 @@ def _plan(
     model: nn.Module, config: object, filter_fn: FilterFn | None
 ) -> tuple[ConversionReport, Transform, dict[str, object]]:
     """The report of :func:`plan`, the transform, and the config each planned layer is built with."""
+    require_module(model)
     transform = transform_for(config)
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"filter_fn of type {type(filter_fn).__name__} is invalid; allowed: (module, name) -> bool")
     report = ConversionReport(method=type(config).__name__, model_params_before=_count_params(model))
     candidates = _candidates(model, transform, filter_fn, report.skipped)
     budget = getattr(config, "budget", None)

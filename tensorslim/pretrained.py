@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensorslim._checks import require_module
+
 MANIFEST = "tensorslim.json"
 WEIGHTS = "model.safetensors"
 HF_CONFIG = "config.json"
@@ -405,6 +407,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: Regist
 
     from tensorslim.train.checkpoint import unique_tensors
 
+    require_module(model)
     folder = Path(folder)
     record = _base_record(model, base)
     layers = describe_layers(model)
@@ -466,8 +469,16 @@ def load_pretrained(
         device: where the weights are loaded.
 
     Raises:
-        ValueError: a malformed folder, an unknown config type, or weights that do not fit the rebuilt model.
+        ValueError: a malformed folder, an unknown config type, weights that do not fit the rebuilt model, or an
+            unknown device.
+        TypeError: ``model`` is not an ``nn.Module``.
     """
+    if model is not None:
+        require_module(model)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is invalid; allowed: a torch device such as 'cpu' or 'cuda'") from None
     folder = Path(folder)
     manifest = read_manifest(folder)
     built = _build_base(manifest["base"], folder, model)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensorslim._checks import require_int
+from tensorslim._checks import require_int, require_number
 from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
 from tensorslim.methods.recipes import recipe_for
@@ -134,6 +134,10 @@ class TrainConfig:
         if self.vocab_size is not None:
             require_int("vocab_size", self.vocab_size)
         require_int("tp", self.tp)
+        require_int("seed", self.seed, minimum=0)  # numpy's generators (segment, reading tasks) take no negatives
+        for name in ("lr", "weight_decay", "grad_clip", "warmup_fraction", "min_lr_ratio"):
+            if getattr(self, name) is not None:
+                require_number(name, getattr(self, name))
         require_int("dp_shard", self.dp_shard)
         if self.tp_style not in STYLES:
             raise ValueError(f"tp_style={self.tp_style!r} is unknown; allowed: {list(STYLES)}")

@@ -170,6 +170,8 @@ class Trainer:
         cuda_graphs: bool = False,
         static_step: bool = False,
     ) -> None:
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: a TrainConfig")
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite={on_nonfinite!r} is invalid; allowed: 'stop' or 'skip'")
         cuda_graphs = cuda_graphs or config.cuda_graphs
