@@ -232,6 +232,11 @@ class LaXLinear(LowRankLinear):
         self._store: LatentStore | None = None
 
     @property
+    def latent_rank(self) -> int:
+        """The width of the latent that crosses: the rank (as :attr:`LaXTTLinear.latent_rank` is its middle bond)."""
+        return self.rank
+
+    @property
     def crosses(self) -> bool:
         """Whether this layer adds the previous block's latent (False in block 0)."""
         return self.norm is not None
@@ -289,19 +294,20 @@ class LaXLinear(LowRankLinear):
         return f"{super().extra_repr()}, crossing={self.crossing_kind!r}, crosses={self.crosses}"
 
 
-def attach_crossings(model: nn.Module) -> dict[str, int]:
-    """Wire every :class:`LaXLinear` of ``model`` to a shared :class:`LatentStore`.
+def attach_crossings(model: nn.Module, layer_type: type[nn.Module] = LaXLinear) -> dict[str, int]:
+    """Wire every ``layer_type`` layer of ``model`` (:class:`LaXLinear`, or
+    :class:`~tensorslim.layers.lax_tt.LaXTTLinear`) to a shared :class:`LatentStore`.
 
-    A layer crosses iff a LaXLinear of the same stream (same path with the block index replaced by ``*``) exists in
-    the block before it. Installs forward pre/post hooks on ``model`` that clear the store.
+    A layer crosses iff a layer of the same type and stream (same path with the block index replaced by ``*``)
+    exists in the block before it. Installs forward pre/post hooks on ``model`` that clear the store.
 
     Returns:
         ``{qualified name: block index}`` of the crossing layers.
 
     Raises:
-        ValueError: a stream whose rank changes between consecutive blocks.
+        ValueError: a stream whose latent rank changes between consecutive blocks.
     """
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, LaXLinear)}
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, layer_type)}
     located = {name: split_block_path(name) for name in layers}
     by_stream = {loc: name for name, loc in located.items() if loc is not None}
     store = ensure_store(model)
@@ -312,10 +318,10 @@ def attach_crossings(model: nn.Module) -> dict[str, int]:
             continue
         block, stream = loc
         previous = by_stream.get((block - 1, stream))
-        if previous is not None and layers[previous].rank != layer.rank:
+        if previous is not None and layers[previous].latent_rank != layer.latent_rank:
             raise ValueError(
-                f"rank mismatch in LaX stream {stream!r}: block {block - 1} has r={layers[previous].rank}, "
-                f"block {block} has r={layer.rank}; allowed: equal ranks along a stream"
+                f"latent rank mismatch in LaX stream {stream!r}: block {block - 1} has r={layers[previous].latent_rank}"
+                f", block {block} has r={layer.latent_rank}; allowed: equal latent ranks along a stream"
             )
         layer.join(store, stream, cross=previous is not None)
         if previous is not None:

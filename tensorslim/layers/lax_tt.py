@@ -45,9 +45,9 @@ from tensorslim.layers._source import is_dense_linear
 from tensorslim.layers.lax import (
     CROSSINGS,
     LatentStore,
+    attach_crossings,
     crossing_flops,
     crossing_params,
-    ensure_store,
     make_crossing,
     split_block_path,
 )
@@ -159,8 +159,8 @@ class LaXTTLinear(TTLinear):
     """A :class:`TTLinear` whose middle-bond latent crosses to the same layer type in the next block (LaX §3).
 
     Same ``cores``/``gates`` (CoMERA's rank gates)/``bias`` as :class:`TTLinear`; a crossing layer adds
-    ``crossing`` (G) and ``norm`` (on ``r_mid``). Crossings are switched on by :func:`attach_tt_crossings`
-    (``convert_`` does it).
+    ``crossing`` (G) and ``norm`` (on ``r_mid``). Crossings are switched on by
+    :func:`~tensorslim.layers.lax.attach_crossings` (``convert_`` does it).
 
     Args:
         in_factors, out_factors, ranks, bias: as :class:`TTLinear`.
@@ -291,39 +291,6 @@ class LaXTTLinear(TTLinear):
         )
 
 
-def attach_tt_crossings(model: nn.Module) -> dict[str, int]:
-    """Wire every :class:`LaXTTLinear` of ``model`` to the model's :class:`LatentStore` (as
-    :func:`tensorslim.layers.lax.attach_crossings` does for low-rank layers).
-
-    A layer crosses iff a LaXTTLinear of the same stream exists in the block before it.
-
-    Returns:
-        ``{qualified name: block index}`` of the crossing layers.
-
-    Raises:
-        ValueError: a stream whose latent rank changes between consecutive blocks.
-    """
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, LaXTTLinear)}
-    located = {name: split_block_path(name) for name in layers}
-    by_stream = {loc: name for name, loc in located.items() if loc is not None}
-    store = ensure_store(model)
-    crossing: dict[str, int] = {}
-    for name, layer in layers.items():
-        if located[name] is None:
-            continue
-        block, stream = located[name]
-        previous = by_stream.get((block - 1, stream))
-        if previous is not None and layers[previous].latent_rank != layer.latent_rank:
-            raise ValueError(
-                f"latent rank mismatch in LaX stream {stream!r}: block {block - 1} has r={layers[previous].latent_rank}"
-                f", block {block} has r={layer.latent_rank}; allowed: equal middle-bond ranks along a stream"
-            )
-        layer.join(store, stream, cross=previous is not None)
-        if previous is not None:
-            crossing[name] = block
-    return crossing
-
-
 def _wants_intra(name: str, config: LaXTTConfig) -> bool:
     return name.rsplit(".", 1)[-1] in config.intra_res
 
@@ -352,7 +319,7 @@ def finalize_lax_tt(model: nn.Module, config: LaXTTConfig, report: ConversionRep
     for name in converted:
         if _wants_intra(name, config):
             model.get_submodule(name).enable_intra_res()
-    attach_tt_crossings(model)
+    attach_crossings(model, LaXTTLinear)
     report.layers[:] = [
         dataclasses.replace(row, params_after=model.get_submodule(row.name).num_params()) for row in report.layers
     ]
