@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import model_config, resolve_task
+from tensorslim.options import option
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import to_device
 from tensorslim.tasks.mlm import mask_tokens
@@ -46,41 +47,32 @@ from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import DTYPES, autocast, resolve_dtype
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     """What ``tensorslim bench`` measures."""
 
-    preset: str = field(default="60m", metadata=_help("registered model (see `tensorslim train -h`)"))
-    task: str | None = field(default=None, metadata=_help("lm, mlm or classify (default: the model's first task)"))
-    methods: str = field(default="dense,cola", metadata=_help("comma-separated methods; dense is always added"))
-    batch_size: int = field(default=4, metadata=_help("sequences per step"))
-    seq_len: int = field(default=256, metadata=_help("tokens per sequence"))
-    warmup: int = field(default=2, metadata=_help("untimed steps per method"))
-    repeats: int = field(default=5, metadata=_help("timed steps per method, alternating between methods"))
-    rank: int | None = field(default=None, metadata=_help("rank of every method that has one (default: its own)"))
-    seed: int = field(default=0, metadata=_help("seed of model init and the random token batch"))
-    device: str = field(default="cpu", metadata=_help("cpu or cuda"))
-    threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: torch's choice)"))
-    timer: str = field(
-        default="wall",
-        metadata=_help(
-            "wall; cpu: process CPU time, robust on a shared machine with --threads 1; thread: the main thread's CPU "
-            "time, which with OMP_WAIT_POLICY=PASSIVE approximates a multi-thread step on a shared machine"
-        ),
+    preset: str = option("60m", "registered model (see `tensorslim train -h`)")
+    task: str | None = option(None, "lm, mlm or classify (default: the model's first task)")
+    methods: str = option("dense,cola", "comma-separated methods; dense is always added")
+    batch_size: int = option(4, "sequences per step")
+    seq_len: int = option(256, "tokens per sequence")
+    warmup: int = option(2, "untimed steps per method")
+    repeats: int = option(5, "timed steps per method, alternating between methods")
+    rank: int | None = option(None, "rank of every method that has one (default: its own)")
+    seed: int = option(0, "seed of model init and the random token batch")
+    device: str = option("cpu", "cpu or cuda")
+    threads: int | None = option(None, "torch CPU threads (default: torch's choice)")
+    timer: str = option(
+        "wall",
+        "wall; cpu: process CPU time, robust on a shared machine with --threads 1; thread: the main thread's CPU "
+        "time, which with OMP_WAIT_POLICY=PASSIVE approximates a multi-thread step on a shared machine",
     )
-    dtype: str = field(
-        default="fp32", metadata=_help("precisions to measure, comma-separated: fp32, bf16, auto (probed)")
+    dtype: str = option("fp32", "precisions to measure, comma-separated: fp32, bf16, auto (probed)")
+    compile: bool = option(False, "also measure each method torch.compiled, next to eager")
+    keep_freed_memory: bool = option(
+        True, "CPU: keep freed memory in the process, as training does (no page faults each step)"
     )
-    compile: bool = field(default=False, metadata=_help("also measure each method torch.compiled, next to eager"))
-    keep_freed_memory: bool = field(
-        default=True,
-        metadata=_help("CPU: keep freed memory in the process, as training does (no page faults each step)"),
-    )
-    out: str | None = field(default=None, metadata=_help("output stem for .md/.json/.png (default: print only)"))
+    out: str | None = option(None, "output stem for .md/.json/.png (default: print only)")
 
     def __post_init__(self) -> None:
         check_preset(self.preset)

@@ -4,27 +4,23 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from tensorslim.options import option
 
 NAME = "convert"
 HELP = "show (or apply and save) a method's conversion of a registered model or a Hugging Face folder"
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConvertConfig:
     """What ``tensorslim convert`` converts and where it saves the result."""
 
-    preset: str = field(default="60m", metadata=_help("registered model to convert (ignored with --model)"))
-    model: str | None = field(default=None, metadata=_help("local Hugging Face model folder instead of a preset"))
-    method: str = field(default="cola", metadata=_help("a method that converts layers (see `tensorslim train -h`)"))
-    save: str | None = field(
-        default=None, metadata=_help("write the converted model to this folder (see docs/save_load.md)")
-    )
+    preset: str = option("60m", "registered model to convert (ignored with --model)")
+    model: str | None = option(None, "local Hugging Face model folder instead of a preset")
+    method: str = option("cola", "a method that converts layers (see `tensorslim train -h`)")
+    save: str | None = option(None, "write the converted model to this folder (see docs/save_load.md)")
 
 
 def description() -> str:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorslim._checks import require_int
+from tensorslim.options import option
 
 if TYPE_CHECKING:  # torch loads only when a command runs (after the OpenMP setting)
     from torch import nn
@@ -30,18 +31,18 @@ MODEL = "minilm"
 class DistillRunConfig:
     """The run settings of ``tensorslim distill`` beside the student's (``tt-qat``) and curriculum's options."""
 
-    task_steps: int = field(default=40, metadata={"help": "final-phase steps (every layer + the embedding loss)"})
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate (release: 1e-3)"})
-    final_lr: float = field(default=2e-5, metadata={"help": "learning rate at the end (release's task phase: 2e-5)"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per step"})
-    seq_len: int = field(default=64, metadata={"help": "tokens per sequence"})
-    eval_docs: int = field(default=64, metadata={"help": "held-out BBC articles for cosine/Spearman"})
-    eval_bbc: bool = field(default=True, metadata={"help": "BBC topic accuracy with a head fit on teacher features"})
-    head_docs: int = field(default=400, metadata={"help": "BBC training articles used to fit the head"})
-    seed: int = field(default=0, metadata={"help": "seed of student init and data order"})
-    out_dir: str | None = field(default=None, metadata={"help": "run folder (default: runs/minilm-distill-tt-qat)"})
-    resume: bool = field(default=False, metadata={"help": "continue from the run folder's latest checkpoint"})
-    out: str | None = field(default=None, metadata={"help": "write the JSON report here"})
+    task_steps: int = option(40, "final-phase steps (every layer + the embedding loss)")
+    lr: float = option(1e-3, "peak learning rate (release: 1e-3)")
+    final_lr: float = option(2e-5, "learning rate at the end (release's task phase: 2e-5)")
+    batch_size: int = option(8, "sequences per step")
+    seq_len: int = option(64, "tokens per sequence")
+    eval_docs: int = option(64, "held-out BBC articles for cosine/Spearman")
+    eval_bbc: bool = option(True, "BBC topic accuracy with a head fit on teacher features")
+    head_docs: int = option(400, "BBC training articles used to fit the head")
+    seed: int = option(0, "seed of student init and data order")
+    out_dir: str | None = option(None, "run folder (default: runs/minilm-distill-tt-qat)")
+    resume: bool = option(False, "continue from the run folder's latest checkpoint")
+    out: str | None = option(None, "write the JSON report here")
 
     def __post_init__(self) -> None:
         require_int("task_steps", self.task_steps, minimum=0)

@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from tensorslim.options import option
+
 NAME = "generate"
 HELP = "continue a prompt with a training run's latest checkpoint (causal LM runs)"
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateConfig:
     """Which run continues which prompt, and how tokens are chosen (see :func:`tensorslim.generation.generate`)."""
 
-    run_dir: str = field(default="", metadata=_help("training run folder (holds checkpoints/), flag --run"))
-    prompt: str = field(default="", metadata=_help("text to continue"))
-    max_new_tokens: int = field(default=64, metadata=_help("tokens to generate at most"))
-    temperature: float = field(default=1.0, metadata=_help("divides the logits before sampling"))
-    top_k: int | None = field(default=None, metadata=_help("sample among the k most likely tokens"))
-    top_p: float | None = field(default=None, metadata=_help("sample within the top-p probability nucleus"))
-    greedy: bool = field(default=False, metadata=_help("take the most likely token at each step"))
-    seed: int = field(default=0, metadata=_help("sampling seed"))
-    device: str = field(default="cpu", metadata=_help("cpu or cuda"))
+    run_dir: str = option("", "training run folder (holds checkpoints/), flag --run")
+    prompt: str = option("", "text to continue")
+    max_new_tokens: int = option(64, "tokens to generate at most")
+    temperature: float = option(1.0, "divides the logits before sampling")
+    top_k: int | None = option(None, "sample among the k most likely tokens")
+    top_p: float | None = option(None, "sample within the top-p probability nucleus")
+    greedy: bool = option(False, "take the most likely token at each step")
+    seed: int = option(0, "sampling seed")
+    device: str = option("cpu", "cpu or cuda")
 
     def __post_init__(self) -> None:
         from tensorslim.generation import check_sampling

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from tensorslim.options import option
 
 if TYPE_CHECKING:  # torch loads only when a command runs (after the OpenMP setting)
     from torch import nn
@@ -18,19 +20,19 @@ QUANT_METHODS = ("comq", "gptq", "rtn")
 class QuantizeRunConfig:
     """What ``tensorslim quantize`` does; one flag per field."""
 
-    model: str = field(default="minilm", metadata={"help": "'minilm' (the bundled MiniLM BERT) or a HF model folder"})
-    method: str = field(default="comq", metadata={"help": f"one of {QUANT_METHODS}"})
-    bits: int = field(default=4, metadata={"help": "code width, 2..8"})
-    granularity: str = field(default="channel", metadata={"help": "'channel' or 'layer'"})
-    init: str = field(default="gptq", metadata={"help": "COMQ start: 'gptq', 'rtn' or 'float' (the release)"})
-    order: str = field(default="cyclic", metadata={"help": "COMQ coordinate order: 'cyclic' or 'greedy' (paper)"})
-    sweeps: int = field(default=1, metadata={"help": "COMQ sweeps"})
-    update_scale: bool = field(default=True, metadata={"help": "COMQ least-squares scale update"})
-    act_order: bool = field(default=False, metadata={"help": "GPTQ: columns by decreasing diag(H)"})
-    data: str = field(default="bbcnews", metadata={"help": "calibration corpus: 'bbcnews', 'stdlib' or a path"})
-    calib_docs: int = field(default=128, metadata={"help": "calibration documents (first seq-len tokens of each)"})
-    seq_len: int = field(default=128, metadata={"help": "tokens per calibration document"})
-    out: str | None = field(default=None, metadata={"help": "write the quantized model to this .safetensors file"})
+    model: str = option("minilm", "'minilm' (the bundled MiniLM BERT) or a HF model folder")
+    method: str = option("comq", f"one of {QUANT_METHODS}")
+    bits: int = option(4, "code width, 2..8")
+    granularity: str = option("channel", "'channel' or 'layer'")
+    init: str = option("gptq", "COMQ start: 'gptq', 'rtn' or 'float' (the release)")
+    order: str = option("cyclic", "COMQ coordinate order: 'cyclic' or 'greedy' (paper)")
+    sweeps: int = option(1, "COMQ sweeps")
+    update_scale: bool = option(True, "COMQ least-squares scale update")
+    act_order: bool = option(False, "GPTQ: columns by decreasing diag(H)")
+    data: str = option("bbcnews", "calibration corpus: 'bbcnews', 'stdlib' or a path")
+    calib_docs: int = option(128, "calibration documents (first seq-len tokens of each)")
+    seq_len: int = option(128, "tokens per calibration document")
+    out: str | None = option(None, "write the quantized model to this .safetensors file")
 
     def __post_init__(self) -> None:
         if self.method not in QUANT_METHODS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tensorslim._checks import require_int, require_number
@@ -13,7 +13,7 @@ from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
-from tensorslim.options import resolve_options
+from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
 from tensorslim.train.precision import DTYPES
 
@@ -44,10 +44,6 @@ def check_preset(name: str) -> None:
         raise ValueError(f"preset={name!r} is unknown; allowed: {list(MODELS)}")
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything that defines a training run (defaults: tiny CoLA on the built-in stdlib corpus).
@@ -56,66 +52,54 @@ class TrainConfig:
     ``task_options`` the task's; None takes their defaults.
     """
 
-    preset: str = field(default="tiny", metadata=_help("registered model (listed above)"))
-    task: str | None = field(default=None, metadata=_help("lm, mlm or classify (default: the model's first task)"))
-    method: str = field(default="cola", metadata=_help("training method (listed above)"))
-    options: Any = field(default=None, metadata=_help("the method's options"))
-    task_options: Any = field(default=None, metadata=_help("the task's options"))
-    steps: int = field(default=300, metadata=_help("optimizer steps"))
-    batch_size: int = field(default=16, metadata=_help("sequences per micro-batch"))
-    seq_len: int = field(default=128, metadata=_help("tokens per sequence"))
-    grad_accum: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
-    lr: float | None = field(default=None, metadata=_help("peak learning rate (default: the method's recipe)"))
-    weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
-    grad_clip: float = field(default=0.5, metadata=_help("max gradient norm, 0 disables clipping"))
-    warmup_fraction: float | None = field(default=None, metadata=_help("warm-up share of steps (default: recipe)"))
-    min_lr_ratio: float = field(default=0.1, metadata=_help("cosine floor as a fraction of the peak lr"))
-    dtype: str = field(
-        default="fp32",
-        metadata=_help(
-            "fp32, bf16 autocast (slow on CPUs without AVX-512 BF16), or auto: bf16 where the hardware has it"
-        ),
+    preset: str = option("tiny", "registered model (listed above)")
+    task: str | None = option(None, "lm, mlm or classify (default: the model's first task)")
+    method: str = option("cola", "training method (listed above)")
+    options: Any = option(None, "the method's options")
+    task_options: Any = option(None, "the task's options")
+    steps: int = option(300, "optimizer steps")
+    batch_size: int = option(16, "sequences per micro-batch")
+    seq_len: int = option(128, "tokens per sequence")
+    grad_accum: int = option(1, "micro-batches per optimizer step")
+    lr: float | None = option(None, "peak learning rate (default: the method's recipe)")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    grad_clip: float = option(0.5, "max gradient norm, 0 disables clipping")
+    warmup_fraction: float | None = option(None, "warm-up share of steps (default: recipe)")
+    min_lr_ratio: float = option(0.1, "cosine floor as a fraction of the peak lr")
+    dtype: str = option(
+        "fp32", "fp32, bf16 autocast (slow on CPUs without AVX-512 BF16), or auto: bf16 where the hardware has it"
     )
-    compile: bool = field(default=False, metadata=_help("torch.compile the model (compile time reported apart)"))
-    keep_freed_memory: bool = field(
-        default=True,
-        metadata=_help("CPU: keep freed memory in the process (no page faults each step; holds the peak until exit)"),
+    compile: bool = option(False, "torch.compile the model (compile time reported apart)")
+    keep_freed_memory: bool = option(
+        True, "CPU: keep freed memory in the process (no page faults each step; holds the peak until exit)"
     )
-    seed: int = field(default=0, metadata=_help("seed of model init and data order"))
-    data: str = field(
-        default="stdlib",
-        metadata=_help("stdlib, bbcnews, a .txt/.jsonl file or folder, a datasets save_to_disk folder, or parquet"),
+    seed: int = option(0, "seed of model init and data order")
+    data: str = option(
+        "stdlib", "stdlib, bbcnews, a .txt/.jsonl file or folder, a datasets save_to_disk folder, or parquet"
     )
-    text_field: str = field(
-        default="text", metadata=_help("text column of a datasets/parquet table, or field of a .jsonl")
+    text_field: str = option("text", "text column of a datasets/parquet table, or field of a .jsonl")
+    tokenizer: str | None = option(None, "local Hugging Face tokenizer path (default: BPE)")
+    vocab_size: int | None = option(None, "BPE vocabulary size (default: the model's)")
+    eval_every: int = option(100, "steps between validation passes")
+    eval_blocks: int = option(64, "size of the fixed held-out set, in sequences")
+    checkpoint_every: int = option(100, "steps between checkpoints")
+    init: str | None = option(
+        None, "start from a folder written by save_pretrained / `tensorslim convert --save` (same model)"
     )
-    tokenizer: str | None = field(default=None, metadata=_help("local Hugging Face tokenizer path (default: BPE)"))
-    vocab_size: int | None = field(default=None, metadata=_help("BPE vocabulary size (default: the model's)"))
-    eval_every: int = field(default=100, metadata=_help("steps between validation passes"))
-    eval_blocks: int = field(default=64, metadata=_help("size of the fixed held-out set, in sequences"))
-    checkpoint_every: int = field(default=100, metadata=_help("steps between checkpoints"))
-    init: str | None = field(
-        default=None,
-        metadata=_help("start from a folder written by save_pretrained / `tensorslim convert --save` (same model)"),
+    out_dir: str | None = option(None, "run folder (default: runs/<preset>-<method>)")
+    resume: bool = option(False, "continue from the run folder's latest checkpoint")
+    device: str = option("cpu", "cpu or cuda")
+    cuda_graphs: bool = option(
+        False, "capture each step in a CUDA graph (device cuda, one process, grad_accum 1, no method hook)"
     )
-    out_dir: str | None = field(default=None, metadata=_help("run folder (default: runs/<preset>-<method>)"))
-    resume: bool = field(default=False, metadata=_help("continue from the run folder's latest checkpoint"))
-    device: str = field(default="cpu", metadata=_help("cpu or cuda"))
-    cuda_graphs: bool = field(
-        default=False,
-        metadata=_help("capture each step in a CUDA graph (device cuda, one process, grad_accum 1, no method hook)"),
-    )
-    progress: bool = field(default=True, metadata=_help("show a progress bar"))
-    tensorboard: bool = field(default=True, metadata=_help("also log to TensorBoard when it is installed"))
+    progress: bool = option(True, "show a progress bar")
+    tensorboard: bool = option(True, "also log to TensorBoard when it is installed")
     # Tensor parallelism (tensorslim.distributed; launch with torchrun, one process per rank).
-    tp: int = field(default=1, metadata=_help("tensor-parallel size; the rest of the world is data parallel"))
-    tp_style: str = field(default="btp", metadata=_help("btp (BOOST), vanilla (low-rank TP) or megatron (dense)"))
-    dp_shard: int = field(
-        default=1, metadata=_help("FSDP2 over the data-parallel axis: its size (world / tp); 1 keeps DDP")
-    )
-    tp_overlap: str = field(
-        default="none",
-        metadata=_help("btp: overlap latent all-reduces with computation: none, backward or full (docs/scale_out.md)"),
+    tp: int = option(1, "tensor-parallel size; the rest of the world is data parallel")
+    tp_style: str = option("btp", "btp (BOOST), vanilla (low-rank TP) or megatron (dense)")
+    dp_shard: int = option(1, "FSDP2 over the data-parallel axis: its size (world / tp); 1 keeps DDP")
+    tp_overlap: str = option(
+        "none", "btp: overlap latent all-reduces with computation: none, backward or full (docs/scale_out.md)"
     )
 
     def __post_init__(self) -> None:
