@@ -128,7 +128,27 @@ class TTConfig:
         return in_factors, out_factors, resolve_ranks(self.rank, in_factors + out_factors)
 
 
-class TTLinear(nn.Module):
+class GatedCores(nn.Module):
+    """TT cores (``cores``, the bond on each core's last axis) with CoMERA's optional rank gates (``gates``, one
+    vector per internal bond, §2.1): shared by :class:`TTLinear` and the TT embedding, which create both."""
+
+    cores: nn.ParameterList
+    gates: nn.ParameterList
+    gate_threshold: float
+
+    def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
+        """Attach one all-ones gate vector per internal bond (CoMERA's rank controls, §2.1); idempotent."""
+        self.gate_threshold = threshold
+        if len(self.gates) == 0:
+            for core in self.cores[:-1]:
+                self.gates.append(nn.Parameter(torch.ones(core.shape[-1], device=core.device, dtype=core.dtype)))
+
+    def effective_cores(self) -> list[torch.Tensor]:
+        """Cores with the gate masks folded in (identical to the cores when no gates are attached)."""
+        return apply_gates(list(self.cores), list(self.gates), threshold=self.gate_threshold)
+
+
+class TTLinear(GatedCores):
     """``y = x W + b`` with ``W`` in CoMERA's TT format; the forward never forms ``W`` (CoMERA §3, contraction
     paths).
 
@@ -189,17 +209,6 @@ class TTLinear(nn.Module):
             if self.bias is not None:
                 bound = 1 / math.sqrt(self.out_features)
                 self.bias.uniform_(-bound, bound)
-
-    def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
-        """Attach one all-ones gate vector per internal bond (CoMERA's rank controls, §2.1); idempotent."""
-        self.gate_threshold = threshold
-        if len(self.gates) == 0:
-            for core in self.cores[:-1]:
-                self.gates.append(nn.Parameter(torch.ones(core.shape[-1], device=core.device, dtype=core.dtype)))
-
-    def effective_cores(self) -> list[torch.Tensor]:
-        """Cores with the gate masks folded in (identical to the cores when no gates are attached)."""
-        return apply_gates(list(self.cores), list(self.gates), threshold=self.gate_threshold)
 
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``L (d_in, r_mid)`` and ``R (r_mid, d_out)`` of ``W = L R`` from the gated cores (:func:`tt_factors`)."""

@@ -31,7 +31,7 @@ from tensorslim.functional.tt import (
     ttm_lookup_flops,
     ttm_lookup_halves,
 )
-from tensorslim.layers.tt import GATE_THRESHOLD, resolve_ranks
+from tensorslim.layers.tt import GATE_THRESHOLD, GatedCores, resolve_ranks
 from tensorslim.registry import LayerReport, Transform, register_transform
 
 Init = Literal["ttm_svd", "random"]
@@ -84,7 +84,7 @@ class TTEmbeddingConfig:
         return rows, cols, resolve_ranks(self.rank, tuple(m * n for m, n in zip(rows, cols, strict=True)))
 
 
-class TTEmbedding(nn.Module):
+class TTEmbedding(GatedCores):
     """An embedding table stored as TTM cores; rows are computed without forming the table.
 
     Args:
@@ -141,16 +141,6 @@ class TTEmbedding(nn.Module):
         with torch.no_grad():
             for core in self.cores:
                 core.normal_().mul_(scale / math.sqrt(core.shape[-1]))
-
-    def enable_gates(self, *, threshold: float = GATE_THRESHOLD) -> None:
-        """Attach one all-ones gate vector per internal bond (§2.1); idempotent."""
-        self.gate_threshold = threshold
-        if len(self.gates) == 0:
-            for core in self.cores[:-1]:
-                self.gates.append(nn.Parameter(torch.ones(core.shape[-1], device=core.device, dtype=core.dtype)))
-
-    def effective_cores(self) -> list[torch.Tensor]:
-        return apply_gates(list(self.cores), list(self.gates), threshold=self.gate_threshold)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype not in (torch.int64, torch.int32):
