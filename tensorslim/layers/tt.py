@@ -43,6 +43,12 @@ DEFAULT_RANK = 30  # CoMERA ``--max-rank`` in ``run_MNLI.sh``
 ONE_THREAD_MAX_FLOPS = 1 << 24
 
 
+def check_tt_rank(rank: object) -> None:
+    """Raise ``ValueError`` unless ``rank`` is an integer >= 1 (every internal bond) or a full rank list."""
+    if isinstance(rank, bool) or not isinstance(rank, int | tuple | list) or (isinstance(rank, int) and rank < 1):
+        raise ValueError(f"rank={rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
+
+
 def resolve_ranks(rank: int | tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
     """Full rank list ``(1, r_1, …, r_{k-1}, 1)`` for cores with mode sizes ``dims``.
 
@@ -95,11 +101,7 @@ class TTConfig:
     budget: Budget | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.rank, int) and not isinstance(self.rank, bool):
-            if self.rank < 1:
-                raise ValueError(f"rank={self.rank} is invalid; allowed: an integer >= 1 or a full rank list")
-        elif not isinstance(self.rank, tuple | list):
-            raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
+        check_tt_rank(self.rank)
         require_int("n_cores", self.n_cores, minimum=2)
         if self.init not in ("tt_svd", "random"):
             raise ValueError(f"init={self.init!r} is invalid; allowed: 'tt_svd' or 'random'")

@@ -31,7 +31,7 @@ from tensorslim.functional.tt import (
     ttm_lookup_flops,
     ttm_lookup_halves,
 )
-from tensorslim.layers.tt import GATE_THRESHOLD, GatedCores, resolve_ranks
+from tensorslim.layers.tt import GATE_THRESHOLD, GatedCores, check_tt_rank, resolve_ranks
 from tensorslim.registry import LayerReport, Transform, register_transform
 
 Init = Literal["ttm_svd", "random"]
@@ -61,11 +61,7 @@ class TTEmbeddingConfig:
     rank_gates: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.rank, int) and not isinstance(self.rank, bool):
-            if self.rank < 1:
-                raise ValueError(f"rank={self.rank} is invalid; allowed: an integer >= 1 or a full rank list")
-        elif not isinstance(self.rank, tuple | list):
-            raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
+        check_tt_rank(self.rank)
         require_int("n_cores", self.n_cores, minimum=2)
         if self.init not in ("ttm_svd", "random"):
             raise ValueError(f"init={self.init!r} is invalid; allowed: 'ttm_svd' or 'random'")
