@@ -98,11 +98,6 @@ class LoRALinear(nn.Module):
             self._store.put(self.stream, latent)
         return self.base(x) + self.scaling * F.linear(latent, self.lora_b)  # (..., d_out)
 
-    def num_adapter_params(self) -> int:
-        """Trainable parameters: ``r (d_in + d_out)`` plus the gate."""
-        gate = sum(p.numel() for p in self.gate.parameters()) if self.gate is not None else 0
-        return self.lora_a.numel() + self.lora_b.numel() + gate
-
     def extra_repr(self) -> str:
         return f"rank={self.rank}, scaling={self.scaling:g}, crossing={self.crossing}"
 

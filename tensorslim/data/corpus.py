@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-BUILTIN_CORPORA = ("stdlib", "bbcnews")
 DATA_FILE_SUFFIXES = (".txt", ".jsonl")
 TABLE_SUFFIXES = (".arrow", ".parquet")  # read by tensorslim.data.tables
 _ALLOWED = (

@@ -47,7 +47,6 @@ from tensorslim.layers.lowrank import (
 )
 from tensorslim.registry import ConversionReport, Transform, register_transform
 
-Policy = Literal["latent", "layer"]
 POLICIES: tuple[str, ...] = ("latent", "layer")
 
 

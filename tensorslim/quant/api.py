@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -378,7 +378,3 @@ def load_quantized(model: nn.Module, path: str | Path) -> nn.Module:
         _set_submodule(model, name, _shell(spec, dtype))
     load_model(model, str(path))
     return model
-
-
-def config_summary(config: QuantConfig) -> dict[str, object]:
-    return {"method": type(config).__name__, **asdict(config)}
