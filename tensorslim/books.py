@@ -49,7 +49,8 @@ def count_flops(model: nn.Module, input_ids: torch.Tensor, *, backward: bool = F
     with FlopCounterMode(display=False) as counter:
         out = model(input_ids)
         if backward:
-            out.float().sum().backward()
+            logits = out if isinstance(out, torch.Tensor) else out.logits  # a Hugging Face model's output
+            logits.float().sum().backward()
     return counter.get_total_flops()
 
 
