@@ -46,6 +46,8 @@ from tensorslim.train.config import check_preset
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import DTYPES, autocast, resolve_dtype
 
+BENCH_TASKS = ("lm", "mlm", "classify")
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
@@ -77,6 +79,10 @@ class BenchConfig:
     def __post_init__(self) -> None:
         check_preset(self.preset)
         object.__setattr__(self, "task", resolve_task(self.preset, self.task))
+        if self.task not in BENCH_TASKS:  # synthetic_batch makes token batches only
+            raise ValueError(
+                f"task={self.task!r} of preset={self.preset!r} cannot be benchmarked; allowed: {BENCH_TASKS}"
+            )
         for method in self.method_list:
             get_method(method)
         for name in ("batch_size", "seq_len", "repeats"):

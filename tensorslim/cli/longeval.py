@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from tensorslim.cli.flags import config_from_args
     from tensorslim.memory import MemoryConfig, equip_memory_
     from tensorslim.memory.evaluate import DATA, documents, evaluate
+    from tensorslim.models.registry import get_model
 
     config = config_from_args(MemoryConfig, args)  # bad flags fail before anything is loaded
     for name in ("length", "docs"):
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"data={args.data!r} is unknown; allowed: {list(DATA)}")
     if args.json:
         require_output("json", args.json, folder=False)
+    if args.preset and not hasattr(get_model(args.preset).config, "vocab_size"):  # e.g. a U-Net
+        raise ValueError(f"preset={args.preset!r} reads no tokens; allowed: a language model preset such as 'tiny'")
     model, tokenizer = _load(args)
     equip_memory_(copy.deepcopy(model), config)  # a model we cannot equip fails before the documents are read
     docs = documents(args.data, tokenizer(), length=args.length, count=args.docs)

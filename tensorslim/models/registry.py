@@ -137,6 +137,9 @@ def model_config(
     task = resolve_task(name, task)
     config = preset.config
     changes: dict[str, int] = {}
+    for field, value in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len)):
+        if value is not None and not hasattr(config, field):  # e.g. a U-Net reads images, not tokens
+            raise ValueError(f"{field}={value} is invalid for model={name!r}, which has none; allowed: None")
     if vocab_size is not None and vocab_size != config.vocab_size:
         if preset.pretrained:
             raise ValueError(

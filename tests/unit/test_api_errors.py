@@ -49,3 +49,10 @@ def test_bad_arguments_are_one_line_errors(
         call(tmp_path)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_vocabulary_for_a_model_that_reads_no_tokens_is_a_value_error() -> None:
+    from tensorslim.models import build_model
+
+    with pytest.raises(ValueError, match="vocab_size=512 is invalid for model='unet-small', which has none"):
+        build_model("unet-small", vocab_size=512)
