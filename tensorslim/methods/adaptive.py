@@ -25,7 +25,7 @@ from tensorslim.layers.lowrank import CoLAConfig
 from tensorslim.methods.comera import CoMERAOptions, stage_hook
 from tensorslim.methods.comera.train_hook import LR_SCALES, CoMERAHook
 from tensorslim.methods.recipes import recipe_for
-from tensorslim.methods.registry import Method, MethodContext, register_method
+from tensorslim.methods.registry import LINEAR_FAMILIES, Method, MethodContext, register_method
 from tensorslim.options import option
 
 # The factors ("cores") and the rest at the run's rate, as fixed-rank CoLA trains them; gates at CoMERA's 10×.
@@ -76,5 +76,6 @@ register_method(
         data_parallel=(),
         parallel_note="its stages slice dead ranks out of A and B between steps, which DDP's buckets and FSDP2's "
         "shards (fixed when the model is wrapped) cannot follow",
+        families=LINEAR_FAMILIES,
     )
 )

@@ -28,7 +28,7 @@ from tensorslim.layers.lax_tt import LaXTTConfig, LaXTTLinear
 from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
 from tensorslim.layers.tt import TTConfig
 from tensorslim.methods.recipes import recipe_for
-from tensorslim.methods.registry import Method, MethodContext, register_method
+from tensorslim.methods.registry import LINEAR_FAMILIES, Method, MethodContext, register_method
 from tensorslim.options import option
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")  # LaX-TT's IntraRes_Pos (q, k, v, out)
@@ -160,6 +160,7 @@ register_method(
         convert=_converter(_cola_like(CoLAMConfig)),
         options=RankOptions,
         parallel_note=_COLA_M_NOTE,
+        families=LINEAR_FAMILIES,
     )
 )
 register_method(

@@ -94,6 +94,9 @@ class Method:
 
 
 METHODS: dict[str, Method] = {}
+# The families built of linear layers: rank gates (CoMERA, adaptive CoLA) and CoLA-M's latent checkpoints need
+# them, and a U-Net (convolutions) has none.
+LINEAR_FAMILIES = ("llama", "bert", "gpt2", "hf-bert")
 
 
 def register_method(method: Method) -> Method:

@@ -35,6 +35,8 @@ def _one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["train", "--method", "comera", "--comera-gamma", "inf"], "comera_gamma=inf is invalid; allowed: a finite"),
         (["bench", "--preset", "unet-small"], "task='segment' of preset='unet-small' cannot be benchmarked; allowed:"),
         (["longeval", "--preset", "unet-small"], "preset='unet-small' reads no tokens; allowed: a language model"),
+        (["train", "--preset", "unet-small", "--method", "comera"], "method='comera' does not apply to unet models"),
+        (["train", "--preset", "unet-small", "--method", "cola-m"], "method='cola-m' does not apply to unet models"),
         (["train", "--task", "longqa", "--qa-docs", "0"], "qa_docs=0 is invalid; allowed: an integer >= 1"),
         (["train", "--task", "longqa", "--fact-lead", "-1"], "fact_lead=-1 is invalid; allowed: an integer >= 0"),
     ],

@@ -37,7 +37,7 @@ from tensorslim.methods.comera.optim import build_optimizer, param_groups
 from tensorslim.methods.comera.tensorize import comera_
 from tensorslim.methods.comera.train_hook import CoMERAHook
 from tensorslim.methods.lowrank import TT_RANK
-from tensorslim.methods.registry import Method, MethodContext, register_method
+from tensorslim.methods.registry import LINEAR_FAMILIES, Method, MethodContext, register_method
 from tensorslim.options import option
 
 __all__ = [
@@ -126,5 +126,6 @@ register_method(
         parallel_note="its stages slice dead ranks out of the TT cores between steps, which DDP's buckets and FSDP2's "
         "shards (fixed when the model is wrapped) cannot follow; the plain TT layers ('tt', 'lax-tt') run "
         "data-parallel",
+        families=LINEAR_FAMILIES,
     )
 )
