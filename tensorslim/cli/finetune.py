@@ -232,7 +232,7 @@ def chosen_lr(records: list[dict[str, Any]], name: str, k: int) -> float:
         ValueError: no complete grid of ``name`` at ``k`` among ``records``.
     """
     mine = [r for r in records if variant(r) == name and r["k"] == k]
-    best = _best_runs(mine)
+    best = best_runs(mine)
     if not best:
         raise ValueError(f"lr_from={k}: no complete {name} grid at K={k} in the runs file; run that size first")
     wins: dict[float, list[float]] = {}
@@ -451,7 +451,7 @@ def _tfidf(args: argparse.Namespace, k: int, seed: int) -> dict[str, Any]:
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per (method, K): the test accuracy of the best-on-dev learning rate, mean ± std over seeds, and the costs.
     A (method, K, seed) whose grid is not complete (an interrupted sweep) is left out."""
-    best = _best_runs(records)
+    best = best_runs(records)
     rows: dict[tuple, list[float]] = {}
     for (method, k, _), r in sorted(best.items()):
         rows.setdefault((method, k), []).append(100 * r["test_accuracy"])
@@ -483,7 +483,7 @@ def use_costs(summary: dict[str, Any], measured: dict[str, Any]) -> None:
     summary["commands"] = [*summary["commands"], measured["command"]]
 
 
-def _best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+def best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     """Per (:func:`variant`, K, seed) whose grid is complete (the rates in its ``grid`` field, else ``LR_GRIDS``):
     the run with the best development accuracy, its dev accuracy as ``_dev``."""
     grids: dict[tuple, set[float]] = {}
