@@ -70,10 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rates",
-        choices=("all", "middle"),
+        choices=("all", "middle", "below"),
         default="all",
-        help="run each method's whole learning-rate grid, or only its middle rate (the rate the K=100 sweeps chose "
-        "most; to try another --epochs at one rate per method)",
+        help="run each method's whole learning-rate grid, only its middle rate (the rate the K=100 sweeps chose "
+        "most; to try another --epochs at one rate per method), or only the rate one grid step below its lowest (to "
+        "see whether a variant's optimum lies below the grid)",
     )
     parser.add_argument(
         "--prompt-init",
@@ -210,6 +211,9 @@ def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str,
     rate chosen by development accuracy at ``K0``."""
     if args.rates == "middle":
         return (LR_GRIDS[method][len(LR_GRIDS[method]) // 2],)
+    if args.rates == "below":
+        low, next_up = LR_GRIDS[method][:2]
+        return (float(f"{low * low / next_up:.3g}"),)  # the grid's lowest ratio, one step further down
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
     name = variant(
