@@ -8,9 +8,12 @@ variants of each method (:func:`tensorslim.cli.finetune.variant`: the default ro
 ``(pooler frozen)``) on the development accuracy of the best-on-dev rate per seed, with the test accuracy beside it
 (not used for the choice). It also gives each method's per-seed test difference from full fine-tuning (``dense``),
 paired on the seed (same subsets), and the two-sided sign-flip p-value of its mean: with 5 seeds the smallest
-possible value is 2/32.
+possible value is 2/32. ``--below`` adds the pooler-trained variant on its grid moved one step down (the runs of
+``finetune --train-pooler --rates below``); several ``--runs`` files pool their runs (extra seeds kept out of the
+table's file).
 
     python benchmarks/adapters_pooler.py --runs benchmarks/results/adapters_bbc_titles.jsonl \\
+        benchmarks/results/adapters_seeds.jsonl --below benchmarks/results/adapters_pooler_below.jsonl \\
         --out benchmarks/results/adapters_pooler
 
 Writes ``<out>.json`` and ``<out>.md``.
@@ -26,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tensorslim.cli.finetune import best_runs
+from tensorslim.cli.finetune import LR_GRIDS, best_runs, variant
 from tensorslim.methods.adapters import MODULES
 
 POOLER = (" (pooler trained)", " (pooler frozen)")
@@ -56,11 +59,44 @@ def compare(records: list[dict[str, Any]], *, k: int = 100) -> dict[str, dict[st
     return out
 
 
-def paired(records: list[dict[str, Any]], name: str, *, k: int = 100, against: str = "dense") -> dict[str, Any]:
-    """Per-seed test difference (points) of the variant ``name`` minus ``against``, its mean, std and the exact
-    two-sided sign-flip p-value of the mean (all 2^n sign patterns)."""
+SHIFTED = " (pooler trained, grid one step down)"
+
+
+def shifted(records: list[dict[str, Any]], below: list[dict[str, Any]], *, k: int = 100) -> dict[str, Any]:
+    """The pooler-trained variant of each method on its grid moved one step down (the same size): the run at the
+    rate below the grid (``finetune --rates below``, in ``below``) and at the grid's two lowest rates; per seed the
+    best on dev (a tie keeps the lower rate). Returns ``{method: {name: per-seed lists}}`` as :func:`compare`, and
+    the picked runs under ``"_runs"``."""
+    out: dict[str, Any] = {}
+    for method in MODULES:
+        name = method + POOLER[0]
+        picks = {}
+        for seed in sorted({r["seed"] for r in below if variant(r) == name and r["k"] == k}):
+            mine = [r for r in [*below, *records] if variant(r) == name and r["k"] == k and r["seed"] == seed]
+            runs = sorted((r for r in mine if r["lr"] < LR_GRIDS[method][2]), key=lambda r: r["lr"])
+            if len(runs) == 3:
+                picks[seed] = max(runs, key=lambda r: (r["dev_accuracy"], -r["lr"]))
+        if picks:
+            out[method] = {
+                method + SHIFTED: {
+                    "seeds": sorted(picks),
+                    "dev": [100 * r["dev_accuracy"] for r in picks.values()],
+                    "test": [100 * r["test_accuracy"] for r in picks.values()],
+                    "lr": [r["lr"] for r in picks.values()],
+                    "_runs": picks,
+                }
+            }
+    return out
+
+
+def paired(
+    records: list[dict[str, Any]], name: str, *, k: int = 100, against: str = "dense", mine: dict | None = None
+) -> dict[str, Any]:
+    """Per-seed test difference (points) of the variant ``name`` (or the per-seed runs ``mine``) minus ``against``,
+    its mean, std and the exact two-sided sign-flip p-value of the mean (all 2^n sign patterns)."""
     best = best_runs(records)
-    mine = {s: r for (v, kk, s), r in best.items() if v == name and kk == k}
+    if mine is None:
+        mine = {s: r for (v, kk, s), r in best.items() if v == name and kk == k}
     theirs = {s: r for (v, kk, s), r in best.items() if v == against and kk == k}
     diffs = [100 * (mine[s]["test_accuracy"] - theirs[s]["test_accuracy"]) for s in sorted(set(mine) & set(theirs))]
     total = abs(sum(diffs))
@@ -82,11 +118,16 @@ def _mean_std(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default="benchmarks/results/adapters_bbc_titles.jsonl")
+    parser.add_argument("--runs", nargs="+", default=["benchmarks/results/adapters_bbc_titles.jsonl"])
+    parser.add_argument("--below", default=None, help="runs of finetune --train-pooler --rates below (.jsonl)")
     parser.add_argument("--out", default="benchmarks/results/adapters_pooler")
     args = parser.parse_args(argv)
-    records = [json.loads(line) for line in Path(args.runs).read_text().splitlines()]
+    records = [json.loads(line) for path in args.runs for line in Path(path).read_text().splitlines()]
     table = compare(records)
+    if args.below:
+        below = [json.loads(line) for line in Path(args.below).read_text().splitlines()]
+        for method, rows in shifted(records, below).items():
+            table.setdefault(method, {}).update(rows)
     lines = [
         "| method | variant | seeds | mean best dev | dev per seed | test (not used) | rates chosen |",
         "|---|---|---|---|---|---|---|",
@@ -99,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(row + f"{_mean_std(v['test'])} | {rates} |")
     means = {
         tail: statistics.fmean(statistics.fmean(v[m + tail]["dev"]) for m, v in table.items() if m + tail in v)
-        for tail in ("", *POOLER)
+        for tail in ("", *POOLER, SHIFTED)
         if any(m + tail in v for m, v in table.items())
     }
     lines += ["", "Mean over methods of the mean best development accuracy: "]
     lines[-1] += ", ".join(f"{'default' if not tail else tail.strip(' ()')} {m:.2f}" for tail, m in means.items())
-    pairs = {name: paired(records, name) for v in table.values() for name in v}
+    pairs = {name: paired(records, name, mine=v[name].pop("_runs", None)) for v in table.values() for name in v}
     lines += ["", "| variant | test − dense per seed (points) | mean ± std | sign-flip p |", "|---|---|---|---|"]
     for name, p in pairs.items():
         diffs = " ".join(f"{d:+.1f}" for d in p["diffs"])
