@@ -131,6 +131,9 @@ class PELTConfig:
         from_layer: put LoRA, prefixes and adapters only on layers ``from_layer`` and above (arXiv 2405.05493's
             layer-wise variant; UniPELT's ``--drop_first_layers``). The prompt is at the input either way.
         train_head: keep the task head (a classifier on a fresh base) trainable, as peft's ``modules_to_save``.
+        train_pooler: train the base model's pooler (BERT's ``Linear(d, d) → tanh`` on ``[CLS]``) with the head, as
+            full fine-tuning does; AdapterHub's default classification head has a trainable layer of this shape of
+            its own. Off: the pooler stays frozen, as in the official UniPELT code and peft.
     """
 
     lora: GatedLoRAConfig | None = None
@@ -139,8 +142,11 @@ class PELTConfig:
     prompt: PromptConfig | None = None
     from_layer: int = 0
     train_head: bool = True
+    train_pooler: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.train_pooler, bool):
+            raise ValueError(f"train_pooler={self.train_pooler!r} is invalid; allowed: True or False")
         if all(getattr(self, name) is None for name in MODULES):
             raise ValueError(f"PELTConfig() has no module; allowed: at least one of {list(MODULES)}")
         require_int("from_layer", self.from_layer, minimum=0)

@@ -86,10 +86,11 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
 
     Raises:
         ValueError: a target that matches no linear, a model without the layers a module needs, a prompt that does
-            not fit the position table, a model equipped already.
+            not fit the position table, a model equipped already, ``train_pooler`` on a model without a pooler.
     """
     if getattr(model, "pelt_config", None) is not None:
         raise ValueError(f"{type(model).__name__} is equipped already; allowed: equip_ a fresh base model once")
+    pooler = _pooler_of(model) if config.train_pooler else None  # checked before any structural change
     model.requires_grad_(False)
     layers: dict[str, list[str]] = {}
     if config.prompt is not None:  # checked first: it needs no structural change to fail cleanly
@@ -103,6 +104,8 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
     if config.train_head:
         for param in _head_parameters(model):
             param.requires_grad_(True)
+    if pooler is not None:
+        pooler.requires_grad_(True)
     model.pelt_config = config
     model.train(model.training)  # the new modules follow the model's mode (an eval model keeps dropout off)
     return {**trainable_parameters(model), "layers": layers}
@@ -241,6 +244,18 @@ def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
     return hook
 
 
+def _pooler_of(model: nn.Module) -> nn.Module:
+    """The base model's pooler (``model.bert.pooler`` of a BERT classifier).
+
+    Raises:
+        ValueError: the model has none.
+    """
+    pooler = getattr(getattr(model, "base_model", None), "pooler", None)
+    if not isinstance(pooler, nn.Module):
+        raise ValueError(f"train_pooler=True needs a base model with a pooler; {type(model).__name__} has none")
+    return pooler
+
+
 def _head_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The task head: a Hugging Face model's parameters outside its base model (``classifier`` …)."""
     base = getattr(model, "base_model", None)
@@ -251,9 +266,10 @@ def _head_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 def trainable_parameters(model: nn.Module) -> dict[str, int]:
-    """Trainable parameters per kind (``lora``, ``prefix``, ``bottleneck``, ``prompt``, ``other``: the head or
-    anything unfrozen), their ``trainable`` sum and the model's ``total`` (peft's ``print_trainable_parameters``)."""
-    kinds = {"lora": 0, "prefix": 0, "bottleneck": 0, "prompt": 0, "other": 0}
+    """Trainable parameters per kind (``lora``, ``prefix``, ``bottleneck``, ``prompt``, ``pooler`` when trained,
+    ``other``: the head or anything unfrozen), their ``trainable`` sum and the model's ``total`` (peft's
+    ``print_trainable_parameters``)."""
+    kinds = {"lora": 0, "prefix": 0, "bottleneck": 0, "prompt": 0, "pooler": 0, "other": 0}
     seen: set[int] = set()
 
     def count(kind: str, params: Any) -> None:
@@ -273,6 +289,9 @@ def trainable_parameters(model: nn.Module) -> dict[str, int]:
             count("bottleneck", [p for n, p in module.named_parameters() if not n.startswith("inner.")])
         elif isinstance(module, PromptEmbedding):
             count("prompt", module.parameters())
+    pooler = getattr(getattr(model, "base_model", None), "pooler", None)
+    if isinstance(pooler, nn.Module):
+        count("pooler", pooler.parameters())
     count("other", model.parameters())
     total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     return {**kinds, "trainable": sum(kinds.values()), "total": total}

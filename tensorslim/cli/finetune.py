@@ -70,10 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rates",
-        choices=("all", "middle"),
+        choices=("all", "middle", "below"),
         default="all",
-        help="run each method's whole learning-rate grid, or only its middle rate (the rate the K=100 sweeps chose "
-        "most; to try another --epochs at one rate per method)",
+        help="run each method's whole learning-rate grid, only its middle rate (the rate the K=100 sweeps chose "
+        "most; to try another --epochs at one rate per method), or only the rate one grid step below its lowest (to "
+        "see whether a variant's optimum lies below the grid)",
     )
     parser.add_argument(
         "--prompt-init",
@@ -98,6 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="X",
         help="the soft prompt's rate as a multiple of the run's, for prompt and unipelt-prompt (default: each "
         "method's, 10 for unipelt-prompt, see docs/adapters.md)",
+    )
+    parser.add_argument(
+        "--train-pooler",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train the base model's pooler with the classifier head, for our adapter methods (default: the methods' "
+        "own, see docs/adapters.md; dense trains it, peft's methods keep it frozen)",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=16, help="tokens per title ([CLS] included)")
@@ -166,7 +174,10 @@ def run(args: argparse.Namespace) -> int:
                     for lr in grid:
                         planned = {"method": method, "k": k, "seed": seed, "lr": lr, "steps": _steps(args, k)}
                         planned |= {"prompt_init": _init_of(args, method), "prompt_lr_scale": _scale_of(args, method)}
-                        planned |= {"prompt_combine": _combine_of(args, method)}
+                        planned |= {
+                            "prompt_combine": _combine_of(args, method),
+                            "train_pooler": _pooler_of(args, method),
+                        }
                         if _key(planned) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
@@ -190,6 +201,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         f"--prompt-init {shlex.quote(args.prompt_init)}",
         *([] if args.prompt_combine is None else [f"--prompt-combine {args.prompt_combine}"]),
         *([] if args.prompt_lr_scale is None else [f"--prompt-lr-scale {args.prompt_lr_scale:g}"]),
+        *([] if args.train_pooler is None else ["--train-pooler" if args.train_pooler else "--no-train-pooler"]),
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
 
@@ -199,6 +211,9 @@ def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str,
     rate chosen by development accuracy at ``K0``."""
     if args.rates == "middle":
         return (LR_GRIDS[method][len(LR_GRIDS[method]) // 2],)
+    if args.rates == "below":
+        low, next_up = LR_GRIDS[method][:2]
+        return (float(f"{low * low / next_up:.3g}"),)  # the grid's lowest ratio, one step further down
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
     name = variant(
@@ -207,6 +222,7 @@ def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str,
             "prompt_lr_scale": _scale_of(args, method),
             "prompt_init": _init_of(args, method),
             "prompt_combine": _combine_of(args, method),
+            "train_pooler": _pooler_of(args, method),
         }
     )
     return (chosen_lr(records, name, args.lr_from),)
@@ -220,7 +236,7 @@ def chosen_lr(records: list[dict[str, Any]], name: str, k: int) -> float:
         ValueError: no complete grid of ``name`` at ``k`` among ``records``.
     """
     mine = [r for r in records if variant(r) == name and r["k"] == k]
-    best = _best_runs(mine)
+    best = best_runs(mine)
     if not best:
         raise ValueError(f"lr_from={k}: no complete {name} grid at K={k} in the runs file; run that size first")
     wins: dict[float, list[float]] = {}
@@ -232,12 +248,21 @@ def chosen_lr(records: list[dict[str, Any]], name: str, k: int) -> float:
 
 def _key(record: dict[str, Any]) -> tuple:
     init, steps, combine = record.get("prompt_init"), record.get("steps"), _combine(record)
-    return record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps, combine
+    key = record["method"], record["k"], record["seed"], record["lr"], init, _scale(record), steps, combine
+    return (*key, _pooler(record))
 
 
 def _combine(record: dict[str, Any]) -> str | None:
     """Where a run's soft prompt went (runs from before ``--prompt-combine`` put it before the input), else None."""
     return record.get("prompt_combine", "prefix") if record["method"] in PROMPTED else None
+
+
+def _pooler(record: dict[str, Any]) -> bool | None:
+    """Whether a run of one of our adapter methods trained the pooler (runs from before ``--train-pooler`` did not),
+    else None (dense trains it, peft's methods do not: neither has a choice)."""
+    from tensorslim.methods.adapters import MODULES
+
+    return record.get("train_pooler", False) if record["method"] in MODULES else None
 
 
 def _steps(args: argparse.Namespace, k: int) -> int:
@@ -258,8 +283,9 @@ def variant(record: dict[str, Any]) -> str:
     """The table row of a run: its method, then ``(prompt lr ×s)`` when it trained its prompt at a multiple ``s``
     other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``) and ``(init X)``
     when its prompt started from another ``--prompt-init`` than the default, ``(after [CLS])`` or ``(before [CLS])``
-    when it went elsewhere than ``--prompt-combine``'s default."""
-    from tensorslim.methods.adapters import DEFAULT_PROMPT_COMBINE, PROMPT_LR_SCALE
+    when it went elsewhere than ``--prompt-combine``'s default, ``(pooler trained)`` or ``(pooler frozen)`` when it
+    did otherwise than ``--train-pooler``'s default."""
+    from tensorslim.methods.adapters import DEFAULT_PROMPT_COMBINE, DEFAULT_TRAIN_POOLER, PROMPT_LR_SCALE
 
     name, scale = record["method"], _scale(record)
     if scale is not None and scale != PROMPT_LR_SCALE[record["method"]]:
@@ -270,6 +296,9 @@ def variant(record: dict[str, Any]) -> str:
     combine = _combine(record)
     if combine is not None and combine != DEFAULT_PROMPT_COMBINE.get(record["method"], "prefix"):
         name += " (after [CLS])" if combine == "prefix_after_bos" else " (before [CLS])"
+    pooler = _pooler(record)
+    if pooler is not None and pooler != DEFAULT_TRAIN_POOLER:
+        name += " (pooler trained)" if pooler else " (pooler frozen)"
     return name
 
 
@@ -290,6 +319,14 @@ def _combine_of(args: argparse.Namespace, method: str) -> str | None:
     if method not in DEFAULT_PROMPT_COMBINE:
         return "prefix" if method in PROMPTED else None
     return prompt_combine(method, PELTOptions(prompt_combine=args.prompt_combine))
+
+
+def _pooler_of(args: argparse.Namespace, method: str) -> bool | None:
+    """Whether ``method``, one of our adapter methods, trains the pooler (``--train-pooler`` or the default), else
+    None."""
+    from tensorslim.methods.adapters import MODULES, PELTOptions, train_pooler
+
+    return train_pooler(PELTOptions(train_pooler=args.train_pooler)) if method in MODULES else None
 
 
 def _init_of(args: argparse.Namespace, method: str) -> str | None:
@@ -326,6 +363,9 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     combine = _combine_of(args, method)
     if combine is not None and method != "peft-prompt":  # peft-prompt takes only its own order
         options["prompt_combine"] = combine
+    pooler = _pooler_of(args, method)
+    if pooler is not None:
+        options["train_pooler"] = pooler
     config = TrainConfig(
         preset=args.model,
         task="classify",
@@ -366,6 +406,8 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
         record["prompt_lr_scale"] = scale
     if combine is not None:
         record["prompt_combine"] = combine
+    if pooler is not None:
+        record["train_pooler"] = pooler
     if seed == 0 and lr == LR_GRIDS[method][0]:
         record["inference_ratio"] = _inference_ratio(trainer, args)
     return record
@@ -413,7 +455,7 @@ def _tfidf(args: argparse.Namespace, k: int, seed: int) -> dict[str, Any]:
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per (method, K): the test accuracy of the best-on-dev learning rate, mean ± std over seeds, and the costs.
     A (method, K, seed) whose grid is not complete (an interrupted sweep) is left out."""
-    best = _best_runs(records)
+    best = best_runs(records)
     rows: dict[tuple, list[float]] = {}
     for (method, k, _), r in sorted(best.items()):
         rows.setdefault((method, k), []).append(100 * r["test_accuracy"])
@@ -445,7 +487,7 @@ def use_costs(summary: dict[str, Any], measured: dict[str, Any]) -> None:
     summary["commands"] = [*summary["commands"], measured["command"]]
 
 
-def _best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+def best_runs(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     """Per (:func:`variant`, K, seed) whose grid is complete (the rates in its ``grid`` field, else ``LR_GRIDS``):
     the run with the best development accuracy, its dev accuracy as ``_dev``."""
     grids: dict[tuple, set[float]] = {}

@@ -47,6 +47,11 @@ class PELTOptions:
         "the soft prompt's learning rate as a multiple of the run's (default: 10 for unipelt-prompt, 1 for prompt)",
     )
     gates: bool | None = option(None, "gate each module (default: on for unipelt*, off for single methods)")
+    train_pooler: bool | None = option(
+        None,
+        "train the base model's pooler (Linear + tanh on [CLS]) with the classifier head (default: off; peft's "
+        "methods keep it frozen)",
+    )
     from_layer: int = option(0, "adapt only layers from this index on (the layer-wise variant)")
 
     def __post_init__(self) -> None:
@@ -107,7 +112,27 @@ def pelt_config(
         if "prompt" in modules
         else None,
         from_layer=options.from_layer,
+        train_pooler=train_pooler(options),
     )
+
+
+# Whether our adapter methods train the pooler with the head when --train-pooler is not given (docs/adapters.md).
+DEFAULT_TRAIN_POOLER = False
+
+
+def train_pooler(options: PELTOptions) -> bool:
+    """Whether our adapter methods train the base model's pooler (``--train-pooler`` or the default)."""
+    return DEFAULT_TRAIN_POOLER if options.train_pooler is None else options.train_pooler
+
+
+def _peft_pooler(method: str, options: PELTOptions) -> None:
+    """peft's methods train only what peft trains.
+
+    Raises:
+        ValueError: ``--train-pooler`` asked of one.
+    """
+    if options.train_pooler:
+        raise ValueError(f"{method} keeps peft's frozen pooler; allowed: train_pooler off for {method}")
 
 
 MODULES = {
@@ -298,6 +323,7 @@ def _peft_lora(model: nn.Module, context: MethodContext) -> list:
     from tensorslim.adapters.equip import _head_parameters
 
     options = context.options
+    _peft_pooler("peft-lora", options)
     config = peft.LoraConfig(r=options.rank or 8, lora_alpha=options.lora_alpha, target_modules=["query", "value"])
     before = _count(model)
     model.requires_grad_(False)
@@ -322,6 +348,7 @@ def _peft_prompt(model: nn.Module, context: MethodContext) -> list:
     own forward."""
     import peft
 
+    _peft_pooler("peft-prompt", context.options)
     if context.options.prompt_combine not in (None, "prefix"):
         raise ValueError(
             "peft-prompt puts its prompt before the input; allowed: prompt_combine='prefix' for peft-prompt"

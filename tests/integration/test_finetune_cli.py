@@ -234,5 +234,17 @@ def test_middle_rates_run_one_rate_per_method_and_runs_of_other_lengths_are_not_
     args = parser.parse_args(["--rates", "middle", "--epochs", "15"])
     assert _grid(args, "dense", 100, []) == (2e-4,) and _grid(args, "unipelt-prompt", 100, []) == (5e-3,)
     assert _grid(parser.parse_args([]), "lora", 100, []) == LR_GRIDS["lora"]
+    below = parser.parse_args(["--rates", "below"])  # one step of the grid's lowest ratio under its lowest rate
+    assert _grid(below, "lora", 100, []) == (2e-4,) and _grid(below, "prompt", 100, []) == (2e-3,)
     run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3, "steps": 32}
     assert _key(run) != _key({**run, "steps": 96})
+
+
+def test_runs_that_trained_the_pooler_get_a_row_of_their_own_and_are_not_taken_for_done() -> None:
+    from tensorslim.cli.finetune import _key, variant
+
+    run = {"method": "lora", "k": 100, "seed": 0, "lr": 5e-3}
+    assert variant({**run, "train_pooler": True}) == "lora (pooler trained)"
+    assert variant(run) == variant({**run, "train_pooler": False}) == "lora"  # runs from before the option: frozen
+    assert _key({**run, "train_pooler": True}) != _key(run) == _key({**run, "train_pooler": False})
+    assert variant({"method": "dense", "train_pooler": True}) == "dense"  # dense trains it, no choice

@@ -557,3 +557,72 @@ def test_prompt_rate_defaults_ten_times_for_unipelt_prompt_and_once_for_prompt()
         with pytest.raises(ValueError, match=f"prompt_lr_scale={bad!r} is invalid") as error:
             PELTOptions(prompt_lr_scale=bad)
         assert "\n" not in str(error.value)
+
+
+def test_train_pooler_trains_berts_pooler_with_the_head_and_nothing_else_of_the_base() -> None:
+    """``train_pooler=True`` adds the pooler's d·d + d parameters; with fresh (identity) adapters its gradient is the
+    one full fine-tuning gives the same model, and one step moves it while the rest of the base stays bit-identical.
+    Off (the default): the pooler is frozen, as in the official UniPELT code and peft."""
+    from dataclasses import replace
+
+    frozen = tiny_bert()
+    off = equip_(frozen, PELTConfig(lora=GatedLoRAConfig(gate=False)))
+    assert off["pooler"] == 0 and not any(p.requires_grad for p in frozen.bert.pooler.parameters())
+    model = tiny_bert()
+    on = equip_(model, replace(frozen.pelt_config, train_pooler=True))
+    assert on["pooler"] == D * D + D and on["trainable"] - off["trainable"] == D * D + D
+    dense = tiny_bert()
+    ids, mask = batch()
+    labels = torch.tensor([0, 2])
+    for m in (model, dense):
+        F.cross_entropy(m(ids, attention_mask=mask).logits, labels).backward()
+    torch.testing.assert_close(model.bert.pooler.dense.weight.grad, dense.bert.pooler.dense.weight.grad)
+    base = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    pooler = model.bert.pooler.dense.weight.clone()
+    torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2).step()
+    assert not torch.equal(model.bert.pooler.dense.weight, pooler)
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
+
+
+def test_a_trained_pooler_saves_and_loads_with_the_adapters(tmp_path) -> None:
+    from dataclasses import replace
+
+    model = tiny_bert()
+    equip_(model, replace(unipelt(), train_pooler=True))
+    randomize_(model)
+    save_adapters(model, tmp_path)
+    fresh = tiny_bert()
+    load_adapters(fresh, tmp_path)
+    ids, mask = batch()
+    torch.testing.assert_close(fresh(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+    assert fresh.pelt_config.train_pooler and torch.equal(fresh.bert.pooler.dense.bias, model.bert.pooler.dense.bias)
+
+
+def test_train_pooler_defaults_off_for_our_methods_and_peft_refuses_it() -> None:
+    from tensorslim.methods import build_for_method
+    from tensorslim.methods.adapters import PELTOptions, pelt_config
+
+    for method in ("lora", "prefix", "adapter", "prompt", "unipelt", "unipelt-prompt"):
+        assert pelt_config(method, PELTOptions()).train_pooler is False, method
+        assert pelt_config(method, PELTOptions(train_pooler=True)).train_pooler is True, method
+    with pytest.raises(ValueError, match="peft-lora keeps peft's frozen pooler") as error:
+        build_for_method("minilm", "peft-lora", task="classify", options={"train_pooler": True}, n_classes=5)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: PELTConfig(lora=GatedLoRAConfig(), train_pooler="yes"), "train_pooler='yes' is invalid"),
+        (
+            lambda: equip_(
+                nn.Sequential(nn.Linear(4, 4)), PELTConfig(lora=GatedLoRAConfig(targets=("0",)), train_pooler=True)
+            ),
+            "train_pooler=True needs a base model with a pooler; Sequential has none",
+        ),
+    ],
+)
+def test_bad_train_pooler_is_a_one_line_error(build, message) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        build()
+    assert "\n" not in str(error.value)
