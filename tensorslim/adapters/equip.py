@@ -301,7 +301,9 @@ def gate_values(model: nn.Module, inputs: torch.Tensor) -> dict[str, float]:
     """Mean gate per module of one forward on ``inputs`` (the model's first argument), for inspection."""
     values: dict[str, list[float]] = {}
     handles = [
-        m.register_forward_hook(lambda mod, _a, out, name=name: values.setdefault(name, []).append(out.mean().item()))
+        m.register_forward_hook(
+            lambda _module, _a, out, name=name: values.setdefault(name, []).append(out.mean().item())
+        )
         for name, m in model.named_modules()
         if isinstance(m, Gate)
     ]

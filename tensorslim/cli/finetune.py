@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tensorslim._checks import require_int
+
 NAME = "finetune"
 HELP = "compare adapter methods (LoRA, prefix, adapter, prompt, UniPELT, peft) on low-resource classification"
 
@@ -150,7 +152,20 @@ def prompt_init_options(choice: str, label_names: list[str]) -> dict[str, Any]:
     return {"prompt_init_text": " ".join(label_names) if choice == "labels" else choice}
 
 
+def _check_sizes(args: argparse.Namespace) -> None:
+    """One line for a size that cannot make a sweep (``--batch-size 0`` divided by zero deep in :func:`_steps`)."""
+    for flag in ("seeds", "dev_size", "max_steps", "batch_size"):
+        require_int(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    require_int("--first-seed", args.first_seed, minimum=0)
+    require_int("--seq-len", args.seq_len, minimum=2)  # [CLS] and at least one token
+    for k in args.train_size:
+        require_int("--train-size", k, minimum=0)
+    if not math.isfinite(args.epochs) or args.epochs <= 0:
+        raise ValueError(f"--epochs={args.epochs!r} is invalid; allowed: a finite number > 0")
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_sizes(args)
     methods = _methods(args.adapter)
     if prompt_init_options(args.prompt_init, []).get("prompt_init_vocab") and "peft-prompt" in methods:
         raise ValueError(

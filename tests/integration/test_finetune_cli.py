@@ -159,6 +159,25 @@ def test_vocab_init_or_prompt_after_cls_with_peft_prompt_is_a_one_line_error(tmp
     assert message in error and "\n" not in error
 
 
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--batch-size", "0"], "--batch-size=0 is invalid"),
+        (["--seeds", "0"], "--seeds=0 is invalid"),
+        (["--first-seed", "-1"], "--first-seed=-1 is invalid"),
+        (["--train-size", "100", "-5"], "--train-size=-5 is invalid"),
+        (["--seq-len", "1"], "--seq-len=1 is invalid"),
+        (["--epochs", "0"], "--epochs=0.0 is invalid"),
+        (["--epochs", "nan"], "--epochs=nan is invalid"),
+    ],
+)
+def test_sizes_that_make_no_sweep_are_a_one_line_error(tmp_path, capsys, flag, message) -> None:
+    assert main(["finetune", "--adapter", "lora", *flag, "--out", str(tmp_path / "x")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+    assert not (tmp_path / "x.jsonl").exists()  # refused before any run
+
+
 def test_blank_prompt_init_is_a_one_line_error(tmp_path, capsys) -> None:
     assert main(["finetune", "--adapter", "prompt", "--prompt-init", " ", "--out", str(tmp_path / "x")]) == 2
     error = capsys.readouterr().err.strip()
