@@ -108,7 +108,7 @@ def norm_call(fn, dtype: torch.dtype, inputs: tuple[torch.Tensor, ...]) -> Calla
 
 def rotary_call(fn, dtype: torch.dtype, inputs: tuple[torch.Tensor, ...]) -> Callable[[], tuple[torch.Tensor, ...]]:
     x0, cos, sin, g = inputs
-    x = x0.to(dtype).requires_grad_()  # a (B, T, H·hd) projection, seen as (B, H, T, hd) as in the model
+    x = x0.to(dtype, copy=True).requires_grad_()  # a (B, T, H·hd) projection, seen as (B, H, T, hd) in the model
 
     def call() -> tuple[torch.Tensor, ...]:
         x.grad = None
@@ -184,7 +184,8 @@ def main() -> None:
             "# LLaMA elementwise work at the 350m shape, forward + backward\n\n"
             f"- command: `python {' '.join(sys.argv)}`\n"
             f"- {args.timer} clock, {args.threads} thread(s), median of {args.repeats} calls after {args.warmup}, "
-            f"variants alternating; every variant equals ours in fp32 within 1e-5 (checked first); torch {torch.__version__}\n"
+            "variants alternating; every variant equals ours in fp32 within 1e-5 (checked first); "
+            f"torch {torch.__version__}\n"
             f"- load average at start {load}; a shared machine, so thread CPU time is a diagnostic\n\n"
         )
         Path(args.out).with_suffix(".md").write_text(header + text)
