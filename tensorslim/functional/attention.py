@@ -2,9 +2,9 @@
 
 On the CPU, SDPA's flash kernel is the fastest attention in fp32 at every length we measured, but in bf16 it is not:
 at the ``350m`` layer shape (16 heads of 64) and 256 tokens, forward + backward, attention written as
-``softmax(q kᵀ / √hd + mask) v`` with bf16 GEMMs is about 1.4× faster on one thread, and still faster at 512 tokens.
-Its score matrix is ``(B·H, T, T)``, quadratic in T, so from about 1024 tokens it is several times slower than flash
-and takes far more memory (``benchmarks/attention_cpu.py``, ``benchmarks/results/attention_cpu_*.md``).
+``softmax(q kᵀ / √hd + mask) v`` with bf16 GEMMs is about 2× faster on one thread, at 512 tokens still 1.9×. Its
+score matrix is ``(B·H, T, T)``, quadratic in T, so at 768 tokens it only ties with flash, at 1024 it is slower, and it
+takes far more memory (``benchmarks/attention_cpu.py``, ``benchmarks/results/attention_cpu_threads1.md``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Longest sequence for which the matmul form is used: in bf16 it beat flash at 64–512 tokens, lost at 1024.
+# Longest sequence for which the matmul form is used: in bf16 it beat flash at 64–512 tokens, tied at 768, lost at 1024.
 MATMUL_ATTENTION_MAX_SEQ = 512
 
 
@@ -41,7 +41,7 @@ def matmul_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)  # (T, T): key after query
     bias = torch.zeros(seq, seq, dtype=q.dtype, device=q.device).masked_fill_(future, float("-inf"))
     # Contiguous (B·H, T, hd) copies: the model's q, k, v are views of (B, T, H·hd) projections, and the batched
-    # GEMMs and their backward read those strides slowly (the copies made forward + backward ~14 % faster at 350m).
+    # GEMMs and their backward read those strides slowly (forward + backward at 350m, 256 tokens: 9.0 -> 7.7 ms).
     q, k, v = (t.contiguous().view(batch * heads, seq, head_dim) for t in (q, k, v))
     scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=head_dim**-0.5)  # (B·H, T, T)
     probs = torch.softmax(scores, dim=-1)
