@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.functional.attention import causal_attention
 from tensorslim.layers.lowrank import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
@@ -176,7 +177,7 @@ class Attention(nn.Module):
         q, k, v = linear_many(x, (self.q_proj, self.k_proj, self.v_proj))
         q, k, v = apply_rotary(heads(q), cos, sin), apply_rotary(heads(k), cos, sin), heads(v)
         if kv is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+            y = causal_attention(q, k, v)  # (B, H, T, hd); SDPA, or matmuls where faster (bf16 on CPU)
         else:
             # SDPA's is_causal aligns the mask top-left; the new queries sit after the P cached keys. One new token
             # attends to every key: no mask.
