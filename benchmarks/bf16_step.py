@@ -19,7 +19,8 @@ fault in fresh pages (a 52 ms instead of 3 ms zero fill of the `60m` embedding g
 With ``--profile`` one step of each variant also runs under torch.profiler: self time per operator family, split
 into forward, backward and optimizer, and the GEMMs' achieved GFLOP/s from their shapes.
 
-Usage (``OMP_WAIT_POLICY=PASSIVE`` as the CLI sets it; ``--method dense`` for the dense model):
+Usage (``OMP_WAIT_POLICY=PASSIVE`` as the CLI sets it; ``--method dense`` for the dense model, ``--method cola,dense``
+with ``--processes`` for both, their processes taking turns):
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_step.py --preset 350m --threads 2 --timer wall --processes 2 \
         --warmup 2 --repeats 3 --profile --out benchmarks/results/bf16_step_350m_threads2_wall
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -55,6 +57,7 @@ PHASES = ("forward", "backward", "optimizer")
 # The work no change of precision bookkeeping removes: the products themselves and the one pass AdamW must make.
 FLOOR = ("GEMMs (blocks)", "LM head GEMMs", "attention (flash)", "attention (bmm)", "AdamW kernel")
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
+ENV_RECORDED = ("OMP_WAIT_POLICY", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE")
 VARIANTS = ("fp32", "autocast", "fp32+compile", "autocast+compile")
 # Profiler events whose self time is TorchInductor's generated (fused) kernels: they carry no event of their own.
 COMPILED = ("CompiledFxGraph", "CompiledFunction", "Compiled Region", "cpp_fused")
@@ -118,6 +121,7 @@ def profile_step(step: Callable[[], None], vocab: int, attention_batch: int) -> 
         step()
     seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     gemm = defaultdict(lambda: [0.0, 0.0, 0])  # shape key -> [seconds, flops, calls]
+    kernels = defaultdict(lambda: [0.0, 0])  # Inductor kernel name -> [seconds, calls]
     for event in prof.events():
         phase, parent = None, event
         while parent is not None:
@@ -135,7 +139,10 @@ def profile_step(step: Callable[[], None], vocab: int, attention_batch: int) -> 
             entry[0] += event.self_cpu_time_total / 1e6
             entry[1] += gemm_flops(event.name, event.input_shapes)
             entry[2] += 1
-    return {"families": {p: dict(v) for p, v in seconds.items()}, "gemms": dict(gemm)}
+        if "cpp_fused" in event.name:  # only with TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1
+            kernels[event.name][0] += event.self_cpu_time_total / 1e6
+            kernels[event.name][1] += 1
+    return {"families": {p: dict(v) for p, v in seconds.items()}, "gemms": dict(gemm), "kernels": dict(kernels)}
 
 
 def markdown(times: dict[str, list[float]], profiles: dict[str, dict], first: str) -> str:
@@ -172,13 +179,19 @@ def markdown(times: dict[str, list[float]], profiles: dict[str, dict], first: st
         text += "| GEMM (input shapes) | calls | s | GFLOP/s |\n|---|---|---|---|\n"
         for key, (s, f, n) in sorted(gemms.items(), key=lambda kv: -kv[1][0])[:16]:
             text += f"| {key} | {n} | {s:.3f} | {f / s / 1e9:.0f} |\n"
+        kernels = prof.get("kernels", {})
+        if kernels:
+            text += "\nInductor's fused kernels (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1), the 20 slowest:\n\n"
+            text += "| kernel | calls | s | share of the step's profile |\n|---|---|---|---|\n"
+            for key, (s, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:20]:
+                text += f"| {key} | {n} | {s:.3f} | {100 * s / total:.1f} % |\n"
     return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="350m")
-    parser.add_argument("--method", default="cola")
+    parser.add_argument("--method", default="cola", help="a method, or several (comma-separated) with --processes")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None)
@@ -193,6 +206,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.processes:
         return drive(args)
+    if "," in args.method:
+        raise ValueError(f"method={args.method!r}: several methods need --processes (one model per process)")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     keep_freed_memory()
@@ -230,21 +245,24 @@ def drive(args: argparse.Namespace) -> None:
     times: dict[str, list[float]] = defaultdict(list)
     profiles: dict[str, dict] = {}
     first_steps: dict[str, list[float]] = defaultdict(list)
+    methods = args.method.split(",")
     for round_ in range(args.processes):
-        for name in args.variants.split(","):
-            child = [sys.executable, __file__, "--json", "--variants", name]
-            for key in ("preset", "method", "batch_size", "seq_len", "threads", "timer", "warmup", "repeats"):
+        for method, name in itertools.product(methods, args.variants.split(",")):
+            child = [sys.executable, __file__, "--json", "--variants", name, "--method", method]
+            for key in ("preset", "batch_size", "seq_len", "threads", "timer", "warmup", "repeats"):
                 if getattr(args, key) is not None:
                     child += ["--" + key.replace("_", "-"), str(getattr(args, key))]
             child += ["--profile"] if args.profile and round_ == 0 else []
             found = json.loads(
                 subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
             )
-            times[name] += found["times_s"][name]
-            profiles.update(found["profiles"])
-            for variant, seconds in found["first_step_wall_s"].items():
-                first_steps[variant].append(seconds)
-            print(f"round {round_} {name}: {found['times_s'][name]}", file=sys.stderr, flush=True)
+            label = name if len(methods) == 1 else f"{method} {name}"
+            times[label] += found["times_s"][name]
+            if name in found["profiles"]:
+                profiles[label] = found["profiles"][name]
+            for seconds in found["first_step_wall_s"].values():
+                first_steps[label].append(seconds)
+            print(f"round {round_} {label}: {found['times_s'][name]}", file=sys.stderr, flush=True)
     write(args, load_before, dict(times), profiles, dict(first_steps))
 
 
@@ -271,7 +289,9 @@ def write(
     text = markdown(times, profiles, first) + first_step_table(first_steps)
     print(text)
     if args.out:
-        command = "python " + " ".join(sys.argv)
+        # The environment that changes what is measured (OpenMP waiting, Inductor's cache and kernel profiling).
+        env = [f"{k}={os.environ[k]}" for k in ENV_RECORDED if k in os.environ]
+        command = " ".join([*env, "python", *sys.argv])
         loads = f"{' '.join(f'{x:.1f}' for x in load_before)} → {' '.join(f'{x:.1f}' for x in load_after)}"
         Path(args.out).with_suffix(".md").write_text(
             f"# bf16 train step ({args.method} {args.preset}, batch {args.batch_size} × {args.seq_len})\n\n"
