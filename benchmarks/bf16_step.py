@@ -4,7 +4,11 @@ Variants (one LLaMA model, its fused AdamW and freed memory kept in the process,
 
 - ``fp32``: no autocast;
 - ``autocast``: plain bf16 autocast (every forward casts the fp32 weights, backward casts their gradients back), what
-  ``--dtype bf16`` trains with.
+  ``--dtype bf16`` trains with;
+- ``fp32+compile``, ``autocast+compile``: the same with the model's blocks compiled by TorchInductor, as
+  ``--compile`` does (``tensorslim.train.compile.compile_model``). A compiled variant needs its own process
+  (``--processes``), since compiling is in place; its first step (compilation included) is timed on the wall clock
+  and reported apart from the steady steps.
 
 The variants alternate step by step (``tensorslim.bench.timing.alternate``). They all step the same model, so the
 losses are not a comparison; the times are. Alternating in one process
@@ -15,7 +19,8 @@ fault in fresh pages (a 52 ms instead of 3 ms zero fill of the `60m` embedding g
 With ``--profile`` one step of each variant also runs under torch.profiler: self time per operator family, split
 into forward, backward and optimizer, and the GEMMs' achieved GFLOP/s from their shapes.
 
-Usage (``OMP_WAIT_POLICY=PASSIVE`` as the CLI sets it):
+Usage (``OMP_WAIT_POLICY=PASSIVE`` as the CLI sets it; ``--method dense`` for the dense model, ``--method cola,dense``
+with ``--processes`` for both, their processes taking turns):
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_step.py --preset 350m --threads 2 --timer wall --processes 2 \
         --warmup 2 --repeats 3 --profile --out benchmarks/results/bf16_step_350m_threads2_wall
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -42,22 +48,27 @@ from tensorslim.bench.timing import alternate
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss
 from tensorslim.train.allocator import keep_freed_memory
+from tensorslim.train.compile import compile_model
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import autocast
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 PHASES = ("forward", "backward", "optimizer")
 # The work no change of precision bookkeeping removes: the products themselves and the one pass AdamW must make.
-FLOOR = ("GEMMs (blocks)", "LM head GEMMs", "attention (flash)", "AdamW kernel")
-GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
+FLOOR = ("GEMMs (blocks)", "LM head GEMMs", "attention (flash)", "attention (bmm)", "AdamW kernel")
+GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
+ENV_RECORDED = ("OMP_WAIT_POLICY", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE")
+VARIANTS = ("fp32", "autocast", "fp32+compile", "autocast+compile")
+# Profiler events whose self time is TorchInductor's generated (fused) kernels: they carry no event of their own.
+COMPILED = ("CompiledFxGraph", "CompiledFunction", "Compiled Region", "cpp_fused")
 
 
 def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, variant: str):
-    if variant not in ("fp32", "autocast"):
-        raise ValueError(f"variant={variant!r}; allowed: fp32, autocast")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}; allowed: {', '.join(VARIANTS)}")
 
     def step() -> None:
-        with record_function("forward"), autocast("fp32" if variant == "fp32" else "bf16", "cpu"):
+        with record_function("forward"), autocast("bf16" if variant.startswith("autocast") else "fp32", "cpu"):
             loss = causal_lm_loss(model(batch), batch)
         with record_function("backward"):
             loss.backward()
@@ -70,18 +81,24 @@ def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: t
 
 def gemm_flops(name: str, shapes: list[list[int]]) -> float:
     """FLOPs of one GEMM call from its input shapes (``mm``, ``addmm``, ``bmm``, oneDNN's linear)."""
-    if name == "aten::addmm":
+    if name in ("aten::addmm", "aten::baddbmm"):
         shapes = shapes[1:]
     (a, b) = shapes[:2]
     if name == "mkldnn::_linear_pointwise":  # a (M, K), weight (N, K)
         return 2.0 * a[0] * a[1] * b[0]
-    if name == "aten::bmm":
+    if name in ("aten::bmm", "aten::baddbmm"):
         return 2.0 * a[0] * a[1] * a[2] * b[2]
     return 2.0 * a[0] * a[1] * b[1]
 
 
-def family(name: str, shapes: list[list[int]], vocab: int) -> str:
+def family(name: str, shapes: list[list[int]], vocab: int, attention_batch: int) -> str:
+    """The operator family of one profiler event; ``attention_batch`` (batch × heads) tells attention's batched
+    products (bf16 on CPU: ``tensorslim.functional.attention.matmul_causal_attention``) from other ``bmm``."""
     short = name.split("::")[-1]
+    if any(tag in name for tag in COMPILED):
+        return "fused kernels (Inductor)"
+    if short in ("bmm", "baddbmm") and shapes and len(shapes[-1]) == 3 and shapes[-1][0] == attention_batch:
+        return "attention (bmm)"
     if name in GEMMS:
         return "LM head GEMMs" if any(vocab in s for s in shapes) else "GEMMs (blocks)"
     if "scaled_dot_product" in short:
@@ -99,11 +116,12 @@ def family(name: str, shapes: list[list[int]], vocab: int) -> str:
     return "elementwise, norms, activations, other"
 
 
-def profile_step(step: Callable[[], None], vocab: int) -> dict:
+def profile_step(step: Callable[[], None], vocab: int, attention_batch: int) -> dict:
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
     seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     gemm = defaultdict(lambda: [0.0, 0.0, 0])  # shape key -> [seconds, flops, calls]
+    kernels = defaultdict(lambda: [0.0, 0])  # Inductor kernel name -> [seconds, calls]
     for event in prof.events():
         phase, parent = None, event
         while parent is not None:
@@ -112,18 +130,19 @@ def profile_step(step: Callable[[], None], vocab: int) -> dict:
             parent = parent.cpu_parent
         if phase is None or event.name in PHASES:
             continue
-        label = family(event.name, event.input_shapes or [], vocab)
+        label = family(event.name, event.input_shapes or [], vocab, attention_batch)
         seconds[phase][label] += event.self_cpu_time_total / 1e6
         if event.name in GEMMS and event.input_shapes:
-            key = (
-                f"{event.name.split('::')[-1]} {event.input_shapes[1 if event.name == 'aten::addmm' else 0]} x "
-                + str(event.input_shapes[2 if event.name == "aten::addmm" else 1])
-            )
+            first = 1 if event.name in ("aten::addmm", "aten::baddbmm") else 0
+            key = f"{event.name.split('::')[-1]} {event.input_shapes[first]} x {event.input_shapes[first + 1]}"
             entry = gemm[key]
             entry[0] += event.self_cpu_time_total / 1e6
             entry[1] += gemm_flops(event.name, event.input_shapes)
             entry[2] += 1
-    return {"families": {p: dict(v) for p, v in seconds.items()}, "gemms": dict(gemm)}
+        if "cpp_fused" in event.name:  # only with TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1
+            kernels[event.name][0] += event.self_cpu_time_total / 1e6
+            kernels[event.name][1] += 1
+    return {"families": {p: dict(v) for p, v in seconds.items()}, "gemms": dict(gemm), "kernels": dict(kernels)}
 
 
 def markdown(times: dict[str, list[float]], profiles: dict[str, dict], first: str) -> str:
@@ -160,20 +179,26 @@ def markdown(times: dict[str, list[float]], profiles: dict[str, dict], first: st
         text += "| GEMM (input shapes) | calls | s | GFLOP/s |\n|---|---|---|---|\n"
         for key, (s, f, n) in sorted(gemms.items(), key=lambda kv: -kv[1][0])[:16]:
             text += f"| {key} | {n} | {s:.3f} | {f / s / 1e9:.0f} |\n"
+        kernels = prof.get("kernels", {})
+        if kernels:
+            text += "\nInductor's fused kernels (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1), the 20 slowest:\n\n"
+            text += "| kernel | calls | s | share of the step's profile |\n|---|---|---|---|\n"
+            for key, (s, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:20]:
+                text += f"| {key} | {n} | {s:.3f} | {100 * s / total:.1f} % |\n"
     return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="350m")
-    parser.add_argument("--method", default="cola")
+    parser.add_argument("--method", default="cola", help="a method, or several (comma-separated) with --processes")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--timer", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--variants", default="fp32,autocast", help="comma-separated: fp32, autocast")
+    parser.add_argument("--variants", default="fp32,autocast", help=f"comma-separated: {', '.join(VARIANTS)}")
     parser.add_argument("--profile", action="store_true", help="also profile one step of each variant")
     parser.add_argument("--processes", type=int, default=0, help="N rounds of one fresh process per variant")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child of --processes
@@ -181,6 +206,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.processes:
         return drive(args)
+    if "," in args.method:
+        raise ValueError(f"method={args.method!r}: several methods need --processes (one model per process)")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     keep_freed_memory()
@@ -190,13 +217,25 @@ def main() -> None:
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
     vocab = model.config.vocab_size
     batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
-    cases = {name: make_step(model, optimizer, batch, name) for name in args.variants.split(",")}
+    names = args.variants.split(",")
+    first_steps = {}
+    if any(name.endswith("+compile") for name in names):
+        if len(names) > 1:
+            raise ValueError(f"variants={args.variants!r}: a compiled variant runs alone (use --processes)")
+        compile_model(model)
+        start = time.perf_counter()  # wall clock: Inductor builds its C++ kernels in worker processes
+        make_step(model, optimizer, batch, names[0])()
+        first_steps[names[0]] = time.perf_counter() - start
+    cases = {name: make_step(model, optimizer, batch, name) for name in names}
     times = alternate(cases, repeats=args.repeats, warmup=args.warmup, clock=CLOCKS[args.timer])
-    profiles = {name: profile_step(step, vocab) for name, step in cases.items()} if args.profile else {}
+    attention_batch = args.batch_size * model.config.n_heads
+    profiles = {}
+    if args.profile:
+        profiles = {name: profile_step(step, vocab, attention_batch) for name, step in cases.items()}
     if args.json:
-        print(json.dumps({"times_s": times, "profiles": profiles}))
+        print(json.dumps({"times_s": times, "profiles": profiles, "first_step_wall_s": first_steps}))
         return None
-    write(args, load_before, times, profiles)
+    write(args, load_before, times, profiles, {name: [t] for name, t in first_steps.items()})
     return None
 
 
@@ -205,29 +244,54 @@ def drive(args: argparse.Namespace) -> None:
     load_before = os.getloadavg()
     times: dict[str, list[float]] = defaultdict(list)
     profiles: dict[str, dict] = {}
+    first_steps: dict[str, list[float]] = defaultdict(list)
+    methods = args.method.split(",")
     for round_ in range(args.processes):
-        for name in args.variants.split(","):
-            child = [sys.executable, __file__, "--json", "--variants", name]
-            for key in ("preset", "method", "batch_size", "seq_len", "threads", "timer", "warmup", "repeats"):
+        for method, name in itertools.product(methods, args.variants.split(",")):
+            child = [sys.executable, __file__, "--json", "--variants", name, "--method", method]
+            for key in ("preset", "batch_size", "seq_len", "threads", "timer", "warmup", "repeats"):
                 if getattr(args, key) is not None:
                     child += ["--" + key.replace("_", "-"), str(getattr(args, key))]
             child += ["--profile"] if args.profile and round_ == 0 else []
             found = json.loads(
                 subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
             )
-            times[name] += found["times_s"][name]
-            profiles.update(found["profiles"])
-    write(args, load_before, dict(times), profiles)
+            label = name if len(methods) == 1 else f"{method} {name}"
+            times[label] += found["times_s"][name]
+            if name in found["profiles"]:
+                profiles[label] = found["profiles"][name]
+            for seconds in found["first_step_wall_s"].values():
+                first_steps[label].append(seconds)
+            print(f"round {round_} {label}: {found['times_s'][name]}", file=sys.stderr, flush=True)
+    write(args, load_before, dict(times), profiles, dict(first_steps))
 
 
-def write(args: argparse.Namespace, load_before: tuple[float, ...], times: dict, profiles: dict) -> None:
+def first_step_table(first_steps: dict[str, list[float]]) -> str:
+    """The compiled variants' first steps (wall clock, compilation included), one per process in order."""
+    if not first_steps:
+        return ""
+    text = "\n| compiled variant | first step per process, wall clock (s) |\n|---|---|\n"
+    for name, seconds in first_steps.items():
+        text += f"| {name} | {', '.join(f'{s:.1f}' for s in seconds)} |\n"
+    return text
+
+
+def write(
+    args: argparse.Namespace,
+    load_before: tuple[float, ...],
+    times: dict,
+    profiles: dict,
+    first_steps: dict[str, list[float]],
+) -> None:
     first = next(iter(times))
     threads = args.threads or torch.get_num_threads()
     load_after = os.getloadavg()
-    text = markdown(times, profiles, first)
+    text = markdown(times, profiles, first) + first_step_table(first_steps)
     print(text)
     if args.out:
-        command = "python " + " ".join(sys.argv)
+        # The environment that changes what is measured (OpenMP waiting, Inductor's cache and kernel profiling).
+        env = [f"{k}={os.environ[k]}" for k in ENV_RECORDED if k in os.environ]
+        command = " ".join([*env, "python", *sys.argv])
         loads = f"{' '.join(f'{x:.1f}' for x in load_before)} → {' '.join(f'{x:.1f}' for x in load_after)}"
         Path(args.out).with_suffix(".md").write_text(
             f"# bf16 train step ({args.method} {args.preset}, batch {args.batch_size} × {args.seq_len})\n\n"
@@ -241,6 +305,7 @@ def write(args: argparse.Namespace, load_before: tuple[float, ...], times: dict,
             "machine": machine_description(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "times_s": times,
+            "first_step_wall_s": first_steps,
             "profiles": profiles,
         }
         Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
