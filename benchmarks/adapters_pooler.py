@@ -4,13 +4,12 @@ Full fine-tuning trains the pooler (``Linear(d, d) → tanh`` on ``[CLS]``); our
 UniPELT code (Mao et al., arXiv 2110.07577) and peft, kept it frozen. MiniLM's checkpoint (sentence-transformers'
 all-MiniLM-L6-v2) was trained with mean pooling, so its pooler never served its training objective.
 ``tensorslim finetune --train-pooler`` reruns the K = 100 grids with the pooler trained; this script compares the two
-variants of each method (:func:`tensorslim.cli.finetune.variant`: the default row and ``(pooler trained)`` /
-``(pooler frozen)``) on the development accuracy of the best-on-dev rate per seed, with the test accuracy beside it
-(not used for the choice). It also gives each method's per-seed test difference from full fine-tuning (``dense``),
-paired on the seed (same subsets), and the two-sided sign-flip p-value of its mean: with 5 seeds the smallest
-possible value is 2/32. ``--below`` adds the pooler-trained variant on its grid moved one step down (the runs of
-``finetune --train-pooler --rates below``); several ``--runs`` files pool their runs (extra seeds kept out of the
-table's file).
+variants of each method (:func:`tensorslim.cli.finetune.variant`: the default row and ``(pooler trained)``) on the
+development accuracy of the best-on-dev rate per seed, with the test accuracy beside it (not used for the choice). It
+also gives each method's per-seed test difference from full fine-tuning (``dense``), paired on the seed (same subsets),
+and the two-sided sign-flip p-value of its mean: with 5 seeds the smallest possible value is 2/32. ``--below`` adds the
+pooler-trained variant on its grid moved one step down (the runs of ``finetune --train-pooler --rates below``); several
+``--runs`` files pool their runs (extra seeds kept out of the table's file).
 
     python benchmarks/adapters_pooler.py --runs benchmarks/results/adapters_bbc_titles.jsonl \\
         benchmarks/results/adapters_seeds.jsonl --below benchmarks/results/adapters_pooler_below.jsonl \\
@@ -32,7 +31,7 @@ from typing import Any
 from tensorslim.cli.finetune import LR_GRIDS, best_runs, variant
 from tensorslim.methods.adapters import MODULES
 
-POOLER = (" (pooler trained)", " (pooler frozen)")
+TRAINED = " (pooler trained)"
 
 
 def compare(records: list[dict[str, Any]], *, k: int = 100) -> dict[str, dict[str, Any]]:
@@ -41,7 +40,7 @@ def compare(records: list[dict[str, Any]], *, k: int = 100) -> dict[str, dict[st
     best = best_runs(records)
     out: dict[str, dict[str, Any]] = {}
     for method in MODULES:
-        names = [method, *(method + tail for tail in POOLER)]
+        names = [method, method + TRAINED]
         seeds = {name: {s: r for (v, kk, s), r in best.items() if v == name and kk == k} for name in names}
         present = [name for name in names if seeds[name]]
         if len(present) < 2:
@@ -69,7 +68,7 @@ def shifted(records: list[dict[str, Any]], below: list[dict[str, Any]], *, k: in
     the picked runs under ``"_runs"``."""
     out: dict[str, Any] = {}
     for method in MODULES:
-        name = method + POOLER[0]
+        name = method + TRAINED
         picks = {}
         for seed in sorted({r["seed"] for r in below if variant(r) == name and r["k"] == k}):
             mine = [r for r in [*below, *records] if variant(r) == name and r["k"] == k and r["seed"] == seed]
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(row + f"{_mean_std(v['test'])} | {rates} |")
     means = {
         tail: statistics.fmean(statistics.fmean(v[m + tail]["dev"]) for m, v in table.items() if m + tail in v)
-        for tail in ("", *POOLER, SHIFTED)
+        for tail in ("", TRAINED, SHIFTED)
         if any(m + tail in v for m, v in table.items())
     }
     lines += ["", "Mean over methods of the mean best development accuracy: "]

@@ -105,9 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--train-pooler",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="train the base model's pooler with the classifier head, for our adapter methods (default: the methods' "
-        "own, see docs/adapters.md; dense trains it, peft's methods keep it frozen)",
+        default=False,
+        help="train the base model's pooler with the classifier head, for our adapter methods (default: off, see "
+        "docs/adapters.md; dense trains it, peft's methods keep it frozen)",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=16, help="tokens per title ([CLS] included)")
@@ -216,7 +216,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         f"--prompt-init {shlex.quote(args.prompt_init)}",
         *([] if args.prompt_combine is None else [f"--prompt-combine {args.prompt_combine}"]),
         *([] if args.prompt_lr_scale is None else [f"--prompt-lr-scale {args.prompt_lr_scale:g}"]),
-        *([] if args.train_pooler is None else ["--train-pooler" if args.train_pooler else "--no-train-pooler"]),
+        *(["--train-pooler"] if args.train_pooler else []),
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --out {args.out}",
     ]
 
@@ -298,9 +298,9 @@ def variant(record: dict[str, Any]) -> str:
     """The table row of a run: its method, then ``(prompt lr ×s)`` when it trained its prompt at a multiple ``s``
     other than the method's default (such as the ×1 of the runs from before ``--prompt-lr-scale``) and ``(init X)``
     when its prompt started from another ``--prompt-init`` than the default, ``(after [CLS])`` or ``(before [CLS])``
-    when it went elsewhere than ``--prompt-combine``'s default, ``(pooler trained)`` or ``(pooler frozen)`` when it
-    did otherwise than ``--train-pooler``'s default."""
-    from tensorslim.methods.adapters import DEFAULT_PROMPT_COMBINE, DEFAULT_TRAIN_POOLER, PROMPT_LR_SCALE
+    when it went elsewhere than ``--prompt-combine``'s default, ``(pooler trained)`` when it trained the pooler
+    (``--train-pooler``)."""
+    from tensorslim.methods.adapters import DEFAULT_PROMPT_COMBINE, PROMPT_LR_SCALE
 
     name, scale = record["method"], _scale(record)
     if scale is not None and scale != PROMPT_LR_SCALE[record["method"]]:
@@ -311,9 +311,8 @@ def variant(record: dict[str, Any]) -> str:
     combine = _combine(record)
     if combine is not None and combine != DEFAULT_PROMPT_COMBINE.get(record["method"], "prefix"):
         name += " (after [CLS])" if combine == "prefix_after_bos" else " (before [CLS])"
-    pooler = _pooler(record)
-    if pooler is not None and pooler != DEFAULT_TRAIN_POOLER:
-        name += " (pooler trained)" if pooler else " (pooler frozen)"
+    if _pooler(record):
+        name += " (pooler trained)"
     return name
 
 
@@ -337,11 +336,10 @@ def _combine_of(args: argparse.Namespace, method: str) -> str | None:
 
 
 def _pooler_of(args: argparse.Namespace, method: str) -> bool | None:
-    """Whether ``method``, one of our adapter methods, trains the pooler (``--train-pooler`` or the default), else
-    None."""
-    from tensorslim.methods.adapters import MODULES, PELTOptions, train_pooler
+    """Whether ``method``, one of our adapter methods, trains the pooler (``--train-pooler``), else None."""
+    from tensorslim.methods.adapters import MODULES
 
-    return train_pooler(PELTOptions(train_pooler=args.train_pooler)) if method in MODULES else None
+    return args.train_pooler if method in MODULES else None
 
 
 def _init_of(args: argparse.Namespace, method: str) -> str | None:

@@ -47,10 +47,10 @@ class PELTOptions:
         "the soft prompt's learning rate as a multiple of the run's (default: 10 for unipelt-prompt, 1 for prompt)",
     )
     gates: bool | None = option(None, "gate each module (default: on for unipelt*, off for single methods)")
-    train_pooler: bool | None = option(
-        None,
-        "train the base model's pooler (Linear + tanh on [CLS]) with the classifier head (default: off; peft's "
-        "methods keep it frozen)",
+    train_pooler: bool = option(
+        False,
+        "train the base model's pooler (Linear + tanh on [CLS]) with the classifier head (peft's methods keep it "
+        "frozen)",
     )
     from_layer: int = option(0, "adapt only layers from this index on (the layer-wise variant)")
 
@@ -112,17 +112,8 @@ def pelt_config(
         if "prompt" in modules
         else None,
         from_layer=options.from_layer,
-        train_pooler=train_pooler(options),
+        train_pooler=options.train_pooler,
     )
-
-
-# Whether our adapter methods train the pooler with the head when --train-pooler is not given (docs/adapters.md).
-DEFAULT_TRAIN_POOLER = False
-
-
-def train_pooler(options: PELTOptions) -> bool:
-    """Whether our adapter methods train the base model's pooler (``--train-pooler`` or the default)."""
-    return DEFAULT_TRAIN_POOLER if options.train_pooler is None else options.train_pooler
 
 
 def _peft_pooler(method: str, options: PELTOptions) -> None:
