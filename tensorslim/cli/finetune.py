@@ -188,11 +188,7 @@ def run(args: argparse.Namespace) -> int:
                     grid = _grid(args, method, k, _read(raw))
                     for lr in grid:
                         planned = {"method": method, "k": k, "seed": seed, "lr": lr, "steps": _steps(args, k)}
-                        planned |= {"prompt_init": _init_of(args, method), "prompt_lr_scale": _scale_of(args, method)}
-                        planned |= {
-                            "prompt_combine": _combine_of(args, method),
-                            "train_pooler": _pooler_of(args, method),
-                        }
+                        planned |= _settings(args, method)
                         if _key(planned) not in done:
                             record = _one_run(args, method, k, seed, lr)
                             _append(raw, {**record, "grid": list(grid), "command": command})
@@ -231,15 +227,7 @@ def _grid(args: argparse.Namespace, method: str, k: int, records: list[dict[str,
         return (float(f"{low * low / next_up:.3g}"),)  # the grid's lowest ratio, one step further down
     if args.lr_from is None or k == args.lr_from:
         return LR_GRIDS[method]
-    name = variant(
-        {
-            "method": method,
-            "prompt_lr_scale": _scale_of(args, method),
-            "prompt_init": _init_of(args, method),
-            "prompt_combine": _combine_of(args, method),
-            "train_pooler": _pooler_of(args, method),
-        }
-    )
+    name = variant({"method": method, **_settings(args, method)})
     return (chosen_lr(records, name, args.lr_from),)
 
 
@@ -316,6 +304,18 @@ def variant(record: dict[str, Any]) -> str:
     return name
 
 
+def _settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """The settings of a run of ``method`` that name its table row (:func:`variant`) and tell it apart in the runs
+    file (:func:`_key`): the prompt's start, rate multiple and placement, and whether the pooler trains; None where
+    the method has no such choice."""
+    return {
+        "prompt_init": _init_of(args, method),
+        "prompt_lr_scale": _scale_of(args, method),
+        "prompt_combine": _combine_of(args, method),
+        "train_pooler": _pooler_of(args, method),
+    }
+
+
 def _scale_of(args: argparse.Namespace, method: str) -> float | None:
     """The prompt's learning-rate multiple ``method`` runs at (``--prompt-lr-scale`` or its default), else None."""
     from tensorslim.methods.adapters import PROMPT_LR_SCALE, PELTOptions, prompt_lr_scale
@@ -369,16 +369,12 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     from tensorslim.train.trainer import Trainer
 
     steps = _steps(args, k)
-    init, scale = _init_of(args, method), _scale_of(args, method)
+    settings = {name: value for name, value in _settings(args, method).items() if value is not None}
+    init = settings.get("prompt_init")
     options = {} if init is None else prompt_init_options(init, labelled_dataset(args.data)[2])
-    if scale is not None:
-        options["prompt_lr_scale"] = scale
-    combine = _combine_of(args, method)
-    if combine is not None and method != "peft-prompt":  # peft-prompt takes only its own order
-        options["prompt_combine"] = combine
-    pooler = _pooler_of(args, method)
-    if pooler is not None:
-        options["train_pooler"] = pooler
+    options |= {name: settings[name] for name in ("prompt_lr_scale", "train_pooler") if name in settings}
+    if "prompt_combine" in settings and method != "peft-prompt":  # peft-prompt takes only its own order
+        options["prompt_combine"] = settings["prompt_combine"]
     config = TrainConfig(
         preset=args.model,
         task="classify",
@@ -412,15 +408,8 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
         "test_accuracy": result.val_metrics["val_test_accuracy"],
         "trainable": counts["trainable"],
         "step_s": args.batch_size * args.seq_len / result.tokens_per_s,
+        **settings,
     }
-    if init is not None:
-        record["prompt_init"] = init
-    if scale is not None:
-        record["prompt_lr_scale"] = scale
-    if combine is not None:
-        record["prompt_combine"] = combine
-    if pooler is not None:
-        record["train_pooler"] = pooler
     if seed == 0 and lr == LR_GRIDS[method][0]:
         record["inference_ratio"] = _inference_ratio(trainer, args)
     return record
