@@ -90,7 +90,9 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
     """
     if getattr(model, "pelt_config", None) is not None:
         raise ValueError(f"{type(model).__name__} is equipped already; allowed: equip_ a fresh base model once")
-    pooler = _pooler_of(model) if config.train_pooler else None  # checked before any structural change
+    pooler = _pooler_of(model) if config.train_pooler else None
+    if config.train_pooler and pooler is None:  # checked before any structural change
+        raise ValueError(f"train_pooler=True needs a base model with a pooler; {type(model).__name__} has none")
     model.requires_grad_(False)
     layers: dict[str, list[str]] = {}
     if config.prompt is not None:  # checked first: it needs no structural change to fail cleanly
@@ -244,16 +246,10 @@ def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
     return hook
 
 
-def _pooler_of(model: nn.Module) -> nn.Module:
-    """The base model's pooler (``model.bert.pooler`` of a BERT classifier).
-
-    Raises:
-        ValueError: the model has none.
-    """
+def _pooler_of(model: nn.Module) -> nn.Module | None:
+    """The base model's pooler (``model.bert.pooler`` of a BERT classifier), or None."""
     pooler = getattr(getattr(model, "base_model", None), "pooler", None)
-    if not isinstance(pooler, nn.Module):
-        raise ValueError(f"train_pooler=True needs a base model with a pooler; {type(model).__name__} has none")
-    return pooler
+    return pooler if isinstance(pooler, nn.Module) else None
 
 
 def _head_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -289,8 +285,8 @@ def trainable_parameters(model: nn.Module) -> dict[str, int]:
             count("bottleneck", [p for n, p in module.named_parameters() if not n.startswith("inner.")])
         elif isinstance(module, PromptEmbedding):
             count("prompt", module.parameters())
-    pooler = getattr(getattr(model, "base_model", None), "pooler", None)
-    if isinstance(pooler, nn.Module):
+    pooler = _pooler_of(model)
+    if pooler is not None:
         count("pooler", pooler.parameters())
     count("other", model.parameters())
     total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
