@@ -200,3 +200,18 @@ def test_brain_ct_rendering_keeps_the_warp_and_target(monkeypatch: pytest.Monkey
     monkeypatch.setattr(brain, "RENDERING", "pet")
     with pytest.raises(ValueError, match=r"rendering='pet' is unknown; allowed: \['t1', 'ct'\]"):
         brain_case(np.random.default_rng(5), size=64, warp=WarpRange())
+
+
+def test_heart_wall_contrast_changes_only_the_wall(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A wall-contrast variant (benchmarks/segment_diagnose.py --wall) keeps every draw: same heart, same silhouette,
+    # and the image changes only inside the heart, by at most the two ranges' spread.
+    from tensorslim.segment import phantoms
+
+    image, heart, _ = heart_case(np.random.default_rng(4), size=96)
+    monkeypatch.setattr(phantoms, "MYOCARDIUM_CONTRAST", (-0.005, 0.005))
+    faint, faint_heart, _ = heart_case(np.random.default_rng(4), size=96)
+    np.testing.assert_array_equal(faint_heart, heart)
+    np.testing.assert_array_equal(global_mask(faint), global_mask(image))
+    changed = ~np.isclose(faint, image)
+    assert changed.any() and not (changed & ~heart).any()
+    assert np.abs(faint - image).max() <= 0.045 + 1e-6
