@@ -5,7 +5,8 @@ for them with axial slices of nilearn's bundled ICBM152 2009a template (T1 plus 
 maps, 1 mm, skull-stripped): each case takes a slice near the lateral ventricles (jittered by ±1 mm in z) and warps
 T1 and maps alike with a random affine plus a smooth elastic field (:mod:`tensorslim.segment.warps`). The target
 structure is the lateral ventricles, defined from the maps on the template (CSF = brain, GM < 0.2 and WM < 0.2; the
-components near the centre), then carried by the same warp. This is our construction, not the paper's data.
+components near the centre), then carried by the same warp. This is our construction, not the paper's data. An
+ablation (:data:`RENDERING` ``"ct"``) renders the warped maps in head-CT numbers with scanner noise instead of the T1.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ BRAIN_THRESHOLD = 0.1  # T1 intensity (0..1) above which a template voxel is bra
 CSF_MAX_TISSUE = 0.2  # a voxel is CSF where both GM and WM probabilities stay below this
 VENTRICLE_RADIUS_MM = 30.0  # CSF components whose centre lies this close to the brain's centre are ventricles
 VENTRICLE_MIN_MM2 = 30  # smaller CSF specks are not ventricles
+# The CT rendering of the tissue maps (an ablation; the paper's images are CT): typical non-contrast head-CT numbers
+# (HU) of CSF, grey and white matter, a brain window mapped to 0..1 (air, far below it, reads 0), the scanner's noise.
+TISSUE_HU = {"csf": 8.0, "gm": 40.0, "wm": 25.0}
+WINDOW_HU = (-20.0, 80.0)
+NOISE_HU = 4.0
+RENDERINGS = ("t1", "ct")
+RENDERING = "t1"  # the images every split draws: the template's T1 (the default) or the maps in CT numbers
 
 
 MNI_FILES = {  # nilearn's bundled ICBM152 2009a files (what load_mni152_{template,gm_template,wm_template} read)
@@ -55,15 +63,15 @@ def mni_slices(kind: str, zs: range) -> np.ndarray:
 
 
 @lru_cache(maxsize=1)
-def template_slices() -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``{z: (t1, ventricles, brain)}`` for the slices in :data:`VENTRICLE_SLICES` (197 × 233 each, 1 mm), read once
-    per process."""
+def template_slices() -> dict[int, tuple[np.ndarray, ...]]:
+    """``{z: (t1, ventricles, brain, gm, wm)}`` for the slices in :data:`VENTRICLE_SLICES` (197 × 233 each, 1 mm),
+    read once per process."""
     t1s, gms, wms = (mni_slices(kind, VENTRICLE_SLICES) for kind in ("t1", "gm", "wm"))
     slices = {}
     for i, z in enumerate(VENTRICLE_SLICES):
         t1, gm, wm = (np.ascontiguousarray(volume[:, :, i]) for volume in (t1s, gms, wms))
         brain = ndimage.binary_fill_holes(t1 > BRAIN_THRESHOLD)
-        slices[z] = (t1, ventricle_map(brain, gm, wm), brain)
+        slices[z] = (t1, ventricle_map(brain, gm, wm), brain, gm, wm)
     return slices
 
 
@@ -82,12 +90,33 @@ def ventricle_map(brain: np.ndarray, gm: np.ndarray, wm: np.ndarray) -> np.ndarr
 
 
 def brain_case(rng: np.random.Generator, *, size: int, warp: WarpRange) -> tuple[np.ndarray, np.ndarray, float]:
-    """One synthetic patient: ``(image (size, size) float32 in [0, 1], ventricles (size, size) bool, pixel mm)``."""
+    """One synthetic patient: ``(image (size, size) float32 in [0, 1], ventricles (size, size) bool, pixel mm)``.
+
+    The image is the warped T1, or with :data:`RENDERING` ``"ct"`` the warped tissue maps in CT numbers
+    (:func:`ct_image`); the warp and the target are the same either way.
+    """
+    if RENDERING not in RENDERINGS:
+        raise ValueError(f"brain rendering={RENDERING!r} is unknown; allowed: {list(RENDERINGS)}")
     slices = template_slices()
-    t1, ventricles, brain = slices[int(rng.choice(list(slices)))]
+    t1, ventricles, brain, gm, wm = slices[int(rng.choice(list(slices)))]
     step = FOV_MM / size
     center = ndimage.center_of_mass(brain)
     grid = random_grid(rng, out_shape=(size, size), source_center=center, source_step=step, warp=warp)
-    image = np.clip(resample(t1, grid), 0.0, 1.0).astype(np.float32)
     target = resample(ventricles.astype(np.float32), grid) > 0.5
+    if RENDERING == "ct":  # the noise is drawn after the warp, so the anatomy and target stay those of the T1 cases
+        image = ct_image(*(resample(m, grid) for m in (brain.astype(np.float32), gm, wm)), rng)
+    else:
+        image = np.clip(resample(t1, grid), 0.0, 1.0).astype(np.float32)
     return image, target, step
+
+
+def ct_image(brain: np.ndarray, gm: np.ndarray, wm: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A head-CT-like slice on a brain window, 0..1: each pixel's tissue fractions (``brain`` the brain fraction,
+    ``gm``/``wm`` the probability maps, CSF the rest) times :data:`TISSUE_HU`, air (-1000 HU) outside, plus
+    scanner noise of :data:`NOISE_HU` inside the head (air stays far below the window, so it reads 0)."""
+    gm, wm = np.clip(gm, 0, 1), np.clip(wm, 0, 1)
+    csf = np.clip(1 - gm - wm, 0, 1)
+    tissue = csf * TISSUE_HU["csf"] + gm * TISSUE_HU["gm"] + wm * TISSUE_HU["wm"]
+    hu = brain * tissue + (1 - brain) * -1000.0 + (brain > 0.5) * rng.normal(0, NOISE_HU, brain.shape)
+    low, high = WINDOW_HU
+    return np.clip((hu - low) / (high - low), 0.0, 1.0).astype(np.float32)

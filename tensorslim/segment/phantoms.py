@@ -21,6 +21,7 @@ from scipy import ndimage
 
 FOV_MM = 384.0  # square field of view, so pixel size = FOV_MM / size (4 mm at 96 × 96)
 BLOOD_CONTRAST = 0.16  # largest blood-pool brightening over soft tissue (≈ 320 HU on a 2000 HU window)
+MYOCARDIUM_CONTRAST = (0.01, 0.04)  # the myocardial wall's brightening over soft tissue (≈ +20 to +80 HU)
 # The heart's placement in the body frame: centre offset and semi-axes as fractions of the body's (AP, LR)
 # semi-axes, its tilt from the body's AP axis, and the std of its independent centre jitter (px at 96 × 96).
 HEART_OFFSET = (-0.28, 0.12)
@@ -120,7 +121,7 @@ def heart_case(rng: np.random.Generator, *, size: int) -> tuple[np.ndarray, np.n
     # brightness depends on the contrast agent's timing, from none (non-contrast CT: blood ≈ muscle) to arterial
     # phase; the descending aorta, beside the spine, carries the same blood.
     blood = tissue + rng.uniform(0.0, BLOOD_CONTRAST)
-    image[heart] = tissue + rng.uniform(0.01, 0.04)
+    image[heart] = tissue + rng.uniform(*MYOCARDIUM_CONTRAST)
     pool = ellipse(shape, heart_center, heart_axes * rng.uniform(0.6, 0.75), heart_angle)
     image[pool] = blood
     center, axes = place((0.45, -0.12), (0.1, 0.07), jitter=0.4)

@@ -178,3 +178,40 @@ def test_bad_input_is_a_one_line_value_error(call: object, message: str) -> None
     with pytest.raises(ValueError, match=None) as error:
         call(cases)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_brain_ct_rendering_keeps_the_warp_and_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CT ablation draws its noise after the warp: same seed, same target as the T1 case. CSF reads about
+    # (8 + 20) / 100 on the (-20, 80) HU window, brain tissue 0.45-0.6, air 0; the noise is NOISE_HU / 100 per pixel.
+    from tensorslim.segment import brain
+
+    t1_image, t1_target, _ = brain_case(np.random.default_rng(5), size=64, warp=WarpRange())
+    monkeypatch.setattr(brain, "RENDERING", "ct")
+    image, target, _ = brain_case(np.random.default_rng(5), size=64, warp=WarpRange())
+    again, _, _ = brain_case(np.random.default_rng(5), size=64, warp=WarpRange())
+    np.testing.assert_array_equal(target, t1_target)
+    np.testing.assert_array_equal(image, again)
+    assert not np.allclose(image, t1_image)
+    core = ndimage.binary_erosion(target)
+    assert abs(np.median(image[core]) - 0.28) < 0.05
+    tissue = ndimage.binary_erosion(global_mask(image), iterations=3) & ~ndimage.binary_dilation(target, iterations=3)
+    assert 0.4 < np.median(image[tissue]) < 0.65
+    assert image[0, 0] == 0.0 and dice(global_mask(image), global_mask(t1_image)) > 0.97
+    monkeypatch.setattr(brain, "RENDERING", "pet")
+    with pytest.raises(ValueError, match=r"rendering='pet' is unknown; allowed: \['t1', 'ct'\]"):
+        brain_case(np.random.default_rng(5), size=64, warp=WarpRange())
+
+
+def test_heart_wall_contrast_changes_only_the_wall(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A wall-contrast variant (benchmarks/segment_diagnose.py --wall) keeps every draw: same heart, same silhouette,
+    # and the image changes only inside the heart, by at most the two ranges' spread.
+    from tensorslim.segment import phantoms
+
+    image, heart, _ = heart_case(np.random.default_rng(4), size=96)
+    monkeypatch.setattr(phantoms, "MYOCARDIUM_CONTRAST", (-0.005, 0.005))
+    faint, faint_heart, _ = heart_case(np.random.default_rng(4), size=96)
+    np.testing.assert_array_equal(faint_heart, heart)
+    np.testing.assert_array_equal(global_mask(faint), global_mask(image))
+    changed = ~np.isclose(faint, image)
+    assert changed.any() and not (changed & ~heart).any()
+    assert np.abs(faint - image).max() <= 0.045 + 1e-6
