@@ -200,6 +200,7 @@ def machine_description() -> dict[str, Any]:
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "load_average": os.getloadavg(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
     }
 
 
@@ -354,6 +355,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
             f"({machine['torch_threads']} threads), load average at start {machine['load_average']}, "
             f"freed memory kept in the process: {machine['keep_freed_memory']}"
             + (f", OMP_WAIT_POLICY={machine['omp_wait_policy']}" if machine.get("omp_wait_policy") else "")
+            + (f", GOMP_SPINCOUNT={machine['gomp_spincount']}" if machine.get("gomp_spincount") else "")
             + "\n\n"
         )
         stem.with_suffix(".md").write_text(header + table)
