@@ -25,7 +25,7 @@ import statistics
 import time
 from collections.abc import MutableMapping
 
-# Spins of libgomp's busy-wait loop (a pause instruction each, tens of cycles): about 0.1-0.5 ms of waiting.
+# Rounds of libgomp's busy-wait loop (one pause instruction each); chosen in benchmarks/openmp_wait.py.
 SPIN_COUNT = 10_000
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
