@@ -57,7 +57,12 @@ PHASES = ("forward", "backward", "optimizer")
 # The work no change of precision bookkeeping removes: the products themselves and the one pass AdamW must make.
 FLOOR = ("GEMMs (blocks)", "LM head GEMMs", "attention (flash)", "attention (bmm)", "AdamW kernel")
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
-ENV_RECORDED = ("OMP_WAIT_POLICY", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE")
+ENV_RECORDED = (
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE",
+)
 VARIANTS = ("fp32", "autocast", "fp32+compile", "autocast+compile")
 # Profiler events whose self time is TorchInductor's generated (fused) kernels: they carry no event of their own.
 COMPILED = ("CompiledFxGraph", "CompiledFunction", "Compiled Region", "cpp_fused")

@@ -178,11 +178,25 @@ def _encoder_of(model: nn.Module) -> nn.Module:
     return base
 
 
+def _is_causal_lm(model: nn.Module) -> bool:
+    """Our LLaMA (``tensorslim.models.llama``): token embeddings at ``embed_tokens``, a ``max_seq_len`` limit."""
+    return hasattr(model, "embed_tokens") and hasattr(getattr(model, "config", None), "max_seq_len")
+
+
 def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], list[int]] | None) -> str:
     spec = config.prompt
-    encoder = _encoder_of(model)
-    words = encoder.get_input_embeddings().weight  # (V, d)
-    positions = encoder.embeddings.position_embeddings.num_embeddings
+    if _is_causal_lm(model):
+        words = getattr(model.embed_tokens, "weight", None)
+        positions = model.config.max_seq_len
+        if words is None:  # a TT embedding keeps no table to read a width or an init from
+            raise ValueError(
+                f"prompt tuning needs a token embedding with a weight table; {type(model).__name__}'s embed_tokens "
+                f"is a {type(model.embed_tokens).__name__}; allowed: nn.Embedding"
+            )
+    else:
+        encoder = _encoder_of(model)
+        words = encoder.get_input_embeddings().weight  # (V, d)
+        positions = encoder.embeddings.position_embeddings.num_embeddings
     if spec.length >= positions:
         raise ValueError(
             f"prompt length={spec.length} leaves no position for the input; allowed: < {positions} (the position table)"
@@ -194,8 +208,39 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
     if words.device.type != "meta":
         _init_prompt(prompt, spec, words, encode)
     model.pelt_prompt = prompt
-    encoder.register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
+    if _is_causal_lm(model):
+        _hook_causal_prompt(model, prompt)
+    else:
+        encoder.register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
     return "pelt_prompt"
+
+
+def _hook_causal_prompt(model: nn.Module, prompt: PromptEmbedding) -> None:
+    """Prompt tuning on our causal LM: the prompt goes into the token embeddings of a forward that starts a sequence
+    (no cache, or an empty one), and the outputs at its positions are dropped, so the model still returns one row per
+    input token; a KV cache keeps the prompt's keys and values, so the tokens that follow attend to it too."""
+    limit = model.config.max_seq_len
+    starts = [False]  # whether the current forward starts a sequence (set before it, read by the two hooks)
+
+    def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        cache = kwargs.get("cache")
+        starts[0] = cache is None or cache.length == 0
+        length = (args[0] if args else kwargs["input_ids"]).shape[1]
+        if starts[0] and prompt.length + length > limit:
+            raise ValueError(
+                f"prompt length {prompt.length} + sequence length {length} exceeds max_seq_len={limit}; "
+                f"allowed: sequences of at most {limit - prompt.length} tokens"
+            )
+
+    def embedded(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return prompt.insert(output) if starts[0] else output  # (B, n + T, d)
+
+    def after(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
+        return prompt.remove(output) if starts[0] else output  # (B, T, ...)
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.embed_tokens.register_forward_hook(embedded)
+    model.register_forward_hook(after, with_kwargs=True)
 
 
 def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode: Callable | None) -> None:

@@ -232,3 +232,8 @@ class PromptEmbedding(nn.Module):
         """``prompt`` ``(B, n, …)`` put into ``rows`` ``(B, T, …)`` where the prompt goes (masks, token types)."""
         cut = 1 if self.after_first else 0
         return torch.cat([rows[:, :cut], prompt, rows[:, cut:]], dim=1)
+
+    def remove(self, rows: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`around`: ``(B, n + T, …) → (B, T, …)``, the rows at the prompt's positions dropped."""
+        cut = 1 if self.after_first else 0
+        return torch.cat([rows[:, :cut], rows[:, cut + self.length :]], dim=1)

@@ -107,7 +107,7 @@ def pelt_config(
             length=options.prompt_length,
             init_text=options.prompt_init_text,
             init_vocab=vocab,
-            combine=prompt_combine(method, options),
+            combine=prompt_combine(method, options, family=family),
         )
         if "prompt" in modules
         else None,
@@ -146,9 +146,14 @@ PROMPT_LR_SCALE = {"prompt": 1.0, "unipelt-prompt": 10.0}
 DEFAULT_PROMPT_COMBINE = {"prompt": "prefix_after_bos", "unipelt-prompt": "prefix_after_bos"}
 
 
-def prompt_combine(method: str, options: PELTOptions) -> str:
-    """Where the soft prompt of ``method`` goes: ``prefix`` (before the input) or ``prefix_after_bos``."""
-    return options.prompt_combine or DEFAULT_PROMPT_COMBINE[method]
+def prompt_combine(method: str, options: PELTOptions, *, family: str = "hf-bert") -> str:
+    """Where the soft prompt of ``method`` goes: ``prefix`` (before the input) or ``prefix_after_bos``.
+
+    A causal LM's default is ``prefix`` (Lester et al.'s order): its packed text has no ``[CLS]`` to keep first.
+    """
+    if options.prompt_combine:
+        return options.prompt_combine
+    return "prefix" if family in CAUSAL else DEFAULT_PROMPT_COMBINE[method]
 
 
 def prompt_lr_scale(method: str, options: PELTOptions) -> float:
@@ -384,6 +389,8 @@ _HELP = {
     "unipelt-prompt": "UniPELT + a prompt tuning layer (arXiv 2405.05493)",
 }
 _BERT_ONLY = ("hf-bert",)
+# LoRA needs only the named linears; the prompt, the token embeddings (our LLaMA's too); the rest BERT's layers.
+FAMILIES = {("lora",): tuple(LORA_TARGETS), ("prompt",): ("hf-bert", "llama")}
 # Default peak learning rates: the rate the development set chose in every seed of the K = 100 BBC-titles sweep
 # (benchmarks/results/adapters_bbc_titles.md); the soft prompt wants ten times the adapters' rate (for
 # unipelt-prompt through PROMPT_LR_SCALE).
@@ -404,7 +411,7 @@ for _name, _modules in MODULES.items():
             help=_HELP[_name],
             convert=_convert(_name),
             options=PELTOptions,
-            families=tuple(LORA_TARGETS) if _modules == ("lora",) else _BERT_ONLY,
+            families=FAMILIES.get(_modules, _BERT_ONLY),
             lr=DEFAULT_LR[_name],
             hook=_prompt_hook(_name) if "prompt" in _modules else None,
         )

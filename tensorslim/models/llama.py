@@ -250,12 +250,14 @@ class LlamaForCausalLM(nn.Module):
         logits: the LM task feeds them with ``lm_head.weight`` to a fused head and loss.
         """
         past = 0 if cache is None else cache.length
-        seq = past + input_ids.shape[1]
-        if seq > self.config.max_seq_len:
-            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.config.max_seq_len}")
+        if past + input_ids.shape[1] > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence length {past + input_ids.shape[1]} exceeds max_seq_len={self.config.max_seq_len}"
+            )
         if cache is not None and len(cache.layers) != len(self.layers):
             raise ValueError(f"cache has {len(cache.layers)} layers; allowed: the model's {len(self.layers)}")
         x = self.embed_tokens(input_ids)  # (B, T, d); any embedding layer (a TT embedding has no .weight)
+        seq = past + x.shape[1]  # the positions come from the embeddings: a soft prompt may have added rows
         cos, sin = rotary_cos_sin(seq, self.config.head_dim, theta=self.config.rope_theta, device=x.device, start=past)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin) if cache is None else block(x, cos, sin, cache.layers[i])

@@ -127,3 +127,11 @@ def test_init_starts_from_a_saved_model_and_refuses_another(small_corpus: Path, 
         assert torch.equal(p, q), name  # the saved weights, not the fresh seed-7 init
     with pytest.raises(ValueError, match="does not hold the model this run builds"):
         Trainer(replace(config, method="dense", init=str(tmp_path / "saved"), out_dir=str(tmp_path / "third")))
+
+
+def test_prompt_tuning_trains_only_our_llamas_soft_prompt(small_corpus: Path, tmp_path: Path) -> None:
+    result = train(_config(small_corpus, tmp_path / "run", method="prompt", steps=6, eval_every=6, checkpoint_every=6))
+    # 10 prompt tokens x 256 dims: the only trainable tensor; the LM's FLOPs grow with the 10 extra positions
+    assert result.params_total - result.dense_params_total == 10 * 256
+    assert result.flops_per_token > result.dense_flops_per_token
+    assert all(math.isfinite(loss) for loss in result.losses) and math.isfinite(result.val_loss)
