@@ -185,7 +185,8 @@ def _is_causal_lm(model: nn.Module) -> bool:
 
 def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], list[int]] | None) -> str:
     spec = config.prompt
-    if _is_causal_lm(model):
+    causal = _is_causal_lm(model)
+    if causal:
         words = getattr(model.embed_tokens, "weight", None)
         positions = model.config.max_seq_len
         if words is None:  # a TT embedding keeps no table to read a width or an init from
@@ -208,7 +209,7 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
     if words.device.type != "meta":
         _init_prompt(prompt, spec, words, encode)
     model.pelt_prompt = prompt
-    if _is_causal_lm(model):
+    if causal:
         _hook_causal_prompt(model, prompt)
     else:
         encoder.register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
