@@ -13,6 +13,9 @@ from typing import Any
 
 from tensorslim._checks import require_int
 
+# The query and value projections' names: Hugging Face BERT-family models, our BERT, our LLaMA (and HF LLaMA's).
+QUERY_VALUE = (("query", "value"), ("q", "v"), ("q_proj", "v_proj"))
+
 
 @dataclass(frozen=True, kw_only=True)
 class GatedLoRAConfig:
@@ -21,21 +24,22 @@ class GatedLoRAConfig:
     Attributes:
         rank: adapter rank r.
         alpha: the ungated scale numerator (update ``(alpha / rank)·B·A·x``).
-        targets: last name components of the ``nn.Linear`` layers to adapt (BERT: ``query``, ``value``).
+        targets: last name components of the ``nn.Linear`` layers to adapt; None: the attention's query and value
+            projections (UniPELT's ``W_q``, ``W_v``) under the first of :data:`QUERY_VALUE` names the model has.
         gate: scale the update by a learned gate (UniPELT §3) rather than α/r.
         dropout: dropout on the adapter input.
     """
 
     rank: int = 8
     alpha: float = 16.0
-    targets: tuple[str, ...] = ("query", "value")
+    targets: tuple[str, ...] | None = None
     gate: bool = True
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
         require_int("rank", self.rank)
-        if not self.targets:
-            raise ValueError("targets=() is invalid; allowed: a non-empty tuple of layer names")
+        if self.targets is not None and not self.targets:
+            raise ValueError("targets=() is invalid; allowed: None or a non-empty tuple of layer names")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout={self.dropout!r} is invalid; allowed: [0, 1)")
 

@@ -19,17 +19,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensorslim.adapters.config import PELTConfig
+from tensorslim.adapters.config import QUERY_VALUE, PELTConfig
 from tensorslim.adapters.modules import (
-    BottleneckOutput,
+    BottleneckNorm,
     Gate,
     GatedLoRALinear,
+    PrefixAttention,
     PrefixEncoder,
+    PrefixNativeAttention,
     PrefixSelfAttention,
     PromptEmbedding,
+    linear_weight,
     merge_lora,
 )
 from tensorslim.lora import LoRALinear
+from tensorslim.models import bert
 
 CONFIG_FILE, WEIGHTS_FILE = "adapters.json", "adapters.safetensors"
 _LAYER = re.compile(r"\.(\d+)(?:\.|$)")
@@ -47,24 +51,30 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def _self_attentions(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Hugging Face BERT-family self-attention modules (``query``/``key``/``value`` and a config), block order."""
+    """The self-attention modules, block order: Hugging Face BERT-family ones (``query``/``key``/``value`` and a
+    config) and our BERT's (:class:`tensorslim.models.bert.SelfAttention`)."""
     return [
         (name, m)
         for name, m in model.named_modules()
-        if all(hasattr(m, a) for a in ("query", "key", "value", "attention_head_size", "config"))
+        if isinstance(m, bert.SelfAttention)
+        or all(hasattr(m, a) for a in ("query", "key", "value", "attention_head_size", "config"))
         and "Cross" not in type(m).__name__
-        and not isinstance(m, PrefixSelfAttention)
+        and not isinstance(m, PrefixAttention)
     ]
 
 
-def _ffn_outputs(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The feed-forward output modules (``dense`` + ``LayerNorm``, beside an ``intermediate``) of each block."""
+def _ffn_norms(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The LayerNorm that closes each post-LN feed-forward block: a Hugging Face BERT-family ``output.LayerNorm``
+    (``output`` with ``dense`` beside an ``intermediate``) or our BERT's ``norm2``."""
     found = []
     for name, m in model.named_modules():
+        if isinstance(m, bert.EncoderLayer):
+            found.append((f"{name}.norm2", m.norm2))
+            continue
         parent_name, _, child = name.rpartition(".")
-        is_output = child == "output" and hasattr(m, "dense") and hasattr(m, "LayerNorm")
+        is_output = child == "output" and hasattr(m, "dense") and isinstance(getattr(m, "LayerNorm", None), nn.Module)
         if is_output and hasattr(model.get_submodule(parent_name), "intermediate"):
-            found.append((name, m))
+            found.append((f"{name}.LayerNorm", m.LayerNorm))
     return found
 
 
@@ -77,7 +87,8 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
     """Freeze ``model`` and add the modules of ``config`` in place.
 
     Args:
-        model: a Hugging Face BERT-family model (every module), or any model with the LoRA target linears (LoRA).
+        model: a Hugging Face BERT-family model or one of our BERTs (every module), our LLaMA (LoRA, prompt), or
+            any model with the LoRA target linears (LoRA).
         config: what to add.
         encode: text → token ids, needed when the prompt is initialized from text.
 
@@ -116,12 +127,14 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
 def _add_lora(model: nn.Module, config: PELTConfig) -> list[str]:
     lora = config.lora
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, LoRALinear)]
-    targets = [(n, m) for n, m in linears if n.rsplit(".", 1)[-1] in lora.targets and _keep(n, config.from_layer)]
+    names = {n.rsplit(".", 1)[-1] for n, _ in linears}
+    wanted = lora.targets or next((pair for pair in QUERY_VALUE if set(pair) <= names), None)
+    targets = [(n, m) for n, m in linears if n.rsplit(".", 1)[-1] in (wanted or ()) and _keep(n, config.from_layer)]
     if not targets:
-        names = sorted({n.rsplit(".", 1)[-1] for n, _ in linears})
+        what = f"targets={lora.targets!r}" if lora.targets else f"targets=None (the first of {list(QUERY_VALUE)})"
         raise ValueError(
-            f"targets={lora.targets!r} match no nn.Linear of {type(model).__name__} from layer {config.from_layer}; "
-            f"allowed here: {names}"
+            f"{what} match no nn.Linear of {type(model).__name__} from layer {config.from_layer}; "
+            f"allowed here: {sorted(names)}"
         )
     for name, module in targets:
         _set_submodule(
@@ -134,8 +147,8 @@ def _add_lora(model: nn.Module, config: PELTConfig) -> list[str]:
 
 def _no_layers(model: nn.Module, what: str) -> ValueError:
     return ValueError(
-        f"{what} needs Hugging Face BERT-family layers (self-attention with query/key/value, BertOutput); "
-        f"{type(model).__name__} has none it recognizes"
+        f"{what} needs BERT-family layers (a Hugging Face self-attention with query/key/value and BertOutput, or "
+        f"tensorslim's BERT); {type(model).__name__} has none it recognizes"
     )
 
 
@@ -144,30 +157,32 @@ def _add_prefix(model: nn.Module, config: PELTConfig) -> list[str]:
     if not attentions:
         raise _no_layers(model, "prefix tuning")
     first = attentions[0][1]
-    weight = first.key.weight if isinstance(first.key, nn.Linear) else first.key.base.weight
+    native = isinstance(first, bert.SelfAttention)
+    weight = linear_weight(first.k if native else first.key)
     encoder = PrefixEncoder(
         length=config.prefix.length,
         dim=weight.shape[1],
         n_layers=len(attentions),
-        n_heads=first.num_attention_heads,
+        n_heads=first.n_heads if native else first.num_attention_heads,
         mlp_dim=config.prefix.mlp_dim,
         device=weight.device,
         dtype=weight.dtype,
     )
     model.pelt_prefix = encoder
+    wrapper = PrefixNativeAttention if native else PrefixSelfAttention
     for index, (name, module) in enumerate(attentions):
-        _set_submodule(model, name, PrefixSelfAttention(module, encoder, index, gate=config.prefix.gate))
+        _set_submodule(model, name, wrapper(module, encoder, index, gate=config.prefix.gate))
     return [name for name, _ in attentions]
 
 
 def _add_bottleneck(model: nn.Module, config: PELTConfig) -> list[str]:
-    outputs = [(n, m) for n, m in _ffn_outputs(model) if _keep(n, config.from_layer)]
-    if not outputs:
+    norms = [(n, m) for n, m in _ffn_norms(model) if _keep(n, config.from_layer)]
+    if not norms:
         raise _no_layers(model, "the bottleneck adapter")
     spec = config.bottleneck
-    for name, module in outputs:
-        _set_submodule(model, name, BottleneckOutput(module, reduction=spec.reduction, gate=spec.gate))
-    return [name for name, _ in outputs]
+    for name, module in norms:
+        _set_submodule(model, name, BottleneckNorm(module, reduction=spec.reduction, gate=spec.gate))
+    return [name for name, _ in norms]
 
 
 def _encoder_of(model: nn.Module) -> nn.Module:
@@ -178,21 +193,32 @@ def _encoder_of(model: nn.Module) -> nn.Module:
     return base
 
 
-def _is_causal_lm(model: nn.Module) -> bool:
-    """Our LLaMA (``tensorslim.models.llama``): token embeddings at ``embed_tokens``, a ``max_seq_len`` limit."""
-    return hasattr(model, "embed_tokens") and hasattr(getattr(model, "config", None), "max_seq_len")
+def _native_prompt_site(model: nn.Module) -> tuple[nn.Module, nn.Module, int, str] | None:
+    """Where a soft prompt goes in one of our own models: the module whose forward starts from token ids, its word
+    embedding, its position limit and how the limit is named; None for any other model.
+
+    Our LLaMA (:mod:`tensorslim.models.llama`): the model itself and ``embed_tokens``. Our BERT
+    (:mod:`tensorslim.models.bert`, either head): its encoder and ``encoder.embeddings.word``.
+    """
+    encoder = getattr(model, "encoder", None)
+    if isinstance(encoder, bert.BertEncoder):
+        limit = encoder.config.max_seq_len
+        return encoder, encoder.embeddings.word, limit, f"the {limit}-position table"
+    if hasattr(model, "embed_tokens") and hasattr(getattr(model, "config", None), "max_seq_len"):
+        return model, model.embed_tokens, model.config.max_seq_len, f"max_seq_len={model.config.max_seq_len}"
+    return None
 
 
 def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], list[int]] | None) -> str:
     spec = config.prompt
-    causal = _is_causal_lm(model)
-    if causal:
-        words = getattr(model.embed_tokens, "weight", None)
-        positions = model.config.max_seq_len
+    native = _native_prompt_site(model)
+    if native is not None:
+        site, embedding, positions, _ = native
+        words = getattr(embedding, "weight", None)
         if words is None:  # a TT embedding keeps no table to read a width or an init from
             raise ValueError(
-                f"prompt tuning needs a token embedding with a weight table; {type(model).__name__}'s embed_tokens "
-                f"is a {type(model.embed_tokens).__name__}; allowed: nn.Embedding"
+                f"prompt tuning needs a token embedding with a weight table; {type(model).__name__}'s is a "
+                f"{type(embedding).__name__}; allowed: nn.Embedding"
             )
     else:
         encoder = _encoder_of(model)
@@ -209,29 +235,29 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
     if words.device.type != "meta":
         _init_prompt(prompt, spec, words, encode)
     model.pelt_prompt = prompt
-    if causal:
-        _hook_causal_prompt(model, prompt)
+    if native is not None:
+        _hook_native_prompt(*native, prompt)
     else:
         encoder.register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
     return "pelt_prompt"
 
 
-def _hook_causal_prompt(model: nn.Module, prompt: PromptEmbedding) -> None:
-    """Prompt tuning on our causal LM: the prompt goes into the token embeddings of a forward that starts a sequence
-    (no cache, or an empty one), and the outputs at its positions are dropped, so the model still returns one row per
-    input token; a KV cache keeps the prompt's keys and values, so the tokens that follow attend to it too."""
-    limit = model.config.max_seq_len
+def _hook_native_prompt(site: nn.Module, embedding: nn.Module, limit: int, table: str, prompt: PromptEmbedding):
+    """Prompt tuning on our own models: in a forward of ``site`` that starts a sequence (no KV cache or an empty
+    one: every forward of an encoder), the prompt goes into the word embeddings, the attention mask and token types
+    get its columns, and ``site``'s output rows at its positions are dropped, so it still returns one row per input
+    token (a classifier pools, and an MLM head predicts, the input's own rows). A KV cache keeps the prompt's keys
+    and values, so the tokens that follow attend to it too."""
     starts = [False]  # whether the current forward starts a sequence (set before it, read by the two hooks)
 
-    def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def before(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         cache = kwargs.get("cache")
         starts[0] = cache is None or cache.length == 0
-        length = (args[0] if args else kwargs["input_ids"]).shape[1]
-        if starts[0] and prompt.length + length > limit:
-            raise ValueError(
-                f"prompt length {prompt.length} + sequence length {length} exceeds max_seq_len={limit}; "
-                f"allowed: sequences of at most {limit - prompt.length} tokens"
-            )
+        ids = args[0] if args else kwargs.get("input_ids", kwargs.get("ids"))
+        if starts[0]:
+            _check_prompt_fits(prompt, ids.shape[1], limit, table)
+            _extend_masks(kwargs, prompt, ids.shape[0], ids.device)
+        return args, kwargs
 
     def embedded(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         return prompt.insert(output) if starts[0] else output  # (B, n + T, d)
@@ -239,9 +265,26 @@ def _hook_causal_prompt(model: nn.Module, prompt: PromptEmbedding) -> None:
     def after(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
         return prompt.remove(output) if starts[0] else output  # (B, T, ...)
 
-    model.register_forward_pre_hook(before, with_kwargs=True)
-    model.embed_tokens.register_forward_hook(embedded)
-    model.register_forward_hook(after, with_kwargs=True)
+    site.register_forward_pre_hook(before, with_kwargs=True)
+    embedding.register_forward_hook(embedded)
+    site.register_forward_hook(after, with_kwargs=True)
+
+
+def _check_prompt_fits(prompt: PromptEmbedding, length: int, limit: int, table: str) -> None:
+    if prompt.length + length > limit:
+        raise ValueError(
+            f"prompt length {prompt.length} + sequence length {length} exceeds {table}; "
+            f"allowed: sequences of at most {limit - prompt.length} tokens"
+        )
+
+
+def _extend_masks(kwargs: dict, prompt: PromptEmbedding, batch: int, device: torch.device) -> None:
+    """The prompt's columns in the forward's ``attention_mask`` (visible) and ``token_type_ids`` (type 0), in place;
+    an absent mask means every position is seen, the prompt's too."""
+    ones = torch.ones(batch, prompt.length, dtype=torch.long, device=device)
+    for key, fill in (("attention_mask", ones), ("token_type_ids", torch.zeros_like(ones))):
+        if kwargs.get(key) is not None:
+            kwargs[key] = prompt.around(kwargs[key], fill.to(kwargs[key].dtype))
 
 
 def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode: Callable | None) -> None:
@@ -275,17 +318,9 @@ def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
         if embeds is None:
             embeds = module.get_input_embeddings()(ids)  # (B, T, d)
         batch, length = embeds.shape[:2]
-        if prompt.length + length > positions:
-            raise ValueError(
-                f"prompt length {prompt.length} + sequence length {length} exceeds the {positions}-position table; "
-                f"allowed: sequences of at most {positions - prompt.length} tokens"
-            )
-        ones = torch.ones(batch, prompt.length, dtype=torch.long, device=embeds.device)
+        _check_prompt_fits(prompt, length, positions, f"the {positions}-position table")
         kwargs.update(input_ids=None, inputs_embeds=prompt.insert(embeds))
-        if kwargs.get("attention_mask") is not None:  # None: every position is seen, the prompt too
-            kwargs["attention_mask"] = prompt.around(kwargs["attention_mask"], ones.to(kwargs["attention_mask"].dtype))
-        if kwargs.get("token_type_ids") is not None:
-            kwargs["token_type_ids"] = prompt.around(kwargs["token_type_ids"], torch.zeros_like(ones))
+        _extend_masks(kwargs, prompt, batch, embeds.device)
         kwargs["position_ids"] = None  # positions 0..n+T-1 over prompt and input, as peft
         return (), kwargs
 
@@ -299,11 +334,15 @@ def _pooler_of(model: nn.Module) -> nn.Module | None:
 
 
 def _head_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The task head: a Hugging Face model's parameters outside its base model (``classifier`` …)."""
-    base = getattr(model, "base_model", None)
-    prefix = getattr(model, "base_model_prefix", "")
-    if base is None or base is model or not prefix:
-        return []
+    """The task head: a Hugging Face model's parameters outside its base model (``classifier`` …), or those of our
+    BERT outside its encoder (``classifier``, or the MLM head)."""
+    if isinstance(getattr(model, "encoder", None), bert.BertEncoder):
+        prefix = "encoder"
+    else:
+        base = getattr(model, "base_model", None)
+        prefix = getattr(model, "base_model_prefix", "")
+        if base is None or base is model or not prefix:
+            return []
     return [p for name, p in model.named_parameters() if not name.startswith(prefix + ".")]
 
 
@@ -325,9 +364,9 @@ def trainable_parameters(model: nn.Module) -> dict[str, int]:
             count("lora", [p for n, p in module.named_parameters() if not n.startswith("base.")])
         elif isinstance(module, PrefixEncoder):
             count("prefix", module.parameters())
-        elif isinstance(module, PrefixSelfAttention) and module.prefix_gate is not None:
+        elif isinstance(module, PrefixAttention) and module.prefix_gate is not None:
             count("prefix", module.prefix_gate.parameters())
-        elif isinstance(module, BottleneckOutput):
+        elif isinstance(module, BottleneckNorm):
             count("bottleneck", [p for n, p in module.named_parameters() if not n.startswith("inner.")])
         elif isinstance(module, PromptEmbedding):
             count("prompt", module.parameters())

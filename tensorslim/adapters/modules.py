@@ -3,8 +3,9 @@
 Every gate is the official code's: ``g = mean_t σ(W·x_t + b)`` with ``W ∈ R^{1×d}`` drawn from N(0, 0.02) and
 ``b = 0``, so ``g ≈ 0.5`` at the start; the mean runs over all ``T`` positions of the gate's input, padding
 included, as in the official code. The modules wrap Hugging Face BERT-family layers (``BertSelfAttention``,
-``BertOutput``; RoBERTa, ELECTRA … share them) and call transformers' own attention functions, so eager, SDPA and
-flash attention all work.
+``BertOutput``'s LayerNorm; RoBERTa, ELECTRA … share them), where they call transformers' own attention functions,
+so eager, SDPA and flash attention all work, and the same layers of tensorslim's own BERT
+(:mod:`tensorslim.models.bert`).
 """
 
 from __future__ import annotations
@@ -128,18 +129,43 @@ def extend_mask(mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
     return torch.cat([front, mask], dim=-1)
 
 
-class PrefixSelfAttention(nn.Module):
-    """A BERT-family self-attention with gated prefixes before its keys and values (UniPELT §3, prefix part):
-    ``K' = [g·P_K; K]``, ``V' = [g·P_V; V]``, the mask extended so every query sees the prefixes. Queries keep
-    their positions (prefixes are not tokens of the sequence)."""
+def linear_weight(linear: nn.Module) -> torch.Tensor:
+    """The weight of a linear layer, or of the base layer a LoRA wraps (the width, device and dtype to follow)."""
+    return linear.base.weight if isinstance(linear, LoRALinear) else linear.weight
 
-    def __init__(self, inner: nn.Module, encoder: PrefixEncoder, index: int, *, gate: bool) -> None:
+
+class PrefixAttention(nn.Module):
+    """What both prefix attentions share: the layer's gate and its gated prefixes before the keys and values
+    (UniPELT §3, prefix part): ``K' = [g·P_K; K]``, ``V' = [g·P_V; V]``. Queries keep their positions (prefixes
+    are not tokens of the sequence)."""
+
+    def __init__(self, inner: nn.Module, encoder: PrefixEncoder, index: int, *, projection: nn.Module, gate: bool):
         super().__init__()
         self.inner = inner
         self.index = index
         self.__dict__["encoder"] = encoder  # shared by every layer; registered once, on the model
-        weight = inner.query.weight if not isinstance(inner.query, LoRALinear) else inner.query.base.weight
+        weight = linear_weight(projection)
         self.prefix_gate = Gate(weight.shape[1], device=weight.device, dtype=weight.dtype) if gate else None
+
+    def prefixed(
+        self, hidden_states: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``key``, ``value`` ``(B, H, T, hd)`` with this layer's (gated) prefixes in front: ``(B, H, n + T, hd)``."""
+        batch = hidden_states.shape[0]
+        prefix_k, prefix_v = self.encoder.layer(self.index)  # (H, n, hd)
+        prefix_k = prefix_k.expand(batch, -1, -1, -1)
+        prefix_v = prefix_v.expand(batch, -1, -1, -1)
+        if self.prefix_gate is not None:
+            gate = self.prefix_gate(hidden_states).view(batch, 1, 1, 1)
+            prefix_k, prefix_v = prefix_k * gate, prefix_v * gate
+        return torch.cat([prefix_k.to(key.dtype), key], dim=2), torch.cat([prefix_v.to(value.dtype), value], dim=2)
+
+
+class PrefixSelfAttention(PrefixAttention):
+    """A Hugging Face BERT-family self-attention with gated prefixes, its mask extended so every query sees them."""
+
+    def __init__(self, inner: nn.Module, encoder: PrefixEncoder, index: int, *, gate: bool) -> None:
+        super().__init__(inner, encoder, index, projection=inner.query, gate=gate)
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None, **kwargs
@@ -155,14 +181,7 @@ class PrefixSelfAttention(nn.Module):
         query = inner.query(hidden_states).view(heads).transpose(1, 2)  # (B, H, T, hd)
         key = inner.key(hidden_states).view(heads).transpose(1, 2)
         value = inner.value(hidden_states).view(heads).transpose(1, 2)
-        prefix_k, prefix_v = self.encoder.layer(self.index)  # (H, n, hd)
-        prefix_k = prefix_k.expand(batch, -1, -1, -1)
-        prefix_v = prefix_v.expand(batch, -1, -1, -1)
-        if self.prefix_gate is not None:
-            gate = self.prefix_gate(hidden_states).view(batch, 1, 1, 1)
-            prefix_k, prefix_v = prefix_k * gate, prefix_v * gate
-        key = torch.cat([prefix_k.to(key.dtype), key], dim=2)  # (B, H, n + T, hd)
-        value = torch.cat([prefix_v.to(value.dtype), value], dim=2)
+        key, value = self.prefixed(hidden_states, key, value)  # (B, H, n + T, hd)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(inner.config._attn_implementation, eager_attention_forward)
         kwargs.pop("encoder_hidden_states", None)
         output, weights = attention(
@@ -178,16 +197,33 @@ class PrefixSelfAttention(nn.Module):
         return output.reshape(batch, length, -1).contiguous(), weights
 
 
-class BottleneckOutput(nn.Module):
-    """A BERT-family feed-forward output with a gated bottleneck adapter, AdapterHub's ``seq_bn`` (Pfeiffer) order:
-    ``h = dropout(W_o·x)``, ``z = LN(h + r)``, ``out = LN(h + g(z)·U·relu(D·z + b_D) + b_U + r)`` with ``r`` the
-    block input and ``LN`` the layer's own LayerNorm, applied twice. ``U = 0`` at the start, so the adapted layer
-    starts exactly as the pretrained one (AdapterHub draws ``U`` small instead)."""
+class PrefixNativeAttention(PrefixAttention):
+    """The self-attention of tensorslim's own BERT (:class:`tensorslim.models.bert.SelfAttention`) with gated
+    prefixes; its ``(B, T)`` key mask gets ``n`` visible columns in front."""
 
-    def __init__(self, inner: nn.Module, *, reduction: int, gate: bool) -> None:
+    def __init__(self, inner: nn.Module, encoder: PrefixEncoder, index: int, *, gate: bool) -> None:
+        super().__init__(inner, encoder, index, projection=inner.q, gate=gate)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        inner = self.inner
+        query, key, value = inner.heads(x)  # (B, H, T, hd)
+        key, value = self.prefixed(x, key, value)
+        if key_mask is not None:
+            key_mask = torch.cat([key_mask.new_ones(x.shape[0], self.encoder.length), key_mask], dim=1)
+        return inner.attend(query, key, value, key_mask)
+
+
+class BottleneckNorm(nn.Module):
+    """The LayerNorm closing a post-LN feed-forward block, with a gated bottleneck adapter before it, AdapterHub's
+    ``seq_bn`` (Pfeiffer) order. The block computes ``LN(s)`` with ``s = h + r`` (``h`` the dropped-out FFN output,
+    ``r`` the block input); adapted, ``z = LN(s)`` and ``out = LN(s + g(z)·U·relu(D·z + b_D) + b_U)``, the layer's
+    own LayerNorm applied twice. ``U = 0`` at the start, so the adapted layer starts exactly as the pretrained one
+    (AdapterHub draws ``U`` small instead). Wraps Hugging Face's ``BertOutput.LayerNorm`` and our BERT's ``norm2``."""
+
+    def __init__(self, inner: nn.LayerNorm, *, reduction: int, gate: bool) -> None:
         super().__init__()
         self.inner = inner
-        weight = inner.dense.weight
+        weight = inner.weight
         dim = weight.shape[0]
         factory = {"device": weight.device, "dtype": weight.dtype}
         hidden = max(1, dim // reduction)
@@ -199,14 +235,12 @@ class BottleneckOutput(nn.Module):
             nn.init.zeros_(self.up.bias)
         self.adapter_gate = Gate(dim, **factory) if gate else None
 
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        inner = self.inner
-        h = inner.dropout(inner.dense(hidden_states))  # (B, T, d)
-        z = inner.LayerNorm(h + input_tensor)
+    def forward(self, summed: torch.Tensor) -> torch.Tensor:
+        z = self.inner(summed)  # (B, T, d)
         adapted = self.up(F.relu(self.down(z)))
         if self.adapter_gate is not None:
             adapted = adapted * self.adapter_gate(z).unsqueeze(-1)  # gate (B, 1, 1)
-        return inner.LayerNorm(h + adapted + input_tensor)
+        return self.inner(summed + adapted)
 
 
 class PromptEmbedding(nn.Module):

@@ -76,8 +76,6 @@ class PELTOptions:
             raise ValueError("prompt_init_text and prompt_init_vocab are both set; allowed: one prompt init")
 
 
-# The attention projections LoRA adapts in each family (UniPELT: W_q and W_v).
-LORA_TARGETS = {"hf-bert": ("query", "value"), "bert": ("q", "v"), "llama": ("q_proj", "v_proj")}
 CAUSAL = ("llama", "gpt2")
 
 
@@ -94,9 +92,8 @@ def pelt_config(
         raise ValueError(
             f"gates average over the whole sequence, so a {family} LM would see the future; allowed: gates off"
         )
-    targets = LORA_TARGETS.get(family, LORA_TARGETS["hf-bert"])
     return PELTConfig(
-        lora=GatedLoRAConfig(rank=options.rank or 8, alpha=options.lora_alpha, gate=gates, targets=targets)
+        lora=GatedLoRAConfig(rank=options.rank or 8, alpha=options.lora_alpha, gate=gates)
         if "lora" in modules
         else None,
         prefix=PrefixConfig(length=options.prefix_length, mlp_dim=options.prefix_mlp or None, gate=gates)
@@ -195,6 +192,10 @@ def prompt_param_groups(model: nn.Module, *, lr: float, scale: float) -> list[di
     return [group for group in groups if group["params"]]
 
 
+def _prompt_positions(options: PELTOptions) -> int:
+    return options.prompt_length
+
+
 def _prompt_hook(method: str) -> Any:
     def hook(context: MethodContext) -> PromptRateHook:
         return PromptRateHook(prompt_lr_scale(method, context.options))
@@ -285,10 +286,10 @@ def _report(method: str, model: nn.Module, before: int, added: dict[str, int]) -
 
 def _added_by_module(model: nn.Module) -> dict[str, int]:
     """Parameters of each adapter module (its own, not the wrapped base layer's)."""
-    from tensorslim.adapters.modules import BottleneckOutput, PrefixEncoder, PrefixSelfAttention, PromptEmbedding
+    from tensorslim.adapters.modules import BottleneckNorm, PrefixAttention, PrefixEncoder, PromptEmbedding
     from tensorslim.lora import LoRALinear
 
-    owned = {LoRALinear: "base.", PrefixSelfAttention: "inner.", BottleneckOutput: "inner."}
+    owned = {LoRALinear: "base.", PrefixAttention: "inner.", BottleneckNorm: "inner."}
     added = {}
     for name, module in model.named_modules():
         wrapped = next((prefix for kind, prefix in owned.items() if isinstance(module, kind)), None)
@@ -388,9 +389,10 @@ _HELP = {
     "unipelt": "UniPELT: gated LoRA + prefix + adapter on a frozen model (arXiv 2110.07577)",
     "unipelt-prompt": "UniPELT + a prompt tuning layer (arXiv 2405.05493)",
 }
-_BERT_ONLY = ("hf-bert",)
-# LoRA needs only the named linears; the prompt, the token embeddings (our LLaMA's too); the rest BERT's layers.
-FAMILIES = {("lora",): tuple(LORA_TARGETS), ("prompt",): ("hf-bert", "llama")}
+# Hugging Face BERT-family encoders and ours. LoRA needs only the named linears; the prompt, the token embeddings
+# (our LLaMA's too); the rest BERT's layers.
+_BERT_ONLY = ("hf-bert", "bert")
+FAMILIES = {("lora",): (*_BERT_ONLY, "llama"), ("prompt",): (*_BERT_ONLY, "llama")}
 # Default peak learning rates: the rate the development set chose in every seed of the K = 100 BBC-titles sweep
 # (benchmarks/results/adapters_bbc_titles.md); the soft prompt wants ten times the adapters' rate (for
 # unipelt-prompt through PROMPT_LR_SCALE).
@@ -414,6 +416,7 @@ for _name, _modules in MODULES.items():
             families=FAMILIES.get(_modules, _BERT_ONLY),
             lr=DEFAULT_LR[_name],
             hook=_prompt_hook(_name) if "prompt" in _modules else None,
+            positions=_prompt_positions if "prompt" in _modules else None,
         )
     )
 register_method(
@@ -422,7 +425,7 @@ register_method(
         help="Hugging Face peft's LoRA on query/value (reference)",
         convert=_peft_lora,
         options=PELTOptions,
-        families=_BERT_ONLY,
+        families=("hf-bert",),
         lr=DEFAULT_LR["peft-lora"],
     )
 )
@@ -432,7 +435,7 @@ register_method(
         help="Hugging Face peft's prompt tuning (reference)",
         convert=_peft_prompt,
         options=PELTOptions,
-        families=_BERT_ONLY,
+        families=("hf-bert",),
         lr=DEFAULT_LR["peft-prompt"],
     )
 )

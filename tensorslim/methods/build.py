@@ -45,13 +45,18 @@ def build_for_method(
 
     preset = get_model(model_name)
     task = resolve_task(model_name, task)
+    options = method_options(method, options)
+    added = get_method(method).positions
+    if added is not None and overrides.get("max_seq_len") and not preset.pretrained:
+        # A pretrained model's position table is fixed (the prompt's check names the limit); a new one has room.
+        overrides = {**overrides, "max_seq_len": overrides["max_seq_len"] + added(options)}
     model = build_model(model_name, task=task, device=device, **overrides)
     context = MethodContext(
         model_name=model_name,
         family=preset.family.name,
         model_config=getattr(model, "config", preset.config),
         task=task,
-        options=method_options(method, options),
+        options=options,
         # On meta there are no weights to factorize; a random init has the same shapes (the books are the same).
         pretrained=preset.pretrained and torch.device(device or "cpu").type != "meta",
         steps=steps,

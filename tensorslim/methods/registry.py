@@ -70,6 +70,8 @@ class Method:
         parallel_note: why a kind of parallelism is missing (shown in the error that refuses it).
         lr: peak learning rate when the user gives none; None takes the model's recipe.
         families: the model families it applies to (``llama``, ``bert``, ``gpt2``, ``hf-bert``); None: any.
+        positions: the positions it puts before each input (a soft prompt's length) from its options; a model
+            built from scratch gets that many more, so the run's sequence length still fits.
     """
 
     name: str
@@ -83,6 +85,7 @@ class Method:
     parallel_note: str = ""
     lr: float | None = None
     families: tuple[str, ...] | None = None
+    positions: Callable[[Any], int] | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:

@@ -86,15 +86,23 @@ class SelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.attend(*self.heads(x), key_mask)
+
+    def heads(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Queries, keys and values of ``x`` ``(B, T, d)``, each ``(B, h, T, d/h)``."""
         b, t, d = x.shape
         # One product for q, k and v when they are TT layers (CoMERA): x is read once for the three.
-        heads = [
+        return [
             y.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)
             for y in linear_many(x, (self.q, self.k, self.v))
         ]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """The output projection of softmax attention; ``key_mask`` ``(B, T_k)``: True (or 1) = attend."""
         p = self.dropout if self.training else 0.0
-        out = attention(*heads, key_mask=key_mask, dropout_p=p)  # (B, h, T, d/h); key_mask (B, T): True = attend
-        return self.o(out.transpose(1, 2).reshape(b, t, d))
+        out = attention(q, k, v, key_mask=key_mask, dropout_p=p)  # (B, h, T, d/h)
+        b, _, t, _ = out.shape
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class FeedForward(nn.Module):
@@ -133,9 +141,10 @@ class Embeddings(nn.Module):
         self.drop = Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.word(ids) + self.position(positions)[None]  # (B, T, d)
-        types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
+        words = self.word(ids)  # (B, T, d); a soft prompt (tensorslim.adapters) may add rows to it
+        batch, length = words.shape[:2]
+        x = words + self.position(torch.arange(length, device=ids.device))[None]
+        types = ids.new_zeros(batch, length) if token_type_ids is None else token_type_ids
         return self.drop(self.norm(x + self.token_type(types)))
 
 

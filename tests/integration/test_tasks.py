@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -88,3 +89,41 @@ def test_a_classification_run_learns_above_the_majority_share(tmp_path: Path) ->
     result = train(config)
     # The largest of the 5 BBC classes is 23 % of the test set: a model that learned nothing scores at most that.
     assert result.val_metrics["val_accuracy"] > 0.3
+
+
+@pytest.mark.parametrize("method", ["unipelt-prompt", "lora"])
+def test_adapters_on_our_bert_train_the_adapters_and_head_only(tmp_path: Path, method: str) -> None:
+    config = _config(tmp_path, task="classify", data="bbcnews-titles", method=method, steps=3, seq_len=128)
+    trainer = Trainer(config)
+    from tensorslim.adapters import trainable_parameters
+
+    counts = trainable_parameters(trainer.model)
+    head = sum(p.numel() for p in trainer.model.classifier.parameters())
+    assert counts["other"] == head and all(p.requires_grad for p in trainer.model.classifier.parameters())
+    frozen = {name: p.clone() for name, p in trainer.model.named_parameters() if not p.requires_grad}
+    result = trainer.run()
+    assert all(torch.equal(p, frozen[name]) for name, p in trainer.model.named_parameters() if name in frozen)
+    assert all(math.isfinite(loss) for loss in result.losses)
+    if method == "unipelt-prompt":  # 10 more positions than bert-tiny's 128, so 128-token inputs fit beside the prompt
+        assert trainer.model.encoder.config.max_seq_len == 128 + 10
+
+
+def test_a_pretrained_mlm_encoder_takes_adapters_in_a_classifier(small_corpus: Path, tmp_path: Path) -> None:
+    """The docs' recipe: the encoder of an MLM run's checkpoint, a fresh classifier, UniPELT + prompt."""
+    from safetensors.torch import load_file
+
+    from tensorslim.adapters import equip_, unipelt
+    from tensorslim.models import build_model
+
+    train(_config(tmp_path, data=str(small_corpus), steps=3))
+    state = load_file(str(latest_checkpoint(tmp_path / "checkpoints") / "model.safetensors"))
+    encoder = {name.removeprefix("encoder."): t for name, t in state.items() if name.startswith("encoder.")}
+    vocab = state["encoder.embeddings.word.weight"].shape[0]
+    model = build_model("bert-tiny", task="classify", n_classes=5, vocab_size=vocab)
+    model.encoder.load_state_dict(encoder)
+    equip_(model, unipelt(prompt=True))
+    model.eval()
+    ids = torch.randint(5, vocab, (2, 16))
+    assert model(ids).shape == (2, 5)
+    # the frozen encoder is the pre-trained one
+    assert torch.equal(model.encoder.embeddings.word.weight, state["encoder.embeddings.word.weight"])
