@@ -25,6 +25,7 @@ def build_for_method(
     device: torch.device | str | None = None,
     steps: int = 0,
     run_dir: Any = None,
+    base_state: dict[str, torch.Tensor] | None = None,
     **overrides: Any,
 ) -> tuple[nn.Module, list, MethodContext]:
     """Model ``model_name`` built for ``task`` and converted by ``method``.
@@ -36,6 +37,8 @@ def build_for_method(
         options: the method's options, or a mapping of some of their fields (default: its defaults).
         device: ``"meta"`` builds without allocating (for the books).
         steps, run_dir: passed to the method's hook through the returned context.
+        base_state: weights loaded into the model as built, before the method converts it
+            (:func:`load_matching_`).
         overrides: ``vocab_size``, ``max_seq_len``, ``n_classes`` for the model.
 
     Returns:
@@ -47,10 +50,13 @@ def build_for_method(
     task = resolve_task(model_name, task)
     options = method_options(method, options)
     added = get_method(method).positions
-    if added is not None and overrides.get("max_seq_len") and not preset.pretrained:
-        # A pretrained model's position table is fixed (the prompt's check names the limit); a new one has room.
+    if added is not None and overrides.get("max_seq_len") and not preset.pretrained and base_state is None:
+        # A pretrained model's position table is fixed, as is one loaded from base_state (the prompt's check then
+        # names the limit); a new one gets room.
         overrides = {**overrides, "max_seq_len": overrides["max_seq_len"] + added(options)}
     model = build_model(model_name, task=task, device=device, **overrides)
+    if base_state is not None:
+        load_matching_(model, base_state)
     context = MethodContext(
         model_name=model_name,
         family=preset.family.name,
@@ -71,3 +77,38 @@ def apply_method(model: nn.Module, method: str, context: MethodContext) -> list:
     if spec.families is not None and context.family not in spec.families:
         raise ValueError(f"method={method!r} does not apply to {context.family} models; allowed: {list(spec.families)}")
     return spec.convert(model, context) if spec.convert is not None else []
+
+
+def load_matching_(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Copy into ``model`` every tensor of ``state`` it has under the same name (another run's encoder into a
+    classifier: the head that run lacks keeps its init); the names copied. A top-level module (``encoder``) is
+    filled whole or not at all, so weights of another structure (a converted run) are never half-loaded.
+
+    Raises:
+        ValueError: no name in common, a common name whose shape differs (another vocabulary or width), or a
+            module the state fills only in part.
+    """
+    mine = model.state_dict()
+    common = [name for name in state if name in mine]
+    if not common:
+        raise ValueError(
+            f"the base weights share no name with {type(model).__name__} (theirs start {sorted(state)[:2]}); "
+            "allowed: a run of the same preset"
+        )
+    for name in common:
+        if state[name].shape != mine[name].shape:
+            raise ValueError(
+                f"base weight {name} is {tuple(state[name].shape)} there, {tuple(mine[name].shape)} here; allowed: a "
+                "run of the same preset with the same vocabulary (the same tokenizer and --vocab-size)"
+            )
+    filled = {name.split(".")[0] for name in common}
+    partial = sorted(name for name in mine if name not in state and name.split(".")[0] in filled)
+    if partial:
+        raise ValueError(
+            f"the base weights fill {partial[0].split('.')[0]} only in part (no {partial[0]}, {len(partial)} missing); "
+            "allowed: a run of the same preset and structure (an unconverted one for a method that converts)"
+        )
+    with torch.no_grad():
+        for name in common:
+            mine[name].copy_(state[name])
+    return common

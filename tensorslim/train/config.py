@@ -84,7 +84,15 @@ class TrainConfig:
     eval_blocks: int = option(64, "size of the fixed held-out set, in sequences")
     checkpoint_every: int = option(100, "steps between checkpoints")
     init: str | None = option(
-        None, "start from a folder written by save_pretrained / `tensorslim convert --save` (same model)"
+        None,
+        "start from a folder of the same model written by save_pretrained / `tensorslim convert --save` "
+        "(default: none)",
+    )
+    init_base: str | None = option(
+        None,
+        "start the model from another run of the same preset before the method converts it (e.g. an MLM run's "
+        "encoder under adapters): its run folder or checkpoint; every weight it has under the same name is loaded, "
+        "a new head keeps its init (default: none)",
     )
     out_dir: str | None = option(None, "run folder (default: runs/<preset>-<method>)")
     resume: bool = option(False, "continue from the run folder's latest checkpoint")
@@ -105,6 +113,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_preset(self.preset)
         get_method(self.method)
+        if self.init and self.init_base:
+            raise ValueError(
+                f"init={self.init!r} and init_base={self.init_base!r} are both set; allowed: one start (init: the "
+                "same model, init_base: its weights before the method converts it)"
+            )
         object.__setattr__(self, "options", method_options(self.method, self.options))
         if self.task is None:
             object.__setattr__(self, "task", resolve_task(self.preset))

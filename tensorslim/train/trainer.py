@@ -211,6 +211,7 @@ class Trainer:
             steps=config.steps,
             run_dir=self.run_dir,
             device="meta" if config.init else None,
+            base_state=_base_state(config.init_base) if config.init_base else None,
             **self.data.model_overrides,
         )
         if config.init is not None:
@@ -548,6 +549,29 @@ def _initial_model(folder: str, *, like: nn.Module) -> nn.Module:
             "saved from the same preset, task, vocabulary size and method"
         )
     return model
+
+
+def _base_state(path: str) -> dict[str, torch.Tensor]:
+    """The model weights of a run (``--init-base``): its run folder (the latest checkpoint), one checkpoint folder, or
+    a folder written by ``save_pretrained``.
+
+    Raises:
+        ValueError: a path that holds none of these.
+    """
+    from safetensors.torch import load_file
+
+    from tensorslim.train.checkpoint import latest_checkpoint
+
+    folder = Path(path)
+    if (folder / "checkpoints").is_dir():
+        folder = latest_checkpoint(folder / "checkpoints") or folder
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(
+            f"init_base={path!r} holds no model.safetensors; allowed: a run folder with a checkpoint, a checkpoint "
+            "folder or a save_pretrained folder"
+        )
+    return load_file(str(weights))
 
 
 def _progress(config: TrainConfig, *, initial: int) -> Any:

@@ -108,22 +108,37 @@ def test_adapters_on_our_bert_train_the_adapters_and_head_only(tmp_path: Path, m
         assert trainer.model.encoder.config.max_seq_len == 128 + 10
 
 
-def test_a_pretrained_mlm_encoder_takes_adapters_in_a_classifier(small_corpus: Path, tmp_path: Path) -> None:
-    """The docs' recipe: the encoder of an MLM run's checkpoint, a fresh classifier, UniPELT + prompt."""
+def test_adapters_start_from_an_mlm_runs_encoder_with_init_base(small_corpus: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from tensorslim.adapters import equip_, unipelt
-    from tensorslim.models import build_model
+    mlm = train(_config(tmp_path / "mlm", data="bbcnews", steps=3))
+    state = load_file(str(latest_checkpoint(Path(mlm.run_dir) / "checkpoints") / "model.safetensors"))
+    config = _config(
+        tmp_path / "cls", task="classify", data="bbcnews-titles", method="unipelt", init_base=mlm.run_dir, steps=2
+    )
+    trainer = Trainer(config)
+    mine = trainer.model.state_dict()
+    unwrapped = {name.replace(".inner.", ".").replace(".base.", "."): t for name, t in mine.items()}
+    encoder = [name for name in state if name.startswith("encoder.")]
+    assert encoder and all(torch.equal(unwrapped[name], state[name]) for name in encoder)  # the MLM run's encoder
+    trainer.run()
+    unwrapped = {n.replace(".inner.", ".").replace(".base.", "."): t for n, t in trainer.model.state_dict().items()}
+    assert all(torch.equal(unwrapped[name], state[name]) for name in encoder)  # frozen under the adapters
 
-    train(_config(tmp_path, data=str(small_corpus), steps=3))
-    state = load_file(str(latest_checkpoint(tmp_path / "checkpoints") / "model.safetensors"))
-    encoder = {name.removeprefix("encoder."): t for name, t in state.items() if name.startswith("encoder.")}
-    vocab = state["encoder.embeddings.word.weight"].shape[0]
-    model = build_model("bert-tiny", task="classify", n_classes=5, vocab_size=vocab)
-    model.encoder.load_state_dict(encoder)
-    equip_(model, unipelt(prompt=True))
-    model.eval()
-    ids = torch.randint(5, vocab, (2, 16))
-    assert model(ids).shape == (2, 5)
-    # the frozen encoder is the pre-trained one
-    assert torch.equal(model.encoder.embeddings.word.weight, state["encoder.embeddings.word.weight"])
+
+@pytest.mark.parametrize(
+    ("method", "message"),
+    [("cola", "fill encoder only in part"), ("dense", None)],
+)
+def test_init_base_refuses_another_structure_and_a_path_without_weights(
+    tmp_path: Path, method: str, message: str | None
+) -> None:
+    run = train(_config(tmp_path / "mlm", data="bbcnews", steps=1, method=method))
+    config = _config(tmp_path / "cls", task="classify", data="bbcnews-titles", method="lora", init_base=run.run_dir)
+    if message is None:  # an unconverted run loads; a folder without weights is refused
+        Trainer(config)
+        config = replace(config, init_base=str(tmp_path))
+        message = "holds no model.safetensors"
+    with pytest.raises(ValueError, match=message) as error:
+        Trainer(config)
+    assert "\n" not in str(error.value)
