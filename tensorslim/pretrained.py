@@ -350,12 +350,12 @@ def materialize_(model: nn.Module, dtypes: dict[str, torch.dtype], *, device: to
                 slots[name] = done[id(tensor)]
 
 
-def load_weights_(model: nn.Module, path: Path, aliases: dict[str, str], *, device: torch.device | str = "cpu") -> None:
-    """Materialize ``model`` (see :func:`materialize_`) and load the safetensors file ``path`` into it, strictly;
-    ``aliases`` name the tied keys the file holds once (``{alias: kept name}``).
+def read_weights(path: Path, aliases: dict[str, str], *, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path``, each tied key of ``aliases`` (``{alias: kept name}``, held once
+    in the file) under its own name too.
 
     Raises:
-        ValueError: the file is missing or corrupt, or its keys or shapes do not match the model.
+        ValueError: the file is missing or corrupt.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -365,6 +365,17 @@ def load_weights_(model: nn.Module, path: Path, aliases: dict[str, str], *, devi
     except (OSError, SafetensorError) as error:
         raise ValueError(f"{path} is missing or corrupt: {error}") from None
     weights.update({alias: weights[kept] for alias, kept in aliases.items() if kept in weights})
+    return weights
+
+
+def load_weights_(model: nn.Module, path: Path, aliases: dict[str, str], *, device: torch.device | str = "cpu") -> None:
+    """Materialize ``model`` (see :func:`materialize_`) and load the safetensors file ``path`` into it, strictly;
+    ``aliases`` name the tied keys the file holds once (``{alias: kept name}``).
+
+    Raises:
+        ValueError: the file is missing or corrupt, or its keys or shapes do not match the model.
+    """
+    weights = read_weights(path, aliases, device=device)
     materialize_(model, {key: tensor.dtype for key, tensor in weights.items()}, device=device)
     expected = model.state_dict()
     missing, extra = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())

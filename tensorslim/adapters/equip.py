@@ -193,6 +193,12 @@ def _encoder_of(model: nn.Module) -> nn.Module:
     return base
 
 
+def _our_bert_encoder(model: nn.Module) -> bert.BertEncoder | None:
+    """The encoder of one of our BERTs (:mod:`tensorslim.models.bert`, either head), or None."""
+    encoder = getattr(model, "encoder", None)
+    return encoder if isinstance(encoder, bert.BertEncoder) else None
+
+
 def _native_prompt_site(model: nn.Module) -> tuple[nn.Module, nn.Module, int, str] | None:
     """Where a soft prompt goes in one of our own models: the module whose forward starts from token ids, its word
     embedding, its position limit and how the limit is named; None for any other model.
@@ -200,8 +206,8 @@ def _native_prompt_site(model: nn.Module) -> tuple[nn.Module, nn.Module, int, st
     Our LLaMA (:mod:`tensorslim.models.llama`): the model itself and ``embed_tokens``. Our BERT
     (:mod:`tensorslim.models.bert`, either head): its encoder and ``encoder.embeddings.word``.
     """
-    encoder = getattr(model, "encoder", None)
-    if isinstance(encoder, bert.BertEncoder):
+    encoder = _our_bert_encoder(model)
+    if encoder is not None:
         limit = encoder.config.max_seq_len
         return encoder, encoder.embeddings.word, limit, f"the {limit}-position table"
     if hasattr(model, "embed_tokens") and hasattr(getattr(model, "config", None), "max_seq_len"):
@@ -213,7 +219,7 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
     spec = config.prompt
     native = _native_prompt_site(model)
     if native is not None:
-        site, embedding, positions, _ = native
+        _, embedding, positions, _ = native
         words = getattr(embedding, "weight", None)
         if words is None:  # a TT embedding keeps no table to read a width or an init from
             raise ValueError(
@@ -311,6 +317,7 @@ def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode
 
 def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
     """A forward pre-hook on the base model: embeds the ids, puts the prompt in, extends the masks."""
+    table = f"the {positions}-position table"
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         ids = args[0] if args else kwargs.get("input_ids")
@@ -318,7 +325,7 @@ def _prompt_hook(prompt: PromptEmbedding, positions: int) -> Callable:
         if embeds is None:
             embeds = module.get_input_embeddings()(ids)  # (B, T, d)
         batch, length = embeds.shape[:2]
-        _check_prompt_fits(prompt, length, positions, f"the {positions}-position table")
+        _check_prompt_fits(prompt, length, positions, table)
         kwargs.update(input_ids=None, inputs_embeds=prompt.insert(embeds))
         _extend_masks(kwargs, prompt, batch, embeds.device)
         kwargs["position_ids"] = None  # positions 0..n+T-1 over prompt and input, as peft
@@ -336,7 +343,7 @@ def _pooler_of(model: nn.Module) -> nn.Module | None:
 def _head_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The task head: a Hugging Face model's parameters outside its base model (``classifier`` …), or those of our
     BERT outside its encoder (``classifier``, or the MLM head)."""
-    if isinstance(getattr(model, "encoder", None), bert.BertEncoder):
+    if _our_bert_encoder(model) is not None:
         prefix = "encoder"
     else:
         base = getattr(model, "base_model", None)

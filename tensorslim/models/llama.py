@@ -250,10 +250,9 @@ class LlamaForCausalLM(nn.Module):
         logits: the LM task feeds them with ``lm_head.weight`` to a fused head and loss.
         """
         past = 0 if cache is None else cache.length
-        if past + input_ids.shape[1] > self.config.max_seq_len:
-            raise ValueError(
-                f"sequence length {past + input_ids.shape[1]} exceeds max_seq_len={self.config.max_seq_len}"
-            )
+        length = past + input_ids.shape[1]
+        if length > self.config.max_seq_len:
+            raise ValueError(f"sequence length {length} exceeds max_seq_len={self.config.max_seq_len}")
         if cache is not None and len(cache.layers) != len(self.layers):
             raise ValueError(f"cache has {len(cache.layers)} layers; allowed: the model's {len(self.layers)}")
         x = self.embed_tokens(input_ids)  # (B, T, d); any embedding layer (a TT embedding has no .weight)

@@ -553,25 +553,26 @@ def _initial_model(folder: str, *, like: nn.Module) -> nn.Module:
 
 def _base_state(path: str) -> dict[str, torch.Tensor]:
     """The model weights of a run (``--init-base``): its run folder (the latest checkpoint), one checkpoint folder, or
-    a folder written by ``save_pretrained``.
+    a folder written by ``save_pretrained``; tied weights under each of their names.
 
     Raises:
-        ValueError: a path that holds none of these.
+        ValueError: a path that holds none of these, or a corrupt weights file.
     """
-    from safetensors.torch import load_file
-
-    from tensorslim.train.checkpoint import latest_checkpoint
+    from tensorslim.pretrained import MANIFEST, read_manifest, read_weights
+    from tensorslim.train.checkpoint import latest_checkpoint, read_state
 
     folder = Path(path)
     if (folder / "checkpoints").is_dir():
         folder = latest_checkpoint(folder / "checkpoints") or folder
-    weights = folder / "model.safetensors"
-    if not weights.is_file():
-        raise ValueError(
-            f"init_base={path!r} holds no model.safetensors; allowed: a run folder with a checkpoint, a checkpoint "
-            "folder or a save_pretrained folder"
-        )
-    return load_file(str(weights))
+    if (folder / MANIFEST).is_file():
+        manifest = read_manifest(folder)
+        return read_weights(folder / manifest["weights"], manifest["aliases"])
+    if (folder / "model.safetensors").is_file() and (folder / "state.json").is_file():
+        return read_weights(folder / "model.safetensors", read_state(folder).get("aliases", {}))
+    raise ValueError(
+        f"init_base={path!r} holds no model.safetensors with a state.json or a save_pretrained manifest; allowed: a "
+        "run folder with a checkpoint, a checkpoint folder or a save_pretrained folder"
+    )
 
 
 def _progress(config: TrainConfig, *, initial: int) -> Any:

@@ -117,13 +117,29 @@ def test_adapters_start_from_an_mlm_runs_encoder_with_init_base(small_corpus: Pa
         tmp_path / "cls", task="classify", data="bbcnews-titles", method="unipelt", init_base=mlm.run_dir, steps=2
     )
     trainer = Trainer(config)
-    mine = trainer.model.state_dict()
-    unwrapped = {name.replace(".inner.", ".").replace(".base.", "."): t for name, t in mine.items()}
     encoder = [name for name in state if name.startswith("encoder.")]
-    assert encoder and all(torch.equal(unwrapped[name], state[name]) for name in encoder)  # the MLM run's encoder
+    assert encoder and all(torch.equal(_unwrapped(trainer.model)[name], state[name]) for name in encoder)  # the run's
     trainer.run()
-    unwrapped = {n.replace(".inner.", ".").replace(".base.", "."): t for n, t in trainer.model.state_dict().items()}
-    assert all(torch.equal(unwrapped[name], state[name]) for name in encoder)  # frozen under the adapters
+    assert all(torch.equal(_unwrapped(trainer.model)[name], state[name]) for name in encoder)  # frozen under adapters
+
+
+def _unwrapped(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state of an equipped model under the base model's names (the wrappers' ``inner.``/``base.`` removed)."""
+    return {name.replace(".inner.", ".").replace(".base.", "."): t for name, t in model.state_dict().items()}
+
+
+def test_init_base_reads_a_save_pretrained_folder(tmp_path: Path) -> None:
+    from tensorslim.models import build_model
+    from tensorslim.pretrained import save_pretrained
+
+    torch.manual_seed(5)
+    mlm = build_model("bert-tiny", task="mlm", vocab_size=576)  # the classify data's vocabulary at --vocab-size 512
+    save_pretrained(mlm, tmp_path / "saved", base="bert-tiny")
+    config = _config(
+        tmp_path / "cls", task="classify", data="bbcnews-titles", method="lora", init_base=str(tmp_path / "saved")
+    )
+    model = Trainer(config).model
+    assert torch.equal(model.encoder.embeddings.word.weight, mlm.encoder.embeddings.word.weight)
 
 
 @pytest.mark.parametrize(
