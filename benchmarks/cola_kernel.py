@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import tensorslim.functional.lowrank as lowrank
+import tensorslim.layers.lowrank as layers_lowrank
 import tensorslim.models.llama as llama
 from tensorslim.bench.harness import machine_description
 from tensorslim.bench.timing import alternate
@@ -46,8 +47,12 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.th
 def variant(name: str) -> Iterator[None]:
     """``plain``: every low-rank product takes the plain ``F.linear`` path (the product before this change);
     ``separate``: the kernel, but each layer on its own (no shared down-projection); ``mkl``: the kernel with every
-    GEMM on MKL (``F.linear``) instead of oneDNN; ``now``: as shipped."""
+    GEMM on MKL (``F.linear``) instead of oneDNN; ``stacked``: the plain product with one down-projection for the
+    layers that read one input; ``now``: as shipped."""
     kernel_check, shared, gemm = lowrank._use_onednn, llama.linear_many, lowrank._linear
+    many = layers_lowrank.low_rank_many
+    if name == "stacked":
+        layers_lowrank.low_rank_many = stacked_plain
     if name == "plain":
         lowrank._use_onednn = lambda *args, **kwargs: False
     if name == "separate":
@@ -58,6 +63,16 @@ def variant(name: str) -> Iterator[None]:
         yield
     finally:
         lowrank._use_onednn, llama.linear_many, lowrank._linear = kernel_check, shared, gemm
+        layers_lowrank.low_rank_many = many
+
+
+def stacked_plain(
+    x: torch.Tensor, weights: list[tuple[torch.Tensor, torch.Tensor]], biases: list, *, activation: str
+) -> list[torch.Tensor]:
+    """The plain product under autograd with one down-projection GEMM for the layers that read ``x``."""
+    ranks = [a.shape[0] for a, _ in weights]
+    latent = lowrank.activation_fn(activation)(F.linear(x, torch.cat([a for a, _ in weights])))
+    return [F.linear(h, b, bias) for h, (_, b), bias in zip(latent.split(ranks, -1), weights, biases, strict=True)]
 
 
 def build(method: str, preset: str, seq_len: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -84,6 +99,7 @@ VARIANTS = {
     "plain": "cola before (plain F.linear)",
     "separate": "cola kernel, layers one by one",
     "mkl": "cola kernel + shared A GEMMs, on MKL",
+    "stacked": "plain, stacked A",
     "now": "cola now (kernel + shared A GEMMs)",
 }
 

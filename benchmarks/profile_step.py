@@ -29,18 +29,21 @@ from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import autocast
 
 FAMILIES = {
-    "matmul": ("mm", "addmm", "bmm", "matmul", "linear"),
+    # oneDNN's linear (mkldnn::_linear_pointwise) runs the low-rank and TT layers' token-parallel GEMMs.
+    "matmul": ("mm", "addmm", "bmm", "matmul", "linear", "_linear_pointwise"),
     "attention": ("_scaled_dot_product", "scaled_dot_product", "_softmax", "softmax"),
     "optimizer": ("_fused_adamw", "_foreach", "adamw", "lerp", "addcdiv", "addcmul"),
     "loss (log-softmax over the vocabulary)": ("_log_softmax", "log_softmax", "cross_entropy", "nll_loss"),
     "activation": ("silu",),
     "copies and casts (bf16 autocast: weights, gradients)": ("_to_copy", "copy_"),
     "zero fills (embedding gradient, loss gradient)": ("fill_", "zero_"),
+    # Self time of autograd's nodes and of our autograd functions (CoLA's, TT's): Python and dispatch, no kernels.
+    "autograd nodes and Python functions": ("evaluate_function", "_lowrankmatmul", "_factoredmatmul"),
 }
 
 
 def family(name: str) -> str:
-    short = name.removeprefix("aten::").lower()
+    short = name.split("::")[-1].lower()
     for label, keys in FAMILIES.items():
         if any(short == key or short.startswith(key) for key in keys):
             return label
