@@ -53,6 +53,7 @@ REWRITES: dict[str, str] = {
     "--task-steps": "1",
     "--eval-docs": "4",
     "--head-docs": "16",
+    "--test-docs": "16",
 }
 # Presets too big for a CPU test; `convert` keeps them (a dry run on the meta device costs no memory).
 PRESETS: dict[str, str] = {p: "tiny" for p in ("60m", "130m", "350m", "1b", "7b")} | {"bert6": "bert-tiny"}
@@ -69,6 +70,8 @@ ADDED: dict[str, tuple[str, ...]] = {
         "--eval-docs",
         "4",
         "--head-docs",
+        "16",
+        "--test-docs",
         "16",
         "--batch-size",
         "2",

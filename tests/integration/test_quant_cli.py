@@ -136,6 +136,7 @@ def test_distill_cli_runs_a_few_steps_and_reports_compression(tmp_path: Path) ->
         (["--final-lr", "1"], "final_lr=1.0 is invalid"),
         (["--lr", "0"], "lr=0.0 is invalid; allowed: a finite number > 0"),
         (["--eval-docs", "0"], "eval_docs=0 is invalid; allowed: an integer >= 1"),
+        (["--test-docs", "0"], "test_docs=0 is invalid; allowed: an integer >= 1"),
         (["--task-steps", "-1"], "task_steps=-1 is invalid; allowed: an integer >= 0"),
     ],
 )
