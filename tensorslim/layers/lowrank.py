@@ -22,10 +22,9 @@ from torch import nn
 
 from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
 from tensorslim.decomp.svd import squared_singular_values, truncated_svd
-from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear, low_rank_many
+from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
 from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
 from tensorslim.layers.tt import GATE_THRESHOLD
-from tensorslim.layers.tt import linear_many as tt_linear_many
 from tensorslim.registry import Allocation, ConversionReport, LayerReport, Transform, register_transform
 
 Init = Literal["svd", "random"]
@@ -302,33 +301,6 @@ class LowRankLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
             f"activation={self.activation!r}, bias={self.bias is not None}, gates={self.gated}"
         )
-
-
-def _hooked(layer: nn.Module) -> bool:
-    """Whether a forward hook would run around ``layer`` (its own, or a global one such as a module tracker's)."""
-    hooks = nn.modules.module
-    return bool(
-        layer._forward_hooks
-        or layer._forward_pre_hooks
-        or hooks._global_forward_hooks
-        or hooks._global_forward_pre_hooks
-    )
-
-
-def linear_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
-    """``[layer(x) for layer in layers]`` for layers that read the same ``x`` (attention's q, k and v; a gated MLP's
-    gate and up projections).
-
-    :class:`LowRankLinear` layers (the class itself, without forward hooks) with one activation and input width share
-    one down-projection GEMM and one ``∂x`` GEMM (:func:`~tensorslim.functional.lowrank.low_rank_many`); TT layers go
-    to :func:`tensorslim.layers.tt.linear_many`; any other mix runs one by one. The result equals the layers applied
-    one by one, up to float rounding.
-    """
-    low_rank = all(type(layer) is LowRankLinear and not _hooked(layer) for layer in layers)
-    if len(layers) > 1 and low_rank and len({(layer.in_features, layer.activation) for layer in layers}) == 1:
-        weights = [(layer.weight_a, layer.gated_weight_b()) for layer in layers]
-        return low_rank_many(x, weights, [layer.bias for layer in layers], activation=layers[0].activation)
-    return tt_linear_many(x, layers)
 
 
 def plan_low_rank(name: str, module: nn.Module, config: LowRankConfig) -> LayerReport:

@@ -17,7 +17,7 @@ from torch import nn
 
 from tensorslim._checks import require_int
 from tensorslim.functional.attention import causal_attention
-from tensorslim.layers.lowrank import linear_many
+from tensorslim.layers.tt import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 
@@ -173,7 +173,7 @@ class Attention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
 
-        # One product for q, k and v when they are low-rank or TT layers (each layer on its own otherwise).
+        # One product for q, k and v when they are TT layers (each layer on its own otherwise).
         q, k, v = linear_many(x, (self.q_proj, self.k_proj, self.v_proj))
         q, k, v = apply_rotary(heads(q), cos, sin), apply_rotary(heads(k), cos, sin), heads(v)
         if kv is None:
@@ -197,7 +197,7 @@ class MLP(nn.Module):
         self.act_fn: nn.Module = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear_many(x, (self.gate_proj, self.up_proj))  # one product when both are low rank
+        gate, up = linear_many(x, (self.gate_proj, self.up_proj))  # one product when both are TT layers
         return self.down_proj(self.act_fn(gate) * up)
 
 

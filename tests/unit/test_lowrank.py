@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from tensorslim.convert import convert_
 from tensorslim.decomp.svd import truncated_svd
 from tensorslim.layers.lowrank import CoLAConfig, LowRankLinear, SVDConfig
+from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
 
 
 @pytest.mark.parametrize("activation", ["identity", "silu", "gelu", "relu"])
@@ -130,3 +133,19 @@ def test_an_eval_round_trip_leaves_training_unchanged() -> None:
 def test_eval_layout_skips_meta_parameters() -> None:
     layer = LowRankLinear(32, 48, 8, device="meta").eval()
     assert layer.weight_b.is_contiguous()
+
+
+def test_cola_llama_loss_and_gradients_match_float64() -> None:
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(LlamaConfig(d_model=32, n_layers=2, n_heads=2, d_ff=48, vocab_size=64, max_seq_len=32))
+    convert_(model, CoLAConfig(rank=8, init="random"))
+    ids = torch.randint(64, (2, 32))
+    reference = LlamaForCausalLM(model.config).double()
+    convert_(reference, CoLAConfig(rank=8, init="random"))
+    reference.load_state_dict(model.state_dict())
+    losses = [F.cross_entropy(m(ids).flatten(0, 1), ids.flatten()) for m in (model, reference)]
+    torch.testing.assert_close(losses[0].double(), losses[1], rtol=1e-5, atol=1e-6)
+    for loss in losses:
+        loss.backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-5 * q.grad.abs().max().item(), msg=name)
