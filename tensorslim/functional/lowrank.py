@@ -5,7 +5,7 @@ projection ``y = W x`` by the bottleneck auto-encoder ``y = B σ(A x)``. With σ
 truncated-SVD factorization.
 
 The product is two ``F.linear`` calls and the activation under autograd. A hand-written autograd function with
-oneDNN GEMMs and one down-projection for q/k/v was tried and removed: it was within ±2 % of this on an AMD EPYC and
+oneDNN GEMMs and one down-projection for q/k/v was tried and removed: it gained at most 2.5 % on an AMD EPYC and was
 2–6 % slower on an Intel Xeon with AMX (docs/speed.md, "Tenth round").
 """
 
