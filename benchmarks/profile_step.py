@@ -37,8 +37,8 @@ FAMILIES = {
     "activation": ("silu",),
     "copies and casts (bf16 autocast: weights, gradients)": ("_to_copy", "copy_"),
     "zero fills (embedding gradient, loss gradient)": ("fill_", "zero_"),
-    # Self time of autograd's nodes and of our autograd functions (CoLA's, TT's): Python and dispatch, no kernels.
-    "autograd nodes and Python functions": ("evaluate_function", "_lowrankmatmul", "_factoredmatmul"),
+    # Self time of autograd's nodes and of our autograd functions (the TT kernel's): Python and dispatch, no kernels.
+    "autograd nodes and Python functions": ("evaluate_function", "_factoredmatmul"),
 }
 
 
