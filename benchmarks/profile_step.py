@@ -29,7 +29,7 @@ from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import autocast
 
 FAMILIES = {
-    # oneDNN's linear (mkldnn::_linear_pointwise) runs the low-rank and TT layers' token-parallel GEMMs.
+    # oneDNN's linear (mkldnn::_linear_pointwise) runs the TT layers' token-parallel GEMMs.
     "matmul": ("mm", "addmm", "bmm", "matmul", "linear", "_linear_pointwise"),
     "attention": ("_scaled_dot_product", "scaled_dot_product", "_softmax", "softmax"),
     "optimizer": ("_fused_adamw", "_foreach", "adamw", "lerp", "addcdiv", "addcmul"),
