@@ -147,6 +147,11 @@ def run_distill(run: DistillRunConfig, *, options: Any = None, task_options: Any
     return report
 
 
+def _every_class(indices: list[int], about: int) -> list[int]:
+    """About ``about`` of ``indices``, evenly strided: the split is sorted by class, so a stride keeps every class."""
+    return indices[:: max(1, len(indices) // about)]
+
+
 def _bbc_accuracy(teacher: nn.Module, student: nn.Module, tokenizer: Any, run: DistillRunConfig) -> dict[str, float]:
     """Teacher vs student topic accuracy, both read out by one logistic head fit on teacher features."""
     import torch
@@ -158,9 +163,9 @@ def _bbc_accuracy(teacher: nn.Module, student: nn.Module, tokenizer: Any, run: D
 
     texts, labels, _ = bbcnews_labelled()
     train_idx, test_idx = bbcnews_split()
-    fit_idx = train_idx[:: max(1, len(train_idx) // run.head_docs)]
-    if run.test_docs is not None:  # the split is sorted by class: a stride keeps every class
-        test_idx = test_idx[:: max(1, len(test_idx) // run.test_docs)]
+    fit_idx = _every_class(train_idx, run.head_docs)
+    if run.test_docs is not None:
+        test_idx = _every_class(test_idx, run.test_docs)
 
     @torch.no_grad()
     def features(model: nn.Module, indices: list[int]) -> torch.Tensor:  # (N, D)
