@@ -68,7 +68,7 @@ TABLE_NAMES = {
 
 
 def build(method: str, deploy: str | None) -> nn.Module:
-    from tensorslim.adapters import merge_lora_
+    from tensorslim.layers.adapters import merge_lora_
     from tensorslim.methods import build_for_method
 
     model, _, _ = build_for_method("minilm", method, task="classify", n_classes=5)

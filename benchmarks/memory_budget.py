@@ -216,7 +216,7 @@ def sink_mass(model: torch.nn.Module, docs: torch.Tensor, *, sinks: int) -> list
     A diagnostic: it reads the probabilities the memory's statistics see."""
     import copy
 
-    from tensorslim.memory import store as store_module
+    from tensorslim.layers.memory import store as store_module
 
     seen: list[torch.Tensor] = []
     observe = store_module.observe

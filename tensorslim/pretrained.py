@@ -102,7 +102,7 @@ def _quant_state(layer: nn.Module) -> dict[str, Any]:
 
 def _lora_records(model: nn.Module) -> list[dict[str, Any]]:
     """One entry per adapter; they must share rank, scaling and dropout (one ``apply_lora_`` call rebuilds them)."""
-    from tensorslim.lora import LoRAConfig, LoRALinear
+    from tensorslim.layers.lora import LoRAConfig, LoRALinear
 
     adapters = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
     if not adapters:
@@ -138,7 +138,7 @@ def describe_layers(model: nn.Module) -> list[dict[str, Any]]:
     "module.Class", "fields": {...}}``; None for a quantized layer, whose solver leaves no trace in it) and
     ``state`` (what the config does not carry: gate thresholds, packed-code shapes and bits ...).
     """
-    from tensorslim.lora import LoRALinear
+    from tensorslim.layers.lora import LoRALinear
     from tensorslim.quant.qlinear import QuantLinear
     from tensorslim.registry import transform_for_layer
 
@@ -237,7 +237,7 @@ def _build_base(record: dict[str, Any], folder: Path, model: nn.Module | None) -
 def _config_types() -> dict[str, type]:
     """Every config type a manifest may name: the registered ones, their subclasses, and LoRA's."""
     import tensorslim.layers  # noqa: F401 - registers every layer family
-    from tensorslim.lora import LoRAConfig
+    from tensorslim.layers.lora import LoRAConfig
     from tensorslim.registry import TRANSFORMS
 
     found: dict[str, type] = {_qualified(LoRAConfig): LoRAConfig}
@@ -298,7 +298,7 @@ def _quant_shell(state: dict[str, Any]) -> nn.Module:
 
 
 def _apply_lora(model: nn.Module, entries: list[dict[str, Any]]) -> None:
-    from tensorslim.lora import apply_lora_
+    from tensorslim.layers.lora import apply_lora_
 
     applied = apply_lora_(model, _config_from(entries[0]["config"], _config_types()))
     names = {entry["name"] for entry in entries}

@@ -363,7 +363,7 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 
 def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float) -> dict[str, Any]:
     """One Trainer run; the test accuracy, the trainable parameters and the step and inference times."""
-    from tensorslim.adapters import trainable_parameters
+    from tensorslim.layers.adapters import trainable_parameters
     from tensorslim.tasks.classify import labelled_dataset
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import Trainer

@@ -1,9 +1,16 @@
 """Bounded attention memory for long inputs (Attendre, arXiv 2401.04881): configs, eviction policies, the verb that
-equips a model, and streaming reads with eviction at prefill and decoding."""
+equips a model (the layer family, :mod:`tensorslim.layers.memory`), and streaming reads with eviction at prefill and
+decoding."""
 
-from tensorslim.memory.config import POLICIES, MemoryConfig
-from tensorslim.memory.equip import MemoryReport, equip_memory_, memory_stores, reset_memory_
-from tensorslim.memory.store import KVStore
+from tensorslim.layers.memory import (
+    POLICIES,
+    KVStore,
+    MemoryConfig,
+    MemoryReport,
+    equip_memory_,
+    memory_stores,
+    reset_memory_,
+)
 from tensorslim.memory.streaming import StreamResult, generate, stream_logits, stream_nll
 
 __all__ = [

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tensorslim.memory.config import MemoryConfig
-from tensorslim.memory.equip import equip_memory_, memory_stores
+from tensorslim.layers.memory.config import MemoryConfig
+from tensorslim.layers.memory.equip import equip_memory_, memory_stores
 from tensorslim.memory.streaming import stream_logits, stream_nll
 
 DATA = (

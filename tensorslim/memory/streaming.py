@@ -2,7 +2,7 @@
 the way (the memory stays bounded for any length, unlike a growing KV cache).
 
 A model is called on one chunk at a time; each call's tokens attend the memory and join it (see
-:mod:`tensorslim.memory.equip`). Hugging Face models are called with ``use_cache=False``.
+:mod:`tensorslim.layers.memory.equip`). Hugging Face models are called with ``use_cache=False``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim.memory.equip import memory_stores, reset_memory_
+from tensorslim.layers.memory.equip import memory_stores, reset_memory_
 from tensorslim.tasks.base import logits_of
 
 

@@ -1,4 +1,4 @@
-"""Parameter-efficient fine-tuning methods: a frozen pretrained model plus adapters (:mod:`tensorslim.adapters`).
+"""Parameter-efficient fine-tuning methods: a frozen pretrained model plus adapters (:mod:`tensorslim.layers.adapters`).
 
 ``lora``, ``prefix``, ``adapter`` and ``prompt`` are the single methods (ungated unless ``--gates``), ``unipelt`` the
 three gated together (Mao et al., ACL 2022, arXiv 2110.07577, §3) and ``unipelt-prompt`` UniPELT with the prompt
@@ -65,7 +65,7 @@ class PELTOptions:
         require_int("prefix_mlp", self.prefix_mlp, minimum=0)
         require_int("from_layer", self.from_layer, minimum=0)
         require_int("prompt_init_vocab", self.prompt_init_vocab, minimum=0)
-        from tensorslim.adapters.config import PROMPT_COMBINE
+        from tensorslim.layers.adapters.config import PROMPT_COMBINE
 
         if self.prompt_combine is not None and self.prompt_combine not in PROMPT_COMBINE:
             raise ValueError(f"prompt_combine={self.prompt_combine!r} is invalid; allowed: {list(PROMPT_COMBINE)}")
@@ -82,9 +82,9 @@ CAUSAL = ("llama", "gpt2")
 def pelt_config(
     method: str, options: PELTOptions, *, family: str = "hf-bert", vocab: tuple[int, int] | None = None
 ) -> Any:
-    """The :class:`tensorslim.adapters.PELTConfig` that ``method`` (``lora``, ``unipelt-prompt`` …) puts on a model
-    of ``family``; ``vocab``: the id range a prompt with ``prompt_init_vocab`` draws its start from."""
-    from tensorslim.adapters import BottleneckConfig, GatedLoRAConfig, PELTConfig, PrefixConfig, PromptConfig
+    """The :class:`tensorslim.layers.adapters.PELTConfig` that ``method`` (``lora``, ``unipelt-prompt`` …) puts on a
+    model of ``family``; ``vocab``: the id range a prompt with ``prompt_init_vocab`` draws its start from."""
+    from tensorslim.layers.adapters import BottleneckConfig, GatedLoRAConfig, PELTConfig, PrefixConfig, PromptConfig
 
     modules = MODULES[method]
     gates = options.gates if options.gates is not None else method.startswith("unipelt")
@@ -180,7 +180,7 @@ class PromptRateHook(TrainHook):
 def prompt_param_groups(model: nn.Module, *, lr: float, scale: float) -> list[dict]:
     """``[other, prompt]`` parameter groups of the trainable parameters (each with ``name``, ``lr`` and
     ``lr_scale``; the run's own rate first, so the logged rate is the run's); an empty group is dropped."""
-    from tensorslim.adapters.modules import PromptEmbedding
+    from tensorslim.layers.adapters.modules import PromptEmbedding
 
     prompt = [p for module in model.modules() if isinstance(module, PromptEmbedding) for p in module.parameters()]
     taken = {id(p) for p in prompt}
@@ -286,8 +286,8 @@ def _report(method: str, model: nn.Module, before: int, added: dict[str, int]) -
 
 def _added_by_module(model: nn.Module) -> dict[str, int]:
     """Parameters of each adapter module (its own, not the wrapped base layer's)."""
-    from tensorslim.adapters.modules import BottleneckNorm, PrefixAttention, PrefixEncoder, PromptEmbedding
-    from tensorslim.lora import LoRALinear
+    from tensorslim.layers.adapters.modules import BottleneckNorm, PrefixAttention, PrefixEncoder, PromptEmbedding
+    from tensorslim.layers.lora import LoRALinear
 
     owned = {LoRALinear: "base.", PrefixAttention: "inner.", BottleneckNorm: "inner."}
     added = {}
@@ -302,7 +302,7 @@ def _added_by_module(model: nn.Module) -> dict[str, int]:
 
 def _convert(method: str) -> Any:
     def convert(model: nn.Module, context: MethodContext) -> list:
-        from tensorslim.adapters import equip_
+        from tensorslim.layers.adapters import equip_
 
         vocab = _vocab_range(context) if "prompt" in MODULES[method] else None
         config = pelt_config(method, context.options, family=context.family, vocab=vocab)
@@ -317,7 +317,7 @@ def _peft_lora(model: nn.Module, context: MethodContext) -> list:
     """peft's LoRA injected in place (``inject_adapter_in_model``), classifier trainable."""
     import peft
 
-    from tensorslim.adapters.equip import _head_parameters
+    from tensorslim.layers.adapters.equip import _head_parameters
 
     options = context.options
     _peft_pooler("peft-lora", options)

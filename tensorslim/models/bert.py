@@ -141,7 +141,7 @@ class Embeddings(nn.Module):
         self.drop = Dropout(config.dropout)
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        words = self.word(ids)  # (B, T, d); a soft prompt (tensorslim.adapters) may add rows to it
+        words = self.word(ids)  # (B, T, d); a soft prompt (tensorslim.layers.adapters) may add rows to it
         batch, length = words.shape[:2]
         x = words + self.position(torch.arange(length, device=ids.device))[None]
         types = ids.new_zeros(batch, length) if token_type_ids is None else token_type_ids

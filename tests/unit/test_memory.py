@@ -11,9 +11,9 @@ import torch
 import transformers
 from torch import nn
 
+from tensorslim.layers.memory.equip import LlamaMemoryAttention
+from tensorslim.layers.memory.policies import initial_stat, keep_indices, observe
 from tensorslim.memory import MemoryConfig, equip_memory_, generate, memory_stores, stream_logits, stream_nll
-from tensorslim.memory.equip import LlamaMemoryAttention
-from tensorslim.memory.policies import initial_stat, keep_indices, observe
 from tensorslim.models.llama import Attention, LlamaConfig, LlamaForCausalLM, apply_rotary, rotary_cos_sin
 
 # --- eviction order on hand-made attention maps -------------------------------------------------------------------
@@ -84,7 +84,7 @@ def test_lra_without_insert_keeps_an_entry_attended_once_over_newer_unattended_o
 def test_lra_without_insert_in_the_store_counts_the_inserting_chunks_attention() -> None:
     """Through :class:`KVStore`: a chunk's own queries attend its entries before eviction, so an entry they attend
     is stamped with that step, and ``recent`` protects the newest entries nobody has attended yet."""
-    from tensorslim.memory.store import KVStore
+    from tensorslim.layers.memory.store import KVStore
 
     store = KVStore(MemoryConfig(capacity=4, chunk=4, policy="lra", tau=0.5, lra_insert=False, recent=1))
     keys = torch.zeros(1, 1, 8, 2)

@@ -190,7 +190,7 @@ def test_hugging_face_gpt2_keeps_its_tied_head_and_truncated_ranks(tmp_path: Pat
 
 def test_lora_adapters_round_trip_frozen(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from tensorslim.lora import LoRAConfig, apply_lora_
+    from tensorslim.layers.lora import LoRAConfig, apply_lora_
 
     bert = _tiny_bert()
     apply_lora_(bert, LoRAConfig(rank=4, alpha=3.0, targets=("query", "value"), lax_gate="kronecker"))

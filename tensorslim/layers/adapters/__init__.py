@@ -1,7 +1,7 @@
 """Parameter-efficient fine-tuning on a frozen model: gated LoRA, gated prefix tuning, gated bottleneck adapters,
 prompt tuning, and their combinations UniPELT (arXiv 2110.07577) and UniPELT + prompt (arXiv 2405.05493)."""
 
-from tensorslim.adapters.config import (
+from tensorslim.layers.adapters.config import (
     BottleneckConfig,
     GatedLoRAConfig,
     PELTConfig,
@@ -9,7 +9,7 @@ from tensorslim.adapters.config import (
     PromptConfig,
     unipelt,
 )
-from tensorslim.adapters.equip import (
+from tensorslim.layers.adapters.equip import (
     adapter_state_dict,
     equip_,
     gate_values,

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensorslim.adapters.config import QUERY_VALUE, PELTConfig
-from tensorslim.adapters.modules import (
+from tensorslim.layers.adapters.config import QUERY_VALUE, PELTConfig
+from tensorslim.layers.adapters.modules import (
     BottleneckNorm,
     Gate,
     GatedLoRALinear,
@@ -32,7 +32,7 @@ from tensorslim.adapters.modules import (
     linear_weight,
     merge_lora,
 )
-from tensorslim.lora import LoRALinear
+from tensorslim.layers.lora import LoRALinear
 from tensorslim.models import bert
 
 CONFIG_FILE, WEIGHTS_FILE = "adapters.json", "adapters.safetensors"

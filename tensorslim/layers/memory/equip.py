@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tensorslim.memory.config import MemoryConfig
-from tensorslim.memory.store import KVStore
+from tensorslim.layers.memory.config import MemoryConfig
+from tensorslim.layers.memory.store import KVStore
 from tensorslim.models.llama import Attention, apply_rotary
 from tensorslim.registry import set_submodule
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from tensorslim.memory.config import MemoryConfig
-from tensorslim.memory.policies import initial_stat, keep_indices, observe
+from tensorslim.layers.memory.config import MemoryConfig
+from tensorslim.layers.memory.policies import initial_stat, keep_indices, observe
 
 
 class KVStore:

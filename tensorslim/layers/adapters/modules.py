@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim.lora import LoRALinear
+from tensorslim.layers.lora import LoRALinear
 
 
 class Gate(nn.Module):
