@@ -48,16 +48,27 @@ def config_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
     return cls(**values, **extra)
 
 
-def _option_flags(owners: dict[str, type]) -> dict[str, tuple[dataclasses.Field, list[str]]]:
-    """``flag -> (field, [owners that take it])`` over the options dataclasses of ``owners`` (name -> type)."""
-    flags: dict[str, tuple[dataclasses.Field, list[str]]] = {}
+def _option_flags(owners: dict[str, type]) -> dict[str, list[tuple[str, dataclasses.Field]]]:
+    """``flag -> [(owner, its field)]`` over the options dataclasses of ``owners`` (name -> type)."""
+    flags: dict[str, list[tuple[str, dataclasses.Field]]] = {}
     for name, kind in owners.items():
         for field in dataclasses.fields(kind):
             flag = option_flag(kind, field.name)
-            if flag in flags and _flag_type(flags[flag][0].type) is not _flag_type(field.type):
-                raise TypeError(f"--{flag} has two types in the options ({flags[flag][1][0]} and {name})")
-            flags.setdefault(flag, (field, []))[1].append(name)
+            if flag in flags and _flag_type(flags[flag][0][1].type) is not _flag_type(field.type):
+                raise TypeError(f"--{flag} has two types in the options ({flags[flag][0][0]} and {name})")
+            flags.setdefault(flag, []).append((name, field))
     return flags
+
+
+def _option_help(owned: list[tuple[str, dataclasses.Field]]) -> str:
+    """One flag's help: each meaning with its own default, followed by the owners it applies to."""
+    meanings: dict[str, list[str]] = {}
+    for name, field in owned:
+        text = field.metadata.get("help", "")
+        if field.default is not None and "(default" not in text:
+            text = f"{text} (default: {field.default})"
+        meanings.setdefault(text, []).append(name)
+    return "; ".join(f"{text} [{', '.join(names)}]" for text, names in meanings.items())
 
 
 def method_owners() -> dict[str, type]:
@@ -75,9 +86,8 @@ def task_owners() -> dict[str, type]:
 def add_option_arguments(parser: argparse.ArgumentParser, owners: dict[str, type], *, title: str) -> None:
     """The flags of every owner's options, in one group; none has a default (the owner's own applies)."""
     group = parser.add_argument_group(title)
-    for flag, (field, names) in _option_flags(owners).items():
-        text = f"{field.metadata.get('help', '')} [{', '.join(names)}]"
-        _add(group, "--" + flag, field.type, text, default=argparse.SUPPRESS)
+    for flag, owned in _option_flags(owners).items():
+        _add(group, "--" + flag, owned[0][1].type, _option_help(owned), default=argparse.SUPPRESS)
 
 
 def options_from_args(owner: str, owners: dict[str, type], args: argparse.Namespace, *, what: str) -> dict[str, Any]:
@@ -88,11 +98,12 @@ def options_from_args(owner: str, owners: dict[str, type], args: argparse.Namesp
     kind = owners[owner]
     own = {option_flag(kind, f.name): f.name for f in dataclasses.fields(kind)}
     given: dict[str, Any] = {}
-    for flag, (_, names) in _option_flags(owners).items():
+    for flag, owned in _option_flags(owners).items():
         dest = flag.replace("-", "_")
         if not hasattr(args, dest):
             continue
         if flag not in own:
-            raise ValueError(f"--{flag} does not apply to {what} {owner!r}; it applies to: {', '.join(names)}")
+            names = ", ".join(name for name, _ in owned)
+            raise ValueError(f"--{flag} does not apply to {what} {owner!r}; it applies to: {names}")
         given[own[flag]] = getattr(args, dest)
     return given

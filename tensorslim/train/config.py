@@ -53,7 +53,7 @@ class TrainConfig:
     """
 
     preset: str = option("tiny", "registered model (listed above)")
-    task: str | None = option(None, "lm, mlm or classify (default: the model's first task)")
+    task: str | None = option(None, "a task listed above (default: the model's first task)")
     method: str = option("cola", "training method (listed above)")
     options: Any = option(None, "the method's options")
     task_options: Any = option(None, "the task's options")
