@@ -1,4 +1,5 @@
 # Two entry points: `make demo` (set up + train tiny CoLA on the built-in corpus) and `make test`.
+# `make test` ends with the strict docs build (broken links and missing API references fail); the site goes to .site/.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,3 +21,4 @@ test: setup
 	$(BIN)/ruff check tensorslim tests benchmarks experiments
 	$(BIN)/ruff format --check tensorslim tests benchmarks experiments
 	$(BIN)/pytest -q -n 2 --durations=15
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet

@@ -142,7 +142,8 @@ def generate(
         prompt: the text to continue; an empty prompt starts from the end-of-text token (a document boundary).
         max_new_tokens: at most this many tokens (fewer when the context fills up).
         temperature: divides the logits before sampling.
-        top_k, top_p: sample only among the top-k tokens / the top-p nucleus (see :func:`filter_logits`).
+        top_k: sample only among the ``top_k`` most likely tokens (see :func:`filter_logits`).
+        top_p: sample only within the top-p nucleus (see :func:`filter_logits`).
         greedy: take the most likely token (temperature, top-k and top-p are then irrelevant).
         seed: seed of the sampling generator, so a call is reproducible.
         stop_at_eos: stop at the tokenizer's end-of-text token.

@@ -15,7 +15,7 @@ backward only scales them by the loss's incoming gradient. Only one chunk's logi
 We deviate from both papers' GPU kernels: a chunk is one GEMM followed by in-place PyTorch ops, not a fused tiled
 kernel. On CPU in fp32 and bf16 the logits and ``∂h`` GEMMs run on oneDNN (as the low-rank kernel's token-parallel
 GEMMs do, :mod:`tensorslim.functional.lowrank`): at 60m's shapes the head and loss alone ran 6 % faster with them on
-oneDNN than all on MKL. ``∂W`` stays on MKL, which ran it faster. docs/speed.md ("Sixth round") has the measurements.
+oneDNN than all on MKL. ``∂W`` stays on MKL, which ran it faster. (2-core AMD EPYC.)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ REDUCTIONS = ("mean", "sum")
 
 # Tokens per chunk: one chunk's logits take chunk · V floats (131 MB at 1,024 tokens and V = 32,000). At 60m chunks of
 # 512 and 1,024 tokens measured within noise of each other, 256 slower (each chunk adds a pass over ∂W, and the GEMMs
-# get narrower); docs/speed.md ("Sixth round") has the figures.
+# get narrower; 2-core AMD EPYC).
 DEFAULT_CHUNK = 1024
 
 

@@ -6,7 +6,7 @@ truncated-SVD factorization.
 
 The product is two ``F.linear`` calls and the activation under autograd. A hand-written autograd function with
 oneDNN GEMMs and one down-projection for q/k/v was tried and removed: it gained at most 2.5 % on an AMD EPYC and was
-2–6 % slower on an Intel Xeon with AMX (docs/speed.md, "Tenth round").
+2–6 % slower on an Intel Xeon with AMX.
 """
 
 from __future__ import annotations

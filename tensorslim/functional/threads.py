@@ -5,7 +5,7 @@ On CPU, PyTorch hands any elementwise op over 32,768 elements, every MKL GEMM (M
 threads. For tiny tensors the region costs more than the work: waking the sleeping threads (the CLI sets
 ``OMP_WAIT_POLICY=PASSIVE``), then waiting at the barrier. A CoMERA ``bert6`` train step opened 2,409 regions at 2
 threads, 1,824 of them for the TT cores' contractions, the TT embedding's grouped GEMMs and the optimizer's
-per-parameter updates (docs/speed.md, "Fifth round"). A 12 × 12 × 240 ``mm`` took 13 µs of the main thread's CPU
+per-parameter updates (2-core AMD EPYC). A 12 × 12 × 240 ``mm`` took 13 µs of the main thread's CPU
 time at two threads and 3.6 µs at one, before any waiting.
 
 :func:`one_thread` sets PyTorch's intra-op thread count to 1 for a block (``torch.set_num_threads``, which costs

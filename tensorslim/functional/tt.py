@@ -236,7 +236,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 # The token-dependent GEMMs of a TT layer have one side of width r ≈ 30. On CPU, oneDNN's matmul runs the
 # token-parallel ones (tokens × d against a width-r side, either way) about 1.3× faster than MKL on one thread and
 # splits them across threads better; its per-call set-up (about 16 µs) makes MKL the faster choice below a few dozen
-# tokens (decoding). docs/speed.md has the figures; benchmarks/tt_kernel.py times the layer before and after.
+# tokens (decoding). benchmarks/tt_kernel.py times the layer (results: benchmarks/results/speed_tt_kernel_thread.md).
 # Training always takes oneDNN, whatever the batch: the two libraries round differently, and a path that switched
 # with the number of tokens would make a data-parallel rank (half the tokens) drift from one process (all of them).
 _ONEDNN_MIN_TOKENS = 64
@@ -303,7 +303,7 @@ class _FactoredMatmul(torch.autograd.Function):
     all of them (CoMERA's q, k and v projections read the same input: one product of width 90 instead of three of
     width 30, and no sum of three ``∂x``). Four of the GEMMs are token-parallel (``x L``, ``T R + b``, ``∂y Rᵀ``,
     ``∂T Lᵀ``): on CPU in fp32 or bf16, from 64 tokens, they run on oneDNN's matmul, which ran them about 1.3× faster
-    than MKL on one thread and split them across two threads better (docs/speed.md). The sums over tokens
+    than MKL on one thread and split them across two threads better. The sums over tokens
     (``∂L = xᵀ ∂T``, ``∂R = Tᵀ ∂y``) run as one slice of tokens per thread (:func:`token_sum_mm`). The bias gradient
     comes out of the ``∂R`` GEMM: the latent gets a column of ones (no separate pass over ``∂y`` for a column sum).
 

@@ -217,7 +217,7 @@ class LowRankLinear(nn.Module):
         In eval mode ``B (d_out, r)`` is stored ``r``-major, as the transposed view of a contiguous ``(r, d_out)``
         tensor. Decoding one token multiplies each ``B`` by one latent vector, and BLAS reads ``B``'s short rows
         (``r`` elements) at about half the memory bandwidth that it reaches on the ``r``-major layout: at ``350m`` that
-        made ``B`` most of a CoLA token's time (docs/speed.md, sixth session). Training mode brings back the
+        made ``B`` most of a CoLA token's time (2-core AMD EPYC). Training mode brings back the
         contiguous layout that the optimizer's state was made for. Each switch copies ``B`` once.
         """
         super().train(mode)

@@ -290,7 +290,7 @@ def tt_factors(layers: tuple[TTLinear, ...]) -> list[tuple[torch.Tensor, torch.T
     On CPU the contractions run with a written-out backward (:func:`~tensorslim.functional.tt.tt_factors_many`):
     autograd would record and replay dozens of tiny ops per layer. Up to :data:`ONE_THREAD_MAX_FLOPS` they also run
     on one thread in forward and in backward, because at more threads each tiny GEMM would open OpenMP parallel
-    regions that cost more than the GEMM (docs/speed.md, "Fifth round"). While ``torch.compile`` traces, and on other
+    regions that cost more than the GEMM. While ``torch.compile`` traces, and on other
     devices, autograd records the contractions as they are.
     """
     if torch.compiler.is_compiling() or any(layer.cores[0].device.type != "cpu" for layer in layers):

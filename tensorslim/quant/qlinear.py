@@ -9,7 +9,7 @@ scales or zero points change, so a forward runs at the speed of the dense layer,
 float weight next to the packed codes (4.5 bytes per fp32 weight at 4 bits, against 4 dense). With
 ``cache_weight=False`` (:func:`set_weight_cache`) only the packed codes stay in memory (0.5 bytes per weight) and
 every call dequantizes the whole matrix again: on CPU, where PyTorch's int4 matmul kernel has no fast fp32 path, that
-made a 4-bit 350m model decode many times slower than dense (docs/speed.md).
+made a 4-bit model decode many times slower than dense (``benchmarks/results/inference_60m.md``).
 
 Factored layers keep their factorization: :class:`QuantLowRankLinear` stores CoLA's / SVD's ``A`` and ``B`` as two
 :class:`QuantLinear` s and applies σ between them; :class:`QuantTTLinear` stores each TT core as a packed matrix and

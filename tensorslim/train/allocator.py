@@ -5,14 +5,14 @@ with fresh ``mmap`` calls, returns them with ``munmap`` when freed, and trims th
 frees and allocates the same tensors again every step: gradients, the bf16 copies of the weights under autocast,
 activations, the logits. So every step faults the same pages in again, and the kernel zeroes each one. A dense
 ``350m`` LLaMA step took about 340,000 minor page faults (1.4 GB) and 0.6–1.7 s of system time next to 3.8 s of user
-time (one thread, bf16; ``docs/speed.md``).
+time (one thread, bf16; ``benchmarks/results/speed_allocator_350m_*``).
 
 :func:`keep_freed_memory` turns glibc's mmap path off (``M_MMAP_MAX = 0``) and stops it trimming the heap
 (``M_TRIM_THRESHOLD``), so that freed blocks stay in the heap and are reused. This is the effect that PyTorch's CPU
 tuning guide gets from jemalloc or tcmalloc through ``LD_PRELOAD``, without a new library or a restart. The
 trade-off is memory: the process keeps its heap until it exits, and the heap fragments (glibc's aligned allocation
 cannot reuse a freed block of exactly the requested size), so the peak resident memory grows: 1.81 → 2.27–2.45 GB in
-a ``60m`` CoLA training run, against 7.9 → 2.2 s of system time (``docs/speed.md``).
+a ``60m`` CoLA training run, against 7.9 → 2.2 s of system time (``benchmarks/results/speed_allocator_60m_*``).
 """
 
 from __future__ import annotations
