@@ -12,7 +12,14 @@ from collections.abc import Callable
 from torch import nn
 
 from tensorslim._checks import require_module
-from tensorslim.registry import TRANSFORMS, ConversionReport, Transform, set_submodule, transform_for
+from tensorslim.registry import (
+    TRANSFORMS,
+    ConversionReport,
+    Transform,
+    set_submodule,
+    transform_for,
+    unchanged_on_error,
+)
 
 FilterFn = Callable[[nn.Module, str], bool]
 
@@ -117,13 +124,15 @@ def convert_(model: nn.Module, config: object, *, filter_fn: FilterFn | None = N
     """Replace the matching layers of ``model`` in place and return the report of :func:`plan`.
 
     All layers are planned (and validated) before the first one is replaced, so a bad config leaves the model
-    untouched. With a budgeted config each layer is built with the rank the plan chose for it.
+    untouched; a layer that still refuses while it is built has every change undone (:func:`unchanged_on_error`).
+    With a budgeted config each layer is built with the rank the plan chose for it.
     """
     report, transform, layer_configs = _plan(model, config, filter_fn)
     targets = dict(_candidates(model, transform, filter_fn))
-    for layer in report.layers:
-        set_submodule(model, layer.name, transform.build(targets[layer.name], layer_configs[layer.name]))
-    if transform.finalize is not None:
-        transform.finalize(model, config, report)
+    with unchanged_on_error(model):
+        for layer in report.layers:
+            set_submodule(model, layer.name, transform.build(targets[layer.name], layer_configs[layer.name]))
+        if transform.finalize is not None:
+            transform.finalize(model, config, report)
     report.applied = True
     return report

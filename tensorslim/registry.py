@@ -11,7 +11,9 @@ module registers that family.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -192,3 +194,34 @@ def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     """Replace the submodule at qualified ``name`` (``"layers.0.mlp.up_proj"``) of ``model`` by ``new``."""
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+@contextmanager
+def unchanged_on_error(model: nn.Module) -> Iterator[None]:
+    """Undo every structural change a failing block made to ``model``: a refused verb leaves the model as it was.
+
+    Every verb validates its plan before it changes anything; this guard is the second line for what only building
+    can find (a layer that refuses its config halfway through). It records, without copying any tensor, each
+    module's class, attributes (submodule, parameter, buffer and hook tables as shallow copies) and each parameter's
+    ``requires_grad`` flag, and puts them back if the block raises. Values written in place into existing tensors are
+    not undone: no verb writes into the tensors of the model it is given.
+    """
+    modules = [
+        (
+            module,
+            type(module),
+            {key: copy.copy(value) if isinstance(value, dict) else value for key, value in vars(module).items()},
+        )
+        for module in model.modules()
+    ]
+    flags = [(param, param.requires_grad) for param in model.parameters()]
+    try:
+        yield
+    except BaseException:
+        for module, cls, attributes in modules:
+            module.__class__ = cls
+            module.__dict__.clear()
+            module.__dict__.update(attributes)
+        for param, flag in flags:
+            param.requires_grad_(flag)
+        raise

@@ -45,7 +45,7 @@ from tensorslim.layers.lowrank import (
     low_rank_fields,
     plan_low_rank,
 )
-from tensorslim.registry import ConversionReport, Transform, register_transform
+from tensorslim.registry import ConversionReport, Transform, register_transform, set_submodule
 
 POLICIES: tuple[str, ...] = ("latent", "layer")
 
@@ -303,10 +303,7 @@ def _swap_low_rank(block: nn.Module) -> int:
     swapped = 0
     for name, module in list(block.named_modules()):
         if type(module) is LowRankLinear:
-            parent_name, _, child = name.rpartition(".")
-            setattr(
-                block.get_submodule(parent_name) if parent_name else block, child, CoLAMLinear.from_low_rank(module)
-            )
+            set_submodule(block, name, CoLAMLinear.from_low_rank(module))
         swapped += isinstance(module, LowRankLinear)
     return swapped
 

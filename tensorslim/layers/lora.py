@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.layers.lax import CROSSINGS, LatentStore, crossing_params, ensure_store, make_crossing, split_block_path
+from tensorslim.registry import set_submodule, unchanged_on_error
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +58,12 @@ class LoRAConfig:
             raise ValueError(f"lax_gate={self.lax_gate!r} is unknown; allowed: None or one of {list(CROSSINGS)}")
 
 
+def check_rank(name: str, rank: int, d_in: int, d_out: int) -> None:
+    """Raise ``ValueError`` unless an adapter of ``rank`` fits layer ``name`` (``d_in -> d_out``)."""
+    if not 1 <= rank <= min(d_in, d_out):
+        raise ValueError(f"rank={rank} does not fit {name} ({d_in} -> {d_out}); allowed: 1..{min(d_in, d_out)}")
+
+
 class LoRALinear(nn.Module):
     """A frozen ``nn.Linear`` plus a trainable low-rank update, optionally crossing latents (LaX-LoRA).
 
@@ -67,8 +74,7 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Linear, *, rank: int, alpha: float, dropout: float = 0.0) -> None:
         super().__init__()
-        if not 1 <= rank <= min(base.in_features, base.out_features):
-            raise ValueError(f"rank={rank} is out of range; allowed 1..{min(base.in_features, base.out_features)}")
+        check_rank("the adapted layer", rank, base.in_features, base.out_features)
         self.base = base.requires_grad_(False)
         self.rank, self.scaling = rank, alpha / rank
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
@@ -102,11 +108,6 @@ class LoRALinear(nn.Module):
         return f"rank={self.rank}, scaling={self.scaling:g}, crossing={self.crossing}"
 
 
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
 def apply_lora_(model: nn.Module, config: LoRAConfig) -> dict[str, Any]:
     """Freeze ``model`` and put adapters on the target layers in place; with ``lax_gate``, cross their latents.
 
@@ -123,12 +124,15 @@ def apply_lora_(model: nn.Module, config: LoRAConfig) -> dict[str, Any]:
     ]
     if not targets:
         raise ValueError(f"targets={config.targets!r} match no nn.Linear of {type(model).__name__}")
-    model.requires_grad_(False)
-    adapters = {}
-    for name, module in targets:
-        adapters[name] = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
-        _set_submodule(model, name, adapters[name])
-    crossing = _wire_crossings(model, adapters, config.lax_gate) if config.lax_gate is not None else []
+    for name, module in targets:  # every layer checked before the model is frozen or changed
+        check_rank(name, config.rank, module.in_features, module.out_features)
+    with unchanged_on_error(model):
+        model.requires_grad_(False)
+        adapters = {}
+        for name, module in targets:
+            adapters[name] = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
+            set_submodule(model, name, adapters[name])
+        crossing = _wire_crossings(model, adapters, config.lax_gate) if config.lax_gate is not None else []
     lax_added = len(crossing) * crossing_params(config.lax_gate, config.rank, norm=False) if config.lax_gate else 0
     return {
         "layers": list(adapters),

@@ -43,7 +43,7 @@ from tensorslim.quant.qlinear import (
 )
 from tensorslim.quant.quantizer import QuantConfig, QuantResult
 from tensorslim.quant.rtn import RTNConfig, rtn_quantize
-from tensorslim.registry import registered_for
+from tensorslim.registry import registered_for, set_submodule, unchanged_on_error
 
 FilterFn = Callable[[nn.Module, str], bool]
 Solver = Callable[[torch.Tensor, torch.Tensor | None, QuantConfig], QuantResult]
@@ -154,11 +154,6 @@ def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dic
     return chosen
 
 
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-
-
 def _nbytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
@@ -261,8 +256,9 @@ def quantize_(
         new = _build(module, [result for _, result, *_ in solved])
         report.layers.extend(_layer_reports(name, module, new, solved))
         replacements[name] = new
-    for name, new in replacements.items():
-        _set_submodule(model, name, new)
+    with unchanged_on_error(model):
+        for name, new in replacements.items():
+            set_submodule(model, name, new)
     return report
 
 
@@ -375,6 +371,6 @@ def load_quantized(model: nn.Module, path: str | Path) -> nn.Module:
         raise ValueError(f"{path} has no {METADATA_KEY!r} metadata; was it written by save_quantized?")
     dtype = next(model.parameters()).dtype
     for name, spec in json.loads(raw).items():
-        _set_submodule(model, name, _shell(spec, dtype))
+        set_submodule(model, name, _shell(spec, dtype))
     load_model(model, str(path))
     return model

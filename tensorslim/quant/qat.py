@@ -29,6 +29,7 @@ from torch.nn.utils import parametrize
 
 from tensorslim.layers.tt import TTLinear
 from tensorslim.layers.tt_embedding import TTEmbedding
+from tensorslim.registry import set_submodule, unchanged_on_error
 
 QAT_MODES = ("weight", "weight+activation")
 
@@ -185,15 +186,20 @@ def prepare_qat_(model: nn.Module, config: QATConfig) -> list[str]:
     Raises:
         ValueError: the model has no TT layer.
     """
+    if not isinstance(config, QATConfig):
+        raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: QATConfig")
     names = [n for n, m in model.named_modules() if isinstance(m, TTLinear | TTEmbedding)]
     if not names:
         raise ValueError("prepare_qat_ found no TTLinear/TTEmbedding layer; convert_ the model with TTConfig first")
-    for name in names:
-        layer = model.get_submodule(name)
-        _quantize_cores(layer, config)
-        if config.mode == "weight+activation" and isinstance(layer, TTLinear):
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, ActivationQuantTT(layer, config))
+    quantized = [n for n in names if parametrize.is_parametrized(model.get_submodule(n).cores)]
+    if quantized:
+        raise ValueError(f"layers {quantized[:3]} are in QAT form already; allowed: prepare_qat_ a model once")
+    with unchanged_on_error(model):
+        for name in names:
+            layer = model.get_submodule(name)
+            _quantize_cores(layer, config)
+            if config.mode == "weight+activation" and isinstance(layer, TTLinear):
+                set_submodule(model, name, ActivationQuantTT(layer, config))
     return names
 
 

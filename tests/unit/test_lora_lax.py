@@ -132,5 +132,5 @@ def test_bad_input(bert: nn.Module) -> None:
         LoRAConfig(rank=0)
     with pytest.raises(ValueError, match="match no nn.Linear"):
         apply_lora_(copy.deepcopy(bert), LoRAConfig(targets=("q_proj",)))
-    with pytest.raises(ValueError, match="rank=500 is out of range"):
+    with pytest.raises(ValueError, match="rank=500 does not fit"):
         LoRALinear(nn.Linear(384, 384), rank=500, alpha=1.0)

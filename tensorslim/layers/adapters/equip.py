@@ -32,8 +32,9 @@ from tensorslim.layers.adapters.modules import (
     linear_weight,
     merge_lora,
 )
-from tensorslim.layers.lora import LoRALinear
+from tensorslim.layers.lora import LoRALinear, check_rank
 from tensorslim.models import bert
+from tensorslim.registry import set_submodule, unchanged_on_error
 
 CONFIG_FILE, WEIGHTS_FILE = "adapters.json", "adapters.safetensors"
 _LAYER = re.compile(r"\.(\d+)(?:\.|$)")
@@ -43,11 +44,6 @@ def _layer_of(name: str) -> int | None:
     """The block index in a qualified name (``bert.encoder.layer.3.attention.self`` → 3), or None."""
     found = _LAYER.search(name)
     return int(found.group(1)) if found else None
-
-
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
 def _self_attentions(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -99,32 +95,41 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
         ValueError: a target that matches no linear, a model without the layers a module needs, a prompt that does
             not fit the position table, a model equipped already, ``train_pooler`` on a model without a pooler.
     """
+    if not isinstance(config, PELTConfig):
+        raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: PELTConfig (e.g. unipelt())")
     if getattr(model, "pelt_config", None) is not None:
         raise ValueError(f"{type(model).__name__} is equipped already; allowed: equip_ a fresh base model once")
     pooler = _pooler_of(model) if config.train_pooler else None
-    if config.train_pooler and pooler is None:  # checked before any structural change
+    if config.train_pooler and pooler is None:
         raise ValueError(f"train_pooler=True needs a base model with a pooler; {type(model).__name__} has none")
-    model.requires_grad_(False)
+    # The whole plan first: every module finds its layers (or refuses) before the model is frozen or changed.
+    prompt = _plan_prompt(model, config, encode) if config.prompt is not None else None
+    lora = _lora_targets(model, config) if config.lora is not None else None
+    attentions = _prefix_targets(model, config) if config.prefix is not None else None
+    norms = _bottleneck_targets(model, config) if config.bottleneck is not None else None
     layers: dict[str, list[str]] = {}
-    if config.prompt is not None:  # checked first: it needs no structural change to fail cleanly
-        layers["prompt"] = [_add_prompt(model, config, encode)]
-    if config.lora is not None:
-        layers["lora"] = _add_lora(model, config)
-    if config.prefix is not None:
-        layers["prefix"] = _add_prefix(model, config)
-    if config.bottleneck is not None:
-        layers["bottleneck"] = _add_bottleneck(model, config)
-    if config.train_head:
-        for param in _head_parameters(model):
-            param.requires_grad_(True)
-    if pooler is not None:
-        pooler.requires_grad_(True)
-    model.pelt_config = config
-    model.train(model.training)  # the new modules follow the model's mode (an eval model keeps dropout off)
+    with unchanged_on_error(model):
+        model.requires_grad_(False)
+        if prompt is not None:
+            layers["prompt"] = [_attach_prompt(model, *prompt)]
+        if lora is not None:
+            layers["lora"] = _add_lora(model, config, lora)
+        if attentions is not None:
+            layers["prefix"] = _add_prefix(model, config, attentions)
+        if norms is not None:
+            layers["bottleneck"] = _add_bottleneck(model, config, norms)
+        if config.train_head:
+            for param in _head_parameters(model):
+                param.requires_grad_(True)
+        if pooler is not None:
+            pooler.requires_grad_(True)
+        model.pelt_config = config
+        model.train(model.training)  # the new modules follow the model's mode (an eval model keeps dropout off)
     return {**trainable_parameters(model), "layers": layers}
 
 
-def _add_lora(model: nn.Module, config: PELTConfig) -> list[str]:
+def _lora_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.Linear]]:
+    """The linears gated LoRA adapts; each checked against the rank."""
     lora = config.lora
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, LoRALinear)]
     names = {n.rsplit(".", 1)[-1] for n, _ in linears}
@@ -137,7 +142,14 @@ def _add_lora(model: nn.Module, config: PELTConfig) -> list[str]:
             f"allowed here: {sorted(names)}"
         )
     for name, module in targets:
-        _set_submodule(
+        check_rank(name, lora.rank, module.in_features, module.out_features)
+    return targets
+
+
+def _add_lora(model: nn.Module, config: PELTConfig, targets: list[tuple[str, nn.Linear]]) -> list[str]:
+    lora = config.lora
+    for name, module in targets:
+        set_submodule(
             model,
             name,
             GatedLoRALinear(module, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, gate=lora.gate),
@@ -152,10 +164,14 @@ def _no_layers(model: nn.Module, what: str) -> ValueError:
     )
 
 
-def _add_prefix(model: nn.Module, config: PELTConfig) -> list[str]:
+def _prefix_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.Module]]:
     attentions = [(n, m) for n, m in _self_attentions(model) if _keep(n, config.from_layer)]
     if not attentions:
         raise _no_layers(model, "prefix tuning")
+    return attentions
+
+
+def _add_prefix(model: nn.Module, config: PELTConfig, attentions: list[tuple[str, nn.Module]]) -> list[str]:
     first = attentions[0][1]
     native = isinstance(first, bert.SelfAttention)
     weight = linear_weight(first.k if native else first.key)
@@ -171,17 +187,21 @@ def _add_prefix(model: nn.Module, config: PELTConfig) -> list[str]:
     model.pelt_prefix = encoder
     wrapper = PrefixNativeAttention if native else PrefixSelfAttention
     for index, (name, module) in enumerate(attentions):
-        _set_submodule(model, name, wrapper(module, encoder, index, gate=config.prefix.gate))
+        set_submodule(model, name, wrapper(module, encoder, index, gate=config.prefix.gate))
     return [name for name, _ in attentions]
 
 
-def _add_bottleneck(model: nn.Module, config: PELTConfig) -> list[str]:
+def _bottleneck_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.Module]]:
     norms = [(n, m) for n, m in _ffn_norms(model) if _keep(n, config.from_layer)]
     if not norms:
         raise _no_layers(model, "the bottleneck adapter")
+    return norms
+
+
+def _add_bottleneck(model: nn.Module, config: PELTConfig, norms: list[tuple[str, nn.Module]]) -> list[str]:
     spec = config.bottleneck
     for name, module in norms:
-        _set_submodule(model, name, BottleneckNorm(module, reduction=spec.reduction, gate=spec.gate))
+        set_submodule(model, name, BottleneckNorm(module, reduction=spec.reduction, gate=spec.gate))
     return [name for name, _ in norms]
 
 
@@ -215,7 +235,11 @@ def _native_prompt_site(model: nn.Module) -> tuple[nn.Module, nn.Module, int, st
     return None
 
 
-def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], list[int]] | None) -> str:
+def _plan_prompt(
+    model: nn.Module, config: PELTConfig, encode: Callable[[str], list[int]] | None
+) -> tuple[PromptEmbedding, tuple | None, int]:
+    """The initialized soft prompt, where it goes (see :func:`_native_prompt_site`; None: a Hugging Face encoder) and
+    the position limit; nothing is attached yet."""
     spec = config.prompt
     native = _native_prompt_site(model)
     if native is not None:
@@ -240,11 +264,15 @@ def _add_prompt(model: nn.Module, config: PELTConfig, encode: Callable[[str], li
     )
     if words.device.type != "meta":
         _init_prompt(prompt, spec, words, encode)
+    return prompt, native, positions
+
+
+def _attach_prompt(model: nn.Module, prompt: PromptEmbedding, native: tuple | None, positions: int) -> str:
     model.pelt_prompt = prompt
     if native is not None:
         _hook_native_prompt(*native, prompt)
     else:
-        encoder.register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
+        _encoder_of(model).register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
     return "pelt_prompt"
 
 
@@ -417,7 +445,7 @@ def merge_lora_(model: nn.Module) -> list[str]:
         if module.crossing:
             raise ValueError("a LaX-LoRA latent crossing depends on another layer; allowed: merge plain LoRA only")
     for name, module in adapters:
-        _set_submodule(model, name, merge_lora(module))
+        set_submodule(model, name, merge_lora(module))
     return [name for name, _ in adapters]
 
 
