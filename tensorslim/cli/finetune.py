@@ -391,6 +391,7 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
         eval_every=steps,
         checkpoint_every=10**9,
         out_dir=str(Path(args.run_dir) / f"{method}-k{k}-s{seed}-lr{lr:g}"),
+        overwrite=True,  # an interrupted sweep reruns its unfinished run; its records live in <out>.jsonl
         progress=False,
         tensorboard=False,
     )

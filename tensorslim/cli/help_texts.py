@@ -40,16 +40,17 @@ options:
                         [--keep-freed-memory | --no-keep-freed-memory] [--seed INT] [--data STR]
                         [--text-field STR] [--tokenizer STR] [--vocab-size INT] [--eval-every INT]
                         [--eval-blocks INT] [--checkpoint-every INT] [--init STR] [--init-base STR]
-                        [--out-dir STR] [--resume | --no-resume] [--device STR]
-                        [--cuda-graphs | --no-cuda-graphs] [--progress | --no-progress]
-                        [--tensorboard | --no-tensorboard] [--tp INT] [--tp-style STR]
-                        [--dp-shard INT] [--tp-overlap STR] [--rank INT] [--lora-alpha FLOAT]
-                        [--prefix-length INT] [--prefix-mlp INT] [--reduction INT]
-                        [--prompt-length INT] [--prompt-init-text STR] [--prompt-init-vocab INT]
-                        [--prompt-combine STR] [--prompt-lr-scale FLOAT] [--gates | --no-gates]
-                        [--train-pooler | --no-train-pooler] [--from-layer INT] [--lax-crossing STR]
-                        [--comera-target-ratio FLOAT] [--comera-late-fraction FLOAT]
-                        [--comera-gamma FLOAT] [--comera-target-loss FLOAT]
+                        [--out-dir STR] [--resume | --no-resume] [--overwrite | --no-overwrite]
+                        [--device STR] [--cuda-graphs | --no-cuda-graphs]
+                        [--progress | --no-progress] [--tensorboard | --no-tensorboard] [--tp INT]
+                        [--tp-style STR] [--dp-shard INT] [--tp-overlap STR] [--rank INT]
+                        [--lora-alpha FLOAT] [--prefix-length INT] [--prefix-mlp INT]
+                        [--reduction INT] [--prompt-length INT] [--prompt-init-text STR]
+                        [--prompt-init-vocab INT] [--prompt-combine STR] [--prompt-lr-scale FLOAT]
+                        [--gates | --no-gates] [--train-pooler | --no-train-pooler]
+                        [--from-layer INT] [--lax-crossing STR] [--comera-target-ratio FLOAT]
+                        [--comera-late-fraction FLOAT] [--comera-gamma FLOAT]
+                        [--comera-target-loss FLOAT]
                         [--comera-freeze-at-target | --no-comera-freeze-at-target]
                         [--comera-truncate-every INT] [--prune-at-end | --no-prune-at-end]
                         [--galore-update-proj-gap INT] [--galore-scale FLOAT] [--n-cores INT]
@@ -158,6 +159,8 @@ options:
                                 loaded, a new head keeps its init (default: none)
   --out-dir STR                 run folder (default: runs/<preset>-<method>)
   --resume, --no-resume         continue from the run folder's latest checkpoint (default: False)
+  --overwrite, --no-overwrite   replace the run in a non-empty out_dir (its checkpoints, metrics,
+                                summary and model) (default: False)
   --device STR                  cpu or cuda (default: cpu)
   --cuda-graphs, --no-cuda-graphs
                                 capture each step in a CUDA graph (device cuda, one process,

@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             seed=seed,
             device=args.device,
             out_dir=str(runs_dir / name),
+            overwrite=True,  # a run of an earlier sweep into the same folder: the sweep keeps its own results
             progress=False,
             tensorboard=False,
         )

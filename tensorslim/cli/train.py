@@ -49,10 +49,13 @@ def run(args: argparse.Namespace) -> int:
     )
     require_output("out_dir", config.run_dir, folder=True)
     from tensorslim.report import print_train_summary
-    from tensorslim.train.trainer import Interrupted, train
+    from tensorslim.train.trainer import Interrupted, RunFinished, train
 
     try:
         result = train(config)
+    except RunFinished as done:  # --resume on a finished run: say so, change nothing
+        print(f"tensorslim train: {done}", flush=True)
+        return 0
     except Interrupted as stop:
         print(f"tensorslim train: {stop}", flush=True)
         return 128 + stop.signal_number

@@ -22,6 +22,7 @@ from tensorslim.train.precision import DTYPES
 RESUMABLE_CHANGES = frozenset(
     {
         "resume",
+        "overwrite",
         "progress",
         "eval_every",
         "checkpoint_every",
@@ -96,6 +97,9 @@ class TrainConfig:
     )
     out_dir: str | None = option(None, "run folder (default: runs/<preset>-<method>)")
     resume: bool = option(False, "continue from the run folder's latest checkpoint")
+    overwrite: bool = option(
+        False, "replace the run in a non-empty out_dir (its checkpoints, metrics, summary and model)"
+    )
     device: str = option("cpu", "cpu or cuda")
     cuda_graphs: bool = option(
         False, "capture each step in a CUDA graph (device cuda, one process, grad_accum 1, no method hook)"

@@ -41,6 +41,7 @@ from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import TaskData, to_device
+from tensorslim.train import run_folder
 from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.compile import compile_model, compile_seconds
@@ -185,6 +186,8 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         self.layout = layout or parallel_layout(config)
         self.device = self.layout.device
+        if self.layout.is_main:  # before any work: a run that would write over another fails at once
+            _check_run_folder(config)
         try:
             with self.layout.guarded():
                 self._build(static_step)
@@ -419,6 +422,15 @@ class Trainer:
 
     def _run(self, on_step: Callable[[dict[str, Any]], None] | None) -> TrainResult:
         config, main = self.config, self.layout.is_main
+        folder = run_folder.claim(self.run_dir, resume=config.resume, overwrite=config.overwrite) if main else None
+        try:
+            return self._train(on_step)
+        finally:
+            if folder is not None:
+                folder.release()
+
+    def _train(self, on_step: Callable[[dict[str, Any]], None] | None) -> TrainResult:
+        config, main = self.config, self.layout.is_main
         resume_step = self.step if config.resume else None
         log = MetricsLog(self.run_dir, resume_step=resume_step, tensorboard=config.tensorboard) if main else _NoLog()
         speeds: list[float] = []
@@ -510,6 +522,20 @@ class _NoLog:
 
     def close(self) -> None:
         pass
+
+
+class RunFinished(ValueError):
+    """``resume=True`` on a run that already reached its last step: nothing to do, nothing is changed."""
+
+
+def _check_run_folder(config: TrainConfig) -> None:
+    """One-line errors for a run folder the run may not write to (see :mod:`tensorslim.train.run_folder`)."""
+    run_folder.check(config.run_dir, resume=config.resume, overwrite=config.overwrite)
+    done = run_folder.finished_state(config.run_dir, config.steps) if config.resume else None
+    if done is not None and not config.differences(done.get("config", {})):  # a changed config is refused later
+        raise RunFinished(
+            f"run {config.run_dir!r} already finished at step {done['step']} of {config.steps}; nothing changed"
+        )
 
 
 def _check_static_step(config: TrainConfig, *, cuda_graphs: bool, on_nonfinite: str) -> None:

@@ -74,14 +74,15 @@ def test_the_cli_reports_divergence_in_one_line_with_exit_code_2(small_corpus: P
 
 
 def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(small_corpus: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"  # beside the cache folder: a run folder must start empty
     args = ["train", "--preset", "tiny", "--method", "cola", "--steps", "10000", "--batch-size", "4"]
-    args += ["--seq-len", "32", "--vocab-size", "512", "--data", str(small_corpus), "--out-dir", str(tmp_path)]
+    args += ["--seq-len", "32", "--vocab-size", "512", "--data", str(small_corpus), "--out-dir", str(run)]
     args += ["--no-progress", "--no-tensorboard", "--eval-blocks", "2", "--checkpoint-every", "10000"]
     env = {**os.environ, "TENSORSLIM_CACHE": str(tmp_path / "cache")}
     process = subprocess.Popen(
         [sys.executable, "-m", "tensorslim", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
-    metrics = tmp_path / "metrics.jsonl"
+    metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read() if process.stderr else ""
@@ -89,7 +90,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_143(small_corpu
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=240)
     assert process.returncode == 128 + signal.SIGTERM, err
-    checkpoint = latest_checkpoint(tmp_path / "checkpoints")
+    checkpoint = latest_checkpoint(run / "checkpoints")
     assert checkpoint is not None and f"checkpoint written to {checkpoint}" in out
     step = int(checkpoint.name.split("_")[1])
     lines = metrics.read_text().splitlines()

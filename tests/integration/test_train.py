@@ -85,6 +85,7 @@ def test_resume_rejects_a_corrupt_checkpoint(small_corpus: Path, tmp_path: Path)
     train(_config(small_corpus, tmp_path / "run", steps=2))
     checkpoint = latest_checkpoint(tmp_path / "run" / "checkpoints")
     (checkpoint / "model.safetensors").write_bytes(b"not a safetensors file")
+    (tmp_path / "run" / "summary.json").unlink()  # as after an interruption: a finished run has nothing to resume
     with pytest.raises(ValueError, match="is corrupt or incomplete"):
         Trainer(_config(small_corpus, tmp_path / "run", steps=2, resume=True))
 
