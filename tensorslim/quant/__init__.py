@@ -5,7 +5,14 @@ from tensorslim.quant.api import QuantReport, load_quantized, quantize_, save_qu
 from tensorslim.quant.comq import COMQConfig, comq_quantize
 from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
 from tensorslim.quant.qat import LearnedScaleQuantizer, QATConfig, lsq_quantize, prepare_qat_, qat_bits
-from tensorslim.quant.qlinear import QuantConv2d, QuantLinear, QuantLowRankLinear, QuantTTLinear, set_weight_cache
+from tensorslim.quant.qlinear import (
+    QuantConv2d,
+    QuantLinear,
+    QuantLowRankLinear,
+    QuantTTLinear,
+    set_kernel_activations,
+    set_weight_cache,
+)
 from tensorslim.quant.quantizer import Grid, QuantConfig, QuantResult, minmax_grid, pack_codes, unpack_codes
 from tensorslim.quant.rtn import RTNConfig, rtn_quantize
 
@@ -23,6 +30,7 @@ __all__ = [
     "QuantLinear",
     "QuantLowRankLinear",
     "QuantTTLinear",
+    "set_kernel_activations",
     "set_weight_cache",
     "QuantReport",
     "QuantResult",

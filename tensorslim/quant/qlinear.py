@@ -1,19 +1,30 @@
-"""``QuantLinear`` / ``QuantConv2d``: packed integer codes + scales, dequantized for the matmul.
+"""``QuantLinear`` / ``QuantConv2d``: packed integer codes + scales, multiplied by PyTorch's int4/int8 CPU kernels.
 
-The packed codes (``uint8`` bit stream, :func:`~tensorslim.quant.quantizer.pack_codes`), the per-row scales and
-zero points are buffers, so ``state_dict`` and safetensors files hold the compressed form; ``to_dense()`` is the
-explicit way to get a float weight back.
+A weight is ``scale · (code − zero)`` with one scale and zero point per output row. Files (``state_dict``,
+safetensors) always hold the portable form: the codes as a little-endian bit stream (``packed``,
+:func:`~tensorslim.quant.quantizer.pack_codes`), the scales and the zero points; ``to_dense()`` is the explicit way
+to get a float weight back.
 
-By default (``cache_weight=True``) a layer dequantizes its weight once and keeps the float copy until its codes,
-scales or zero points change, so a forward runs at the speed of the dense layer, and memory at run time holds the
-float weight next to the packed codes (4.5 bytes per fp32 weight at 4 bits, against 4 dense). With
-``cache_weight=False`` (:func:`set_weight_cache`) only the packed codes stay in memory (0.5 bytes per weight) and
-every call dequantizes the whole matrix again: on CPU, where PyTorch's int4 matmul kernel has no fast fp32 path, that
-made a 4-bit model decode many times slower than dense (``benchmarks/results/inference_60m.md``).
+In memory a 4-bit or 8-bit layer on CPU keeps ``packed`` in the layout of the kernel it runs on
+(:mod:`tensorslim.quant.kernels`), so the weight is held once, in 0.5 or 1 byte per weight, and never dequantized:
+
+* ``layout="int4pack"`` (4 bits): ``_weight_int4pack_mm_for_cpu``'s blocked layout, rows and columns padded to its
+  16×32 blocks;
+* ``layout="int8"`` (8 bits): ``code − 128`` as ``int8``, for ``_weight_int8pack_mm``, rows padded to 16 columns;
+* ``layout="stream"`` (2, 3, 5, 6, 7 bits, or off CPU): the file's bit stream; the forward then derives the kernel
+  operand (4-bit codes for ≤ 4 bits, int8 above) once and keeps it beside the stream.
+
+``state_dict()`` converts back to the stream and ``load_state_dict`` converts from it, so files do not depend on the
+kernel. With :func:`set_weight_cache` ``(model, True)`` a layer instead dequantizes its weight once, keeps the float
+copy (4 bytes per fp32 weight) and multiplies with ``F.linear``: dense speed and numerics, dense memory. Every
+derived tensor (kernel operand, scale table, float copy) is rebuilt when the codes, scales or zero points it came
+from change (a new tensor, an in-place write, ``load_state_dict``, an optimizer step, a device move).
 
 Factored layers keep their factorization: :class:`QuantLowRankLinear` stores CoLA's / SVD's ``A`` and ``B`` as two
-:class:`QuantLinear` s and applies σ between them; :class:`QuantTTLinear` stores each TT core as a packed matrix and
-contracts the dequantized cores exactly as :class:`~tensorslim.layers.tt.TTLinear` does, never forming ``W``.
+:class:`QuantLinear` s (each on the kernels) and applies σ between them; :class:`QuantTTLinear` stores each TT core
+as a packed matrix and contracts the dequantized cores exactly as :class:`~tensorslim.layers.tt.TTLinear` does,
+never forming ``W`` (a TT contraction is not a matrix product with the input, so the cores do not use the kernels;
+they are small).
 """
 
 from __future__ import annotations
@@ -24,11 +35,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim.functional.lowrank import activation_fn, low_rank_linear
+from tensorslim.functional.lowrank import activation_fn
 from tensorslim.functional.tt import tt_linear
 from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.layers.tt import TTLinear
+from tensorslim.quant import kernels
 from tensorslim.quant.quantizer import Grid, QuantResult, dequantize, pack_codes, packed_nbytes, unpack_codes
+
+def _kernel_layout(bits: int, device: torch.device) -> str:
+    """The in-memory layout of ``packed``: the kernel's own where it holds the codes in the stream's bytes."""
+    if device.type != "cpu":
+        return "stream"
+    return {4: "int4pack", 8: "int8"}.get(bits, "stream")
 
 
 class QuantLinear(nn.Module):
@@ -39,7 +57,12 @@ class QuantLinear(nn.Module):
         out_features: ``d_out``.
         bits: code width, 2..8.
         bias: whether the layer has a bias.
-        dtype: compute dtype of the dequantized weight, scales and bias.
+        dtype: dtype of the scales, the bias and the output (and of the dequantized weight).
+
+    Attributes:
+        cache_weight: multiply by a cached dequantized float weight (``F.linear``) instead of the packed kernels.
+        activations: the kernels' activation dtype: ``"auto"`` (:func:`~tensorslim.quant.kernels.kernel_dtype`),
+            ``"bfloat16"`` or ``"float32"``.
     """
 
     def __init__(
@@ -47,14 +70,18 @@ class QuantLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.bits = in_features, out_features, bits
-        numel = in_features * out_features
-        self.register_buffer("packed", torch.zeros(packed_nbytes(numel, bits), dtype=torch.uint8))
+        self.layout = _kernel_layout(bits, torch.device("cpu"))
+        self.register_buffer("packed", self._to_layout(torch.zeros(out_features, in_features, dtype=torch.uint8)))
         self.register_buffer("scale", torch.ones(out_features, 1, dtype=dtype))
         # zero points are integers in [0, 2**bits - 1]; uint8 keeps them exact and small on disk
         self.register_buffer("zero", torch.zeros(out_features, 1, dtype=torch.uint8))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
-        self.cache_weight = True
-        self._cached: tuple[tuple, torch.Tensor] | None = None  # (key of the buffers it came from, weight)
+        self.cache_weight = False
+        self.activations = "auto"
+        self._cached: tuple[tuple, torch.Tensor] | None = None  # (key of the buffers it came from, float weight)
+        self._operands: tuple[tuple, tuple] | None = None  # (key, kernel operands)
+        self._register_state_dict_hook(_stream_in_state_dict)
+        self._register_load_state_dict_pre_hook(_layout_from_state_dict, with_module=True)
 
     @classmethod
     def from_result(
@@ -68,9 +95,23 @@ class QuantLinear(nn.Module):
         return layer
 
     def load_result(self, result: QuantResult) -> None:
-        self.packed.copy_(pack_codes(result.codes, self.bits))
+        self.packed.copy_(self._to_layout(result.codes))
         self.scale.copy_(result.grid.scale.to(self.scale.dtype))
         self.zero.copy_(result.grid.zero.to(torch.uint8))
+
+    # --- layouts -----------------------------------------------------------------------------------------------
+
+    def _to_layout(self, codes: torch.Tensor) -> torch.Tensor:
+        """``(d_out, d_in)`` codes → ``packed`` in this layer's layout."""
+        if self.layout == "int4pack":
+            return kernels.pack_int4(codes)
+        if self.layout == "int8":
+            return kernels.int8_weight(codes).reshape(-1)
+        return pack_codes(codes, self.bits)
+
+    def _stream(self) -> torch.Tensor:
+        """``packed`` as the portable bit stream of the files."""
+        return self.packed if self.layout == "stream" else pack_codes(self.codes(), self.bits)
 
     @property
     def grid(self) -> Grid:
@@ -78,21 +119,30 @@ class QuantLinear(nn.Module):
 
     def codes(self) -> torch.Tensor:
         """The ``(d_out, d_in)`` ``uint8`` codes."""
-        numel = self.in_features * self.out_features
-        return unpack_codes(self.packed, self.bits, numel).view(self.out_features, self.in_features)
+        shape = (self.out_features, self.in_features)
+        if self.layout == "int4pack":
+            return kernels.unpack_int4(self.packed, *shape).to(self.packed.device)
+        if self.layout == "int8":
+            return kernels.int8_codes(self.packed.view(self.out_features, -1), self.in_features)
+        return unpack_codes(self.packed, self.bits, math.prod(shape)).view(shape)
 
     def to_dense(self) -> torch.Tensor:
         """The dequantized ``(d_out, d_in)`` weight."""
         return dequantize(self.codes(), self.grid, dtype=self.scale.dtype)
 
+    # --- derived tensors -----------------------------------------------------------------------------------------
+
+    def _key(self) -> tuple:
+        """Identity of the codes, scales and zero points: storage, in-place version, dtype and device."""
+        return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in (self.packed, self.scale, self.zero))
+
     def dequantized_weight(self) -> torch.Tensor:
-        """The ``(d_out, d_in)`` weight forward multiplies by: the cached dequantized weight while ``cache_weight``
-        holds and the codes, scales and zero points are the ones it came from (storage and in-place version),
-        else :meth:`to_dense` afresh."""
+        """The dequantized ``(d_out, d_in)`` weight: the cached copy while ``cache_weight`` holds and the codes,
+        scales and zero points are the ones it came from, else :meth:`to_dense` afresh."""
         if not self.cache_weight:
             self._cached = None
             return self.to_dense()
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in (self.packed, self.scale, self.zero))
+        key = self._key()
         if self._cached is None or self._cached[0] != key:
             self._cached = None  # free the stale copy before building the new one
             with torch.no_grad():
@@ -100,23 +150,98 @@ class QuantLinear(nn.Module):
         return self._cached[1]
 
     def cached_bytes(self) -> int:
-        """Bytes of the cached dequantized weight (0 when none is held)."""
-        return 0 if self._cached is None else self._cached[1].numel() * self._cached[1].element_size()
+        """Bytes of the tensors derived from the buffers and held between calls (float copy, kernel operands)."""
+        held = [self._cached[1]] if self._cached is not None else []
+        held += [t for t in self._operands[1][1:] if t is not None] if self._operands is not None else []
+        return sum(t.numel() * t.element_size() for t in held)
 
-    def _apply(self, fn, recurse=True):  # .to() / .half() / .cuda(): the cache belongs to the old buffers
-        self._cached = None
-        return super()._apply(fn, recurse)
+    def _kernel_operands(self, dtype: torch.dtype) -> tuple:
+        """``(kind, weight, table, offset)`` for :mod:`~tensorslim.quant.kernels`, rebuilt when the buffers change.
+
+        ``weight`` is None where ``packed`` itself is the kernel's weight; a ``stream`` layer derives it here."""
+        key = (*self._key(), dtype)
+        if self._operands is None or self._operands[0] != key:
+            self._operands = None  # free the stale operands before building new ones
+            with torch.no_grad():
+                self._operands = (key, self._build_operands(dtype))
+        return self._operands[1]
+
+    def _build_operands(self, dtype: torch.dtype) -> tuple:
+        codes = self.codes() if self.layout == "stream" else None
+        if self.layout == "int4pack" or (codes is not None and self.bits <= 4):
+            weight = None if codes is None else kernels.pack_int4(codes)
+            table = kernels.int4_scales_and_zeros(self.scale, self.zero, in_features=self.in_features, dtype=dtype)
+            return ("int4", weight, table, None)
+        scale = self.scale.reshape(-1).float()
+        if codes is not None:  # at most 7 bits: q − z fits in int8, no offset
+            return ("int8", kernels.int8_weight(codes, self.zero.to(torch.int32)), scale.to(dtype), None)
+        offset = scale * (128 - self.zero.reshape(-1).float())  # the zero point's share, (d_out,)
+        return ("int8", None, scale.to(dtype), offset)
+
+    def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = kernels.kernel_dtype(self.activations)
+        kind, weight, table, offset = self._kernel_operands(dtype)
+        weight = self.packed if weight is None else weight
+        if kind == "int4":
+            y = kernels.int4_linear(x, weight, table, out_features=self.out_features, in_features=self.in_features)
+        else:
+            y = kernels.int8_linear(x, weight.view(self.out_features, -1), table, offset, dtype=dtype)
+        y = y.to(self.scale.dtype)
+        return y + self.bias if self.bias is not None else y
+
+    def _uses_kernel(self, x: torch.Tensor) -> bool:
+        """The kernels serve inference on CPU in fp32/bf16; gradients and other dtypes take the float weight."""
+        needs_grad = torch.is_grad_enabled() and x.requires_grad
+        floats = (torch.float32, torch.bfloat16)
+        return (
+            not (self.cache_weight or needs_grad)
+            and x.device.type == "cpu"
+            and x.dtype in floats
+            and (self.scale.dtype in floats)
+        )
+
+    def _apply(self, fn, recurse=True):  # .to() / .half() / .cuda(): derived tensors belong to the old buffers
+        self._cached = self._operands = None
+        layout = _kernel_layout(self.bits, fn(torch.empty(0, dtype=torch.uint8)).device)
+        if layout == self.layout:
+            return super()._apply(fn, recurse)
+        codes = self.codes().cpu()  # a kernel layout lives on CPU only: re-lay the codes for the new device
+        out = super()._apply(fn, recurse)
+        self.layout = layout
+        self.packed = self._to_layout(codes).to(self.packed.device)
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
+        if self._uses_kernel(x):
+            return self._kernel_forward(x)
         return F.linear(x, self.dequantized_weight(), self.bias)
 
     def storage_bytes(self) -> int:
-        """Bytes of the packed codes, scales, zero points and bias."""
-        tensors = [self.packed, self.scale, self.zero] + ([self.bias] if self.bias is not None else [])
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes of the packed codes (as in files), scales, zero points and bias."""
+        tensors = [self.scale, self.zero] + ([self.bias] if self.bias is not None else [])
+        codes = packed_nbytes(self.in_features * self.out_features, self.bits)
+        return codes + sum(t.numel() * t.element_size() for t in tensors)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}"
+
+
+def _stream_in_state_dict(module: QuantLinear, state: dict, prefix: str, local_metadata: dict) -> None:
+    """``state_dict`` holds the portable bit stream whatever the in-memory layout."""
+    if module.layout != "stream":
+        state[prefix + "packed"] = module._stream()
+
+
+def _layout_from_state_dict(module: QuantLinear, state: dict, prefix: str, *args) -> None:
+    """``load_state_dict`` reads the bit stream into the in-memory layout (a stream of the wrong size is left for
+    ``load_state_dict``'s own size error)."""
+    key = prefix + "packed"
+    stream = state.get(key)
+    numel = module.in_features * module.out_features
+    if module.layout == "stream" or stream is None or stream.numel() != packed_nbytes(numel, module.bits):
+        return
+    codes = unpack_codes(stream.to(torch.uint8).cpu(), module.bits, numel).view(module.out_features, -1)
+    state[key] = module._to_layout(codes)
 
 
 class QuantConv2d(QuantLinear):
@@ -237,9 +362,7 @@ class QuantLowRankLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
-        return low_rank_linear(
-            x, self.a.dequantized_weight(), self.b.dequantized_weight(), self.b.bias, activation=self.activation
-        )
+        return self.b(activation_fn(self.activation)(self.a(x)))  # (..., r) in between
 
     def storage_bytes(self) -> int:
         """Bytes of both factors' packed codes, scales and zero points, and the bias."""
@@ -348,4 +471,14 @@ def set_weight_cache(model: nn.Module, enabled: bool) -> int:
         layer.cache_weight = enabled
         if not enabled:
             layer._cached = None
+    return len(layers)
+
+
+def set_kernel_activations(model: nn.Module, activations: str) -> int:
+    """Set the packed kernels' activation dtype (``"auto"``, ``"bfloat16"`` or ``"float32"``, see
+    :func:`~tensorslim.quant.kernels.kernel_dtype`) of every :class:`QuantLinear` in ``model``; returns how many."""
+    kernels.kernel_dtype(activations)  # a one-line ValueError for an unknown name, before anything changes
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    for layer in layers:
+        layer.activations = activations
     return len(layers)

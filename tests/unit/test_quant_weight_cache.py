@@ -1,4 +1,5 @@
-"""QuantLinear's dequantized-weight cache: same outputs as dequantizing in every call, rebuilt when the codes change."""
+"""QuantLinear's optional dequantized-weight cache: same outputs as dequantizing in every call, rebuilt when the codes
+change."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ def _quantized_mlp() -> nn.Sequential:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 8))
     quantize_(model, RTNConfig(bits=4), None)
+    assert set_weight_cache(model, True) == 2  # off by default: the packed kernels run instead
     return model
 
 
@@ -28,7 +30,8 @@ def test_cached_forward_equals_dequantize_every_call_and_is_reused():
     cached_out = model(x)
     assert set_weight_cache(model, False) == 2
     assert layer.cached_bytes() == 0 and layer.dequantized_weight() is not first
-    torch.testing.assert_close(model(x), cached_out, rtol=0, atol=0)
+    with torch.enable_grad():  # with input gradients the float weight is used, dequantized in every call
+        torch.testing.assert_close(model(x.requires_grad_()), cached_out, rtol=0, atol=0)
 
 
 def test_cache_follows_changed_codes_scales_and_device_moves():
