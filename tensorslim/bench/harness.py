@@ -309,11 +309,7 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"| {row['tokens_per_s']:,.0f} | {row['peak_memory_bytes'] / 2**20:,.0f} | {ratio['peak_memory']:.3f} |"
         )
     for requested, probe in result.get("precision_probes", {}).items():
-        lines.append(
-            f"\n`--dtype {requested}` chose **{probe['used']}**: CPU capability {probe['capability']}, native bf16 "
-            f"flags {probe['native_flags'] or 'none'}, probe matmul {probe['fp32_gflops']:.0f} GFLOP/s fp32 vs "
-            f"{probe['bf16_gflops']:.0f} GFLOP/s bf16."
-        )
+        lines.append(f"\n`--dtype {requested}` chose **{probe['used']}**: {probe['reason']}.")
     return "\n".join(lines) + "\n"
 
 

@@ -63,8 +63,6 @@ def test_auto_dtype_trains_in_the_probed_precision_and_reports_it(
             device=device.type,
             capability="injected",
             native_flags=(),
-            fp32_gflops=1.0,
-            bf16_gflops=2.0,
             bf16_native=native,
         )
 

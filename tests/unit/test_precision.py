@@ -1,5 +1,5 @@
-"""``dtype="auto"``: bf16 only where the probe finds native bf16; the probe is injected, so nothing here depends on
-the machine's CPU."""
+"""``dtype="auto"``: bf16 exactly where the device declares native bf16; the probe and the CPU flags are injected, so
+nothing here depends on the machine's CPU."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ def _probe(native: bool):
             device=device.type,
             capability="injected",
             native_flags=("avx512_bf16",) if native else (),
-            fp32_gflops=100.0,
-            bf16_gflops=400.0 if native else 10.0,
             bf16_native=native,
         )
 
@@ -44,11 +42,29 @@ def test_an_unknown_dtype_is_refused_in_one_line() -> None:
         resolve_dtype("fp16", "cpu")
 
 
-def test_the_real_probe_agrees_with_its_own_measurements() -> None:
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ({"avx2", "avx512f"}, ()),
+        ({"avx512f", "avx512_bf16"}, ("avx512_bf16",)),
+        ({"amx_bf16", "amx_tile"}, ("amx_bf16",)),
+    ],
+)
+def test_auto_decides_from_the_cpu_flags_alone_and_says_what_it_found(flags: set[str], native: tuple) -> None:
+    found = probe_bf16("cpu", flags=frozenset(flags))
+    assert found.native_flags == native and found.bf16_native is bool(native)
+    assert probe_bf16("cpu", flags=frozenset(flags)) == found  # no timing: the same flags, the same verdict
+    capability = torch.backends.cpu.get_cpu_capability()
+    if native:
+        assert found.reason == f"CPU {capability} with native bf16 ({native[0]})"
+    else:
+        assert found.reason == f"CPU {capability} without native bf16 (no avx512_bf16 or amx_bf16 flag)"
+    assert found.to_dict()["reason"] == found.reason
+
+
+def test_auto_on_this_machine_follows_its_flags() -> None:
     found = probe_bf16("cpu")
-    assert found.fp32_gflops > 0 and found.bf16_gflops > 0
-    # The verdict is the rule applied to what it found, whatever this machine is.
-    assert found.bf16_native == (bool(found.native_flags) and found.bf16_gflops >= 1.3 * found.fp32_gflops)
+    assert found.bf16_native == bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def test_cpu_flags_reads_the_first_flags_line(tmp_path) -> None:
