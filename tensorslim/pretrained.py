@@ -80,7 +80,7 @@ def _config_record(config: Any) -> dict[str, Any]:
 
 
 def _quant_state(layer: nn.Module) -> dict[str, Any]:
-    from tensorslim.quant.qlinear import QuantConv2d
+    from tensorslim.quant.qlinear import QuantConv2d, QuantEmbedding
 
     state: dict[str, Any] = {
         "in_features": layer.in_features,
@@ -89,6 +89,8 @@ def _quant_state(layer: nn.Module) -> dict[str, Any]:
         "bias": layer.bias is not None,
         "dtype": str(layer.scale.dtype).removeprefix("torch."),
     }
+    if isinstance(layer, QuantEmbedding):
+        state["embedding"] = True
     if isinstance(layer, QuantConv2d):
         state.update(
             in_channels=layer.in_channels,
@@ -285,9 +287,11 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
 
 
 def _quant_shell(state: dict[str, Any]) -> nn.Module:
-    from tensorslim.quant.qlinear import QuantConv2d, QuantLinear
+    from tensorslim.quant.qlinear import QuantConv2d, QuantEmbedding, QuantLinear
 
     dtype = getattr(torch, state["dtype"])
+    if state.get("embedding"):
+        return QuantEmbedding(state["out_features"], state["in_features"], bits=state["bits"], dtype=dtype)
     common = {"bits": state["bits"], "bias": state["bias"], "dtype": dtype}
     if "kernel_size" in state:
         geometry = {key: tuple(state[key]) for key in ("stride", "padding", "dilation")}

@@ -7,6 +7,7 @@ from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
 from tensorslim.quant.qat import LearnedScaleQuantizer, QATConfig, lsq_quantize, prepare_qat_, qat_bits
 from tensorslim.quant.qlinear import (
     QuantConv2d,
+    QuantEmbedding,
     QuantLinear,
     QuantLowRankLinear,
     QuantTTLinear,
@@ -27,6 +28,7 @@ __all__ = [
     "Grid",
     "QuantConfig",
     "QuantConv2d",
+    "QuantEmbedding",
     "QuantLinear",
     "QuantLowRankLinear",
     "QuantTTLinear",

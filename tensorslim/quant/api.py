@@ -36,6 +36,7 @@ from tensorslim.quant.comq import COMQConfig, comq_quantize
 from tensorslim.quant.gptq import GPTQConfig, gptq_quantize
 from tensorslim.quant.qlinear import (
     QuantConv2d,
+    QuantEmbedding,
     QuantLinear,
     QuantLowRankLinear,
     QuantTTLinear,
@@ -104,7 +105,7 @@ class QuantReport:
         layers = len({r.layer for r in self.layers})
         notes = [f"{len(self.layers)} matrices"] if len(self.layers) != layers else []
         rtn = sum(r.method != self.method for r in self.layers)
-        notes += [f"{rtn} TT cores by RTNConfig: no layer input of their own"] if rtn else []
+        notes += [f"{rtn} TT cores or embeddings by RTNConfig: no layer input of their own"] if rtn else []
         note = f" ({'; '.join(notes)})" if notes else ""
         rows.append(f"{layers} layers quantized with {self.method}{note}: {before:,} -> {after:,} bytes")
         return "\n".join(rows)
@@ -126,12 +127,15 @@ def _output_head_ids(model: nn.Module) -> set[int]:
     return output_head_ids(model, names=("lm_head", "classifier"))
 
 
-def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dict[str, nn.Module]:
+def select_layers(
+    model: nn.Module, *, filter_fn: FilterFn | None = None, embeddings: bool = False
+) -> dict[str, nn.Module]:
     """The layers :func:`quantize_` would replace.
 
     Without ``filter_fn``: every quantizable layer (dense, or CoLA/SVD ``LowRankLinear`` and ``TTLinear``) but the
-    output head. With it: every module that owns a ``weight`` parameter, or is (a subclass of) one of those factored
-    layers, and for which ``filter_fn(module, name)`` is true; each must be quantizable.
+    output head, and with ``embeddings`` the output head and every ``nn.Embedding`` too. With it: every module
+    that owns a ``weight`` parameter, or is (a subclass of) one of those factored layers, and for which
+    ``filter_fn(module, name)`` is true; each must be quantizable.
 
     Raises:
         TypeError: ``filter_fn`` chose a layer that cannot be quantized.
@@ -139,8 +143,12 @@ def select_layers(model: nn.Module, *, filter_fn: FilterFn | None = None) -> dic
     """
     chosen: dict[str, nn.Module] = {}
     if filter_fn is None:
-        heads = _output_head_ids(model)
-        chosen = {n: m for n, m in model.named_modules() if is_quantizable(m) and id(m) not in heads}
+        heads = set() if embeddings else _output_head_ids(model)
+        chosen = {
+            n: m
+            for n, m in model.named_modules()
+            if is_quantizable(m) and id(m) not in heads and (embeddings or not isinstance(m, nn.Embedding))
+        }
     else:
         for name, module in model.named_modules():
             owns_weight = isinstance(module._parameters.get("weight"), torch.Tensor)
@@ -236,7 +244,7 @@ def quantize_(
         TypeError: unknown config, or ``filter_fn`` chose a layer type that cannot be quantized.
     """
     solver = _solver_for(config)
-    layers = select_layers(model, filter_fn=filter_fn)
+    layers = select_layers(model, filter_fn=filter_fn, embeddings=config.embeddings)
     targets = {name: quant_targets(name, module) for name, module in layers.items()}
     with_inputs = {t.name: t for ts in targets.values() for t in ts if t.inputs is not None}
     if calibration is None and config.needs_calibration and with_inputs:
@@ -291,7 +299,9 @@ def _layer_spec(layer: QuantLinear | QuantLowRankLinear | QuantTTLinear) -> dict
         "bits": layer.bits,
         "bias": layer.bias is not None,
     }
-    if isinstance(layer, QuantConv2d):
+    if isinstance(layer, QuantEmbedding):
+        spec["kind"] = "embedding"
+    elif isinstance(layer, QuantConv2d):
         spec.update(
             kind="conv2d",
             in_channels=layer.in_channels,
@@ -342,6 +352,8 @@ def _shell(spec: dict, dtype: torch.dtype) -> QuantLinear | QuantLowRankLinear |
             bias=spec["bias"],
             dtype=dtype,
         )
+    if spec["kind"] == "embedding":
+        return QuantEmbedding(spec["out"], spec["in"], bits=spec["bits"], dtype=dtype)
     if spec["kind"] == "conv2d":
         return QuantConv2d(
             spec["in_channels"],

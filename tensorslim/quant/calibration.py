@@ -28,7 +28,7 @@ from tensorslim.quant.qlinear import tt_core_matrix
 
 SUPPORTED = (
     "nn.Linear, transformers Conv1D, nn.Conv2d with groups=1 and explicit zero padding, "
-    "LowRankLinear (CoLA/SVD) and TTLinear"
+    "LowRankLinear (CoLA/SVD), TTLinear and nn.Embedding"
 )
 
 
@@ -41,7 +41,10 @@ def is_factored(module: nn.Module) -> bool:
 
 
 def is_quantizable(module: nn.Module) -> bool:
-    """``nn.Linear``, Hugging Face ``Conv1D``, ungrouped zero-padded ``nn.Conv2d``, or a factored layer."""
+    """``nn.Linear``, Hugging Face ``Conv1D``, ungrouped zero-padded ``nn.Conv2d``, a factored layer, or a plain
+    ``nn.Embedding``."""
+    if type(module) is nn.Embedding:
+        return module.padding_idx is None and module.max_norm is None
     if isinstance(module, nn.Conv2d):
         return module.groups == 1 and module.padding_mode == "zeros" and isinstance(module.padding, tuple)
     return isinstance(module, nn.Linear) or is_hf_conv1d(module) or is_factored(module)
@@ -119,6 +122,8 @@ def quant_targets(name: str, module: nn.Module) -> list[QuantTarget]:
     if type(module) is TTLinear:
         cores = [core.detach() for core in module.effective_cores()]
         return [QuantTarget(f"{name}.cores.{k}", module, tt_core_matrix(c), None) for k, c in enumerate(cores)]
+    if isinstance(module, nn.Embedding):  # a lookup table: no input for GPTQ/COMQ to reconstruct, so RTN per row
+        return [QuantTarget(name, module, module.weight.detach(), None)]
     return [dense_target(name, module)]
 
 

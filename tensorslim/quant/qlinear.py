@@ -42,6 +42,7 @@ from tensorslim.layers.tt import TTLinear
 from tensorslim.quant import kernels
 from tensorslim.quant.quantizer import Grid, QuantResult, dequantize, pack_codes, packed_nbytes, unpack_codes
 
+
 def _kernel_layout(bits: int, device: torch.device) -> str:
     """The in-memory layout of ``packed``: the kernel's own where it holds the codes in the stream's bytes."""
     if device.type != "cpu":
@@ -70,7 +71,7 @@ class QuantLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.bits = in_features, out_features, bits
-        self.layout = _kernel_layout(bits, torch.device("cpu"))
+        self.layout = self._layout_on(torch.device("cpu"))
         self.register_buffer("packed", self._to_layout(torch.zeros(out_features, in_features, dtype=torch.uint8)))
         self.register_buffer("scale", torch.ones(out_features, 1, dtype=dtype))
         # zero points are integers in [0, 2**bits - 1]; uint8 keeps them exact and small on disk
@@ -100,6 +101,9 @@ class QuantLinear(nn.Module):
         self.zero.copy_(result.grid.zero.to(torch.uint8))
 
     # --- layouts -----------------------------------------------------------------------------------------------
+
+    def _layout_on(self, device: torch.device) -> str:
+        return _kernel_layout(self.bits, device)
 
     def _to_layout(self, codes: torch.Tensor) -> torch.Tensor:
         """``(d_out, d_in)`` codes → ``packed`` in this layer's layout."""
@@ -202,7 +206,7 @@ class QuantLinear(nn.Module):
 
     def _apply(self, fn, recurse=True):  # .to() / .half() / .cuda(): derived tensors belong to the old buffers
         self._cached = self._operands = None
-        layout = _kernel_layout(self.bits, fn(torch.empty(0, dtype=torch.uint8)).device)
+        layout = self._layout_on(fn(torch.empty(0, dtype=torch.uint8)).device)
         if layout == self.layout:
             return super()._apply(fn, recurse)
         codes = self.codes().cpu()  # a kernel layout lives on CPU only: re-lay the codes for the new device
@@ -279,11 +283,49 @@ class QuantConv2d(QuantLinear):
         )
 
 
+class QuantEmbedding(QuantLinear):
+    """An ``nn.Embedding`` whose ``(num_embeddings, embedding_dim)`` table is stored as packed codes, one grid per row
+    (per token), as llama.cpp's quantized formats store ``token_embd``.
+
+    A lookup unpacks and dequantizes only the rows it reads, so the table stays packed in memory (the bit stream
+    layout: a row is a whole number of bytes when ``embedding_dim · bits`` is a multiple of 8, else the table is
+    dequantized for the lookup). ``in_features`` is ``embedding_dim``, ``out_features`` ``num_embeddings``.
+    """
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, *, bits: int, dtype: torch.dtype = torch.float32
+    ) -> None:
+        super().__init__(embedding_dim, num_embeddings, bits=bits, bias=False, dtype=dtype)
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+
+    def _layout_on(self, device: torch.device) -> str:
+        return "stream"  # rows are gathered from the stream; no matmul kernel is involved
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (...) -> (..., d)
+        row_bytes, leftover = divmod(self.embedding_dim * self.bits, 8)
+        if self.cache_weight or leftover:
+            return F.embedding(ids, self.dequantized_weight())
+        rows = self.packed.view(self.num_embeddings, row_bytes)[ids]  # (..., row_bytes)
+        codes = unpack_codes(rows.reshape(-1), self.bits, ids.numel() * self.embedding_dim)
+        codes = codes.view(*ids.shape, self.embedding_dim)
+        return (self.scale[ids] * (codes.to(self.scale.dtype) - self.zero[ids].to(self.scale.dtype))).to(
+            self.scale.dtype
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}"
+
+
 def build_quant_layer(module: nn.Module, result: QuantResult) -> QuantLinear:
-    """The quantized replacement of an ``nn.Linear``, HF ``Conv1D`` or ``nn.Conv2d`` (bias and geometry kept)."""
+    """The quantized replacement of an ``nn.Linear``, HF ``Conv1D``, ``nn.Conv2d`` or ``nn.Embedding`` (bias and
+    geometry kept)."""
     dtype = next(module.parameters()).dtype
     if isinstance(module, nn.Conv2d):
         return _conv_from_result(module, result, dtype)
+    if isinstance(module, nn.Embedding):
+        layer = QuantEmbedding(module.num_embeddings, module.embedding_dim, bits=result.grid.bits, dtype=dtype)
+        layer.load_result(result)
+        return layer
     return QuantLinear.from_result(result, bias=module.bias, dtype=dtype)
 
 

@@ -132,14 +132,20 @@ class QuantConfig:
     Attributes:
         bits: code width, 2..8.
         granularity: ``"channel"`` (per output row) or ``"layer"`` (one scale and zero for the matrix).
+        embeddings: also quantize the token embeddings (rounded to nearest, one grid per token) and the output head
+            (by the config's solver), as llama.cpp's quantized formats do; False keeps both float, as GPTQ and the
+            COMQ release do.
     """
 
     bits: int = 4
     granularity: str = "channel"
+    embeddings: bool = False
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         check_granularity(self.granularity)
+        if not isinstance(self.embeddings, bool):
+            raise ValueError(f"embeddings={self.embeddings!r} is not supported; use True or False")
 
     @property
     def needs_calibration(self) -> bool:
