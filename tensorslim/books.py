@@ -23,10 +23,13 @@ class ParamCount:
 
 
 def count_params(model: nn.Module) -> ParamCount:
-    """Count unique parameters; input embeddings and the output head (``get_output_embeddings()`` or ``lm_head``)
-    are the embedding part."""
+    """Count unique parameters; input embeddings (every ``nn.Embedding`` and ``get_input_embeddings()``, which may
+    be a factored table) and the output head (``get_output_embeddings()`` or ``lm_head``) are the embedding part."""
     total = sum(p.numel() for p in model.parameters())
     embedding_modules = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    get_input = getattr(model, "get_input_embeddings", None)
+    if callable(get_input) and isinstance(get_input(), nn.Module):
+        embedding_modules.append(get_input())
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else getattr(model, "lm_head", None)
     if isinstance(head, nn.Module):

@@ -28,6 +28,7 @@ from tensorslim.layers.kron import KronConfig, KronLinear
 from tensorslim.layers.lax import LaXCoLAConfig, LaXLinear, LaXSVDConfig
 from tensorslim.layers.lax_tt import LaXTTConfig, LaXTTLinear
 from tensorslim.layers.lowrank import CoLAConfig, LowRankLinear, SVDConfig
+from tensorslim.layers.lowrank_embedding import LowRankEmbedding, LowRankEmbeddingConfig
 from tensorslim.layers.tt import TTConfig, TTLinear
 from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
 from tensorslim.registry import ConversionReport
@@ -111,6 +112,7 @@ ROWS: list[Row] = [
         embedding=True,
         bad={"n_cores": 20},
     ),
+    Row("lowrank-embedding", LowRankEmbeddingConfig(rank=3), LowRankEmbedding, dense=True, embedding=True),
     Row("kron", KronConfig(), KronLinear, dense=True),
     Row("kron-rank-2", KronConfig(rank=2), KronLinear, dense=True),
 ]

@@ -33,24 +33,24 @@ options:
   -h, --help                    show this help message and exit
   --version                     show program's version number and exit
 """,
-    "train": """usage: tensorslim train [-h] [--preset STR] [--task STR] [--method STR] [--steps INT]
-                        [--batch-size INT] [--seq-len INT] [--grad-accum INT] [--lr FLOAT]
-                        [--weight-decay FLOAT] [--grad-clip FLOAT] [--warmup-fraction FLOAT]
-                        [--min-lr-ratio FLOAT] [--dtype STR] [--compile | --no-compile]
-                        [--keep-freed-memory | --no-keep-freed-memory] [--seed INT] [--data STR]
-                        [--text-field STR] [--tokenizer STR] [--vocab-size INT] [--eval-every INT]
-                        [--eval-blocks INT] [--checkpoint-every INT] [--init STR] [--init-base STR]
-                        [--out-dir STR] [--resume | --no-resume] [--overwrite | --no-overwrite]
-                        [--device STR] [--cuda-graphs | --no-cuda-graphs]
-                        [--progress | --no-progress] [--tensorboard | --no-tensorboard] [--tp INT]
-                        [--tp-style STR] [--dp-shard INT] [--tp-overlap STR] [--rank INT]
-                        [--lora-alpha FLOAT] [--prefix-length INT] [--prefix-mlp INT]
-                        [--reduction INT] [--prompt-length INT] [--prompt-init-text STR]
-                        [--prompt-init-vocab INT] [--prompt-combine STR] [--prompt-lr-scale FLOAT]
-                        [--gates | --no-gates] [--train-pooler | --no-train-pooler]
-                        [--from-layer INT] [--lax-crossing STR] [--comera-target-ratio FLOAT]
-                        [--comera-late-fraction FLOAT] [--comera-gamma FLOAT]
-                        [--comera-target-loss FLOAT]
+    "train": """usage: tensorslim train [-h] [--preset STR] [--task STR] [--method STR] [--factor-vocab INT]
+                        [--steps INT] [--batch-size INT] [--seq-len INT] [--grad-accum INT]
+                        [--lr FLOAT] [--weight-decay FLOAT] [--grad-clip FLOAT]
+                        [--warmup-fraction FLOAT] [--min-lr-ratio FLOAT] [--dtype STR]
+                        [--compile | --no-compile] [--keep-freed-memory | --no-keep-freed-memory]
+                        [--seed INT] [--data STR] [--text-field STR] [--tokenizer STR]
+                        [--vocab-size INT] [--eval-every INT] [--eval-blocks INT]
+                        [--checkpoint-every INT] [--init STR] [--init-base STR] [--out-dir STR]
+                        [--resume | --no-resume] [--overwrite | --no-overwrite] [--device STR]
+                        [--cuda-graphs | --no-cuda-graphs] [--progress | --no-progress]
+                        [--tensorboard | --no-tensorboard] [--tp INT] [--tp-style STR]
+                        [--dp-shard INT] [--tp-overlap STR] [--rank INT] [--lora-alpha FLOAT]
+                        [--prefix-length INT] [--prefix-mlp INT] [--reduction INT]
+                        [--prompt-length INT] [--prompt-init-text STR] [--prompt-init-vocab INT]
+                        [--prompt-combine STR] [--prompt-lr-scale FLOAT] [--gates | --no-gates]
+                        [--train-pooler | --no-train-pooler] [--from-layer INT] [--lax-crossing STR]
+                        [--comera-target-ratio FLOAT] [--comera-late-fraction FLOAT]
+                        [--comera-gamma FLOAT] [--comera-target-loss FLOAT]
                         [--comera-freeze-at-target | --no-comera-freeze-at-target]
                         [--comera-truncate-every INT] [--prune-at-end | --no-prune-at-end]
                         [--galore-update-proj-gap INT] [--galore-scale FLOAT] [--n-cores INT]
@@ -125,6 +125,8 @@ options:
   --preset STR                  registered model (listed above) (default: tiny)
   --task STR                    a task listed above (default: the model's first task)
   --method STR                  training method (listed above) (default: cola)
+  --factor-vocab INT            rank of a factored LM head and token embedding (LLaMA; beyond the
+                                papers), 0 keeps them dense (default: 0)
   --steps INT                   optimizer steps (default: 300)
   --batch-size INT              sequences per micro-batch (default: 16)
   --seq-len INT                 tokens per sequence (default: 128)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tensorslim.methods.registry import MethodContext, get_method
+from tensorslim.methods.vocab import factor_vocabulary_
 from tensorslim.options import resolve_options
 
 
@@ -26,6 +27,7 @@ def build_for_method(
     steps: int = 0,
     run_dir: Any = None,
     base_state: dict[str, torch.Tensor] | None = None,
+    factor_vocab: int = 0,
     **overrides: Any,
 ) -> tuple[nn.Module, list, MethodContext]:
     """Model ``model_name`` built for ``task`` and converted by ``method``.
@@ -39,6 +41,8 @@ def build_for_method(
         steps, run_dir: passed to the method's hook through the returned context.
         base_state: weights loaded into the model as built, before the method converts it
             (:func:`load_matching_`).
+        factor_vocab: when > 0, the rank of a factored LM head and token embedding, applied after the method
+            (:func:`tensorslim.methods.vocab.factor_vocabulary_`).
         overrides: ``vocab_size``, ``max_seq_len``, ``n_classes`` for the model.
 
     Returns:
@@ -68,7 +72,10 @@ def build_for_method(
         steps=steps,
         run_dir=run_dir,
     )
-    return model, apply_method(model, method, context), context
+    reports = apply_method(model, method, context)
+    if factor_vocab:
+        reports += factor_vocabulary_(model, factor_vocab, init="svd" if context.pretrained else "random")
+    return model, reports, context
 
 
 def apply_method(model: nn.Module, method: str, context: MethodContext) -> list:

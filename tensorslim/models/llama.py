@@ -232,6 +232,9 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 

@@ -3,9 +3,10 @@
 Validation loss is the mean cross-entropy over every predicted token of a fixed held-out set (the reference code
 divides the summed batch losses by n + 1; we divide by n).
 
-On our LLaMA with its plain ``nn.Linear`` head, the head and the loss run fused in token chunks
-(:func:`tensorslim.functional.cross_entropy.linear_cross_entropy`, arXiv 2411.09009 §4), so the ``(B, T, V)`` logits
-are never formed; any other model or head (converted, quantized, hooked, Hugging Face's) takes the logits path.
+On our LLaMA with its plain ``nn.Linear`` head, or a factored head ``B (A h)`` (``--factor-vocab``), the head and the
+loss run fused in token chunks (:func:`tensorslim.functional.cross_entropy.linear_cross_entropy`, arXiv 2411.09009
+§4), so the ``(B, T, V)`` logits are never formed; any other model or head (otherwise converted, quantized, hooked,
+Hugging Face's) takes the logits path.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.functional.cross_entropy import linear_cross_entropy
+from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.models.llama import LlamaForCausalLM
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task
 
@@ -37,17 +39,28 @@ def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
     return F.pad(input_ids[:, 1:], (0, 1), value=-100)
 
 
-def fused_head(model: nn.Module) -> nn.Linear | None:
-    """``model``'s LM head when the loss may read the model's hidden states and the head's weight directly: our
-    LLaMA, not sharded by FSDP2, with a plain bias-free ``nn.Linear`` head, no hooks on it and a plain weight. None
-    otherwise."""
+def _plain_factored(head: nn.Module) -> bool:
+    """A bias-free, ungated :class:`LowRankLinear` without activation on plain tensors: logits ``B (A h)``."""
+    return (
+        type(head) is LowRankLinear
+        and head.activation == "identity"
+        and head.bias is None
+        and not head.gated
+        and type(head.weight_a.data) is torch.Tensor
+        and type(head.weight_b.data) is torch.Tensor
+    )
+
+
+def fused_head(model: nn.Module) -> nn.Linear | LowRankLinear | None:
+    """``model``'s LM head when the loss may read the model's hidden states and the head's weights directly: our
+    LLaMA, not sharded by FSDP2, with a plain bias-free ``nn.Linear`` head (or a plain factored one, see
+    :func:`_plain_factored`), no hooks on it and plain weights. None otherwise."""
     head = getattr(model, "lm_head", None)
+    plain_dense = type(head) is nn.Linear and head.bias is None and type(head.weight.data) is torch.Tensor
     if (
         not isinstance(model, LlamaForCausalLM)
         or any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__)  # FSDP2 gathers the head's weight itself
-        or type(head) is not nn.Linear
-        or head.bias is not None
-        or type(head.weight.data) is not torch.Tensor
+        or not (plain_dense or _plain_factored(head))
         or head._forward_hooks
         or head._forward_pre_hooks
         or nn.modules.module._global_forward_hooks
@@ -64,7 +77,11 @@ def lm_loss(model: nn.Module, input_ids: torch.Tensor, *, reduction: str = "mean
     if head is None:
         return causal_lm_loss(logits_of(model(input_ids)), input_ids, reduction=reduction)
     hidden = model(input_ids, return_hidden=True)  # (B, T, d)
-    return linear_cross_entropy(hidden, head.weight, next_token_targets(input_ids), reduction=reduction)
+    targets = next_token_targets(input_ids)
+    if isinstance(head, nn.Linear):
+        return linear_cross_entropy(hidden, head.weight, targets, reduction=reduction)
+    latent = F.linear(hidden, head.weight_a)  # (B, T, r): a factored head's chunked loss runs over B (V, r) only
+    return linear_cross_entropy(latent, head.weight_b, targets, reduction=reduction)
 
 
 @register_task

@@ -57,6 +57,9 @@ class TrainConfig:
     task: str | None = option(None, "a task listed above (default: the model's first task)")
     method: str = option("cola", "training method (listed above)")
     options: Any = option(None, "the method's options")
+    factor_vocab: int = option(
+        0, "rank of a factored LM head and token embedding (LLaMA; beyond the papers), 0 keeps them dense"
+    )
     task_options: Any = option(None, "the task's options")
     steps: int = option(300, "optimizer steps")
     batch_size: int = option(16, "sequences per micro-batch")
@@ -134,6 +137,7 @@ class TrainConfig:
             require_int(name, getattr(self, name))
         if self.vocab_size is not None:
             require_int("vocab_size", self.vocab_size)
+        require_int("factor_vocab", self.factor_vocab, minimum=0)
         require_int("tp", self.tp)
         require_int("seed", self.seed, minimum=0)  # numpy's generators (segment, reading tasks) take no negatives
         for name in ("lr", "weight_decay", "grad_clip", "warmup_fraction", "min_lr_ratio"):

@@ -215,6 +215,7 @@ class Trainer:
             run_dir=self.run_dir,
             device="meta" if config.init else None,
             base_state=_base_state(config.init_base) if config.init_base else None,
+            factor_vocab=config.factor_vocab,
             **self.data.model_overrides,
         )
         if config.init is not None:
@@ -241,13 +242,17 @@ class Trainer:
     def _books(self) -> dict[str, float]:
         """Parameters and forward FLOPs per token of the method and of the dense baseline, on meta models."""
         config, books = self.config, {}
-        for prefix, method, options in (("", config.method, config.options), ("dense_", "dense", None)):
+        for prefix, method, options, rank in (
+            ("", config.method, config.options, config.factor_vocab),
+            ("dense_", "dense", None, 0),
+        ):
             model, _, _ = build_for_method(
                 config.preset,
                 method,
                 task=config.model_task,
                 options=options,
                 device="meta",
+                factor_vocab=rank,
                 **self.data.model_overrides,
             )
             books.update(_model_books(model, seq_len=config.seq_len, prefix=prefix))
