@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from tensorslim._checks import require_int
+
 
 def skip_length(*, doc_len: int, start: int, window: int, k: int, alpha: float, confidence: float) -> int:
     """``D``: tokens to skip after the window ``[start, start + window)`` of a document of ``doc_len`` tokens.
@@ -26,13 +28,30 @@ def skip_length(*, doc_len: int, start: int, window: int, k: int, alpha: float, 
 
     Returns:
         A multiple of ``k`` with ``start + window + D <= doc_len`` (0 when the window reaches the end).
+
+    Raises:
+        ValueError: ``k`` is not an integer >= 1, ``alpha`` not a finite number >= 0, ``confidence`` negative, or
+            a length or position not an integer >= 0.
     """
+    _check_skip_inputs(doc_len=doc_len, start=start, window=window, k=k, alpha=alpha, confidence=confidence)
     room = max(doc_len - start - window, 0) // k  # whole K-blocks left after the window
     if alpha == 0 or room == 0:
         return 0
     if not confidence > 0:  # C = 0: nothing left to learn here; NaN never skips (the next check stops the run)
         return k * room if confidence == 0 else 0
     return k * min(room, math.floor(alpha / confidence))
+
+
+def _check_skip_inputs(*, doc_len: int, start: int, window: int, k: int, alpha: float, confidence: float) -> None:
+    """One-line errors for the arguments of :func:`skip_length` (the reading config checks ``k`` and ``alpha`` too,
+    but the function is public)."""
+    require_int("k", k)
+    for name, value in (("doc_len", doc_len), ("start", start), ("window", window)):
+        require_int(name, value, minimum=0)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha={alpha!r} is invalid; allowed: a finite number >= 0")
+    if confidence < 0:  # a pooled loss; NaN passes (it never skips) and so does +inf (nothing to skip)
+        raise ValueError(f"confidence={confidence!r} is invalid; allowed: a pooled loss >= 0 (or NaN)")
 
 
 def pool_losses(token_losses: torch.Tensor, mask: torch.Tensor, *, pooling: str) -> torch.Tensor:
