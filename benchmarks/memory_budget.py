@@ -21,8 +21,9 @@ import torch
 
 from tensorslim.cli.generate import load_run
 from tensorslim.data.cache import cache_dir
-from tensorslim.memory import MemoryConfig, equip_memory_, stream_logits
-from tensorslim.memory.evaluate import documents, evaluate, full_attention
+from tensorslim.layers.memory import MemoryConfig, equip_memory_
+from tensorslim.tasks.longctx.evaluate import documents, evaluate, full_attention
+from tensorslim.tasks.longctx.streaming import stream_logits
 
 BUDGETS = (1.0, 0.5, 0.25, 0.125)
 SINKS = 4
@@ -114,7 +115,7 @@ def recall_by_distance(model: torch.nn.Module, tokenizer: object) -> dict[str, f
     """Full attention on held-out training-style documents (8 facts stated 3 times each): the share of statements
     whose value the model predicts from the key, at a key's first statement (chance: no way to know it) and at later
     ones less or more than 64 tokens after the previous statement. Chance for a guess among the values: 1/32."""
-    from tensorslim.data.longdocs import NEEDLE_KEYS, needle_training_documents
+    from tensorslim.data.longctx.documents import NEEDLE_KEYS, needle_training_documents
 
     docs = needle_training_documents(tokenizer, length=256, count=24, keys=8, mentions=3, split="test", seed=5)
     keys = {tokenizer.encode_batch([k])[0][0] for k in NEEDLE_KEYS}

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tensorslim.data.cache import cache_dir
-from tensorslim.memory import MemoryConfig, equip_memory_
+from tensorslim.layers.memory import MemoryConfig, equip_memory_
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from tensorslim.memory import MemoryConfig, equip_memory_, generate, memory_stores
+from tensorslim.layers.memory import MemoryConfig, equip_memory_, memory_stores
 from tensorslim.models.registry import build_model
+from tensorslim.tasks.longctx.streaming import generate
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 """Random-access reading (arXiv 2405.13216) on synthetic long-document QA: accuracy vs fraction of tokens read.
 
 One small QA model (gpt2-tiny, trained by the ``longqa`` task through the Trainer with the random-access reader as
-its data source, cached) reads held-out documents of :mod:`tensorslim.data.longqa`, the question in front of every
+its data source, cached) reads held-out documents of :mod:`tensorslim.data.longctx.qa`, the question in front of every
 window, with four readers:
 
 - ``sequential``: every window (the full-reading reference);
@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from tensorslim.data.cache import cache_dir
-from tensorslim.reading import ReaderConfig, Span, pool_losses
+from tensorslim.data.longctx import ReaderConfig, Span, pool_losses
 from tensorslim.tasks.base import logits_of
-from tensorslim.tasks.reading import QAFormat, build_qa_set, read_and_answer
+from tensorslim.tasks.longctx.reading import QAFormat, build_qa_set, read_and_answer
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 

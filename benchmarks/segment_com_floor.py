@@ -1,6 +1,6 @@
 """How well does the body silhouette alone place the heart? A reference for the mask-only centre-of-mass error.
 
-The heart phantoms (``tensorslim.segment.phantoms``) place the heart relative to the body ellipse plus a small
+The heart phantoms (``tensorslim.data.segment.phantoms``) place the heart relative to the body ellipse plus a small
 independent jitter, so no silhouette-only predictor can place the heart's centre of mass exactly. Three predictors of
 the heart's centre of mass (mm), each scored by its mean Euclidean error on phantoms it did not see:
 
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from tensorslim.segment.data import SPLITS, IntensityShift, load_split
-from tensorslim.segment.masks import global_mask
-from tensorslim.segment.phantoms import body_from_silhouette, draw_body, heart_case, nominal_heart
+from tensorslim.data.segment.masks import global_mask
+from tensorslim.data.segment.phantoms import body_from_silhouette, draw_body, heart_case, nominal_heart
+from tensorslim.data.segment.sets import SPLITS, IntensityShift, load_split
 
 
 def features(mask: np.ndarray) -> list[float]:

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-from tensorslim.segment.data import SPLITS, IntensityShift, global_masks, load_split
-from tensorslim.segment.phantoms import body_from_silhouette, draw_body, nominal_heart
+from tensorslim.data.segment.phantoms import body_from_silhouette, draw_body, nominal_heart
+from tensorslim.data.segment.sets import SPLITS, IntensityShift, global_masks, load_split
 from tensorslim.tasks.segment import load_run, predict
 
 

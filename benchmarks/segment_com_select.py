@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tensorslim.segment.data import global_masks, load_split
-from tensorslim.segment.metrics import com_distance, dice
+from tensorslim.data.segment.sets import global_masks, load_split
 from tensorslim.tasks.segment import predict
+from tensorslim.tasks.segment.metrics import com_distance, dice
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 

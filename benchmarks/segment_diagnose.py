@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-from tensorslim.segment import brain, phantoms
-from tensorslim.segment.data import IntensityShift, load_split
-from tensorslim.segment.metrics import case_metrics
+from tensorslim.data.segment import brain, phantoms
+from tensorslim.data.segment.sets import IntensityShift, load_split
 from tensorslim.tasks.segment import predict
+from tensorslim.tasks.segment.metrics import case_metrics
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 

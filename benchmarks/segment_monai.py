@@ -39,11 +39,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from tensorslim.data.segment.masks import largest_component
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 from tensorslim.models.unet import UNetConfig
-from tensorslim.segment.masks import largest_component
-from tensorslim.segment.metrics import case_metrics
 from tensorslim.tasks.segment import predict
+from tensorslim.tasks.segment.metrics import case_metrics
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from tensorslim.segment.data import check_dataset
+from tensorslim.data.segment.sets import check_dataset
 
 
 def paired_lines(runs: list[dict], dataset: str, cases: int) -> list[str]:

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tensorslim.segment.plots import plot_dice_curves
+from tensorslim.tasks.segment.plots import plot_dice_curves
 
 
 def main() -> None:

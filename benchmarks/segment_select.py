@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tensorslim.segment.data import IntensityShift, load_split
-from tensorslim.segment.metrics import case_metrics
+from tensorslim.data.segment.sets import IntensityShift, load_split
 from tensorslim.tasks.segment import predict
+from tensorslim.tasks.segment.metrics import case_metrics
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer
 

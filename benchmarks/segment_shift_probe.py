@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tensorslim.segment.data import IntensityShift, global_masks, load_split
-from tensorslim.segment.metrics import dice
+from tensorslim.data.segment.sets import IntensityShift, global_masks, load_split
 from tensorslim.tasks.segment import load_run, predict
+from tensorslim.tasks.segment.metrics import dice
 
 # The test shift's parts one at a time. Each keeps the full shift's random draws (two gamma ranges, so the range is
 # drawn as in the full shift), so a case gets the same gamma, bias field or noise as in the full shift.

@@ -629,7 +629,7 @@ options:
   --compare                     also run every baseline at the same capacity
   --json PATH                   also write the rows as JSON
 
-memory (tensorslim.memory.MemoryConfig):
+memory (tensorslim.layers.memory.MemoryConfig):
   --capacity INT                entries per layer and key/value head kept between chunks (the memory
                                 budget) (default: 256)
   --policy STR                  eviction policy, one of ['fifo', 'lra', 'lfa', 'h2o'] (default: lra)

@@ -2,8 +2,9 @@
 
 Streaming perplexity (``--data stdlib`` or ``bbc-<topic>``) or multi-key needle recall (``--data needles``) of a
 ``tensorslim train --task longctx`` run (``--run DIR``), or of a freshly initialised model (``--preset``, for a smoke
-test), with one memory (the flags below, from :class:`tensorslim.memory.MemoryConfig`) or, with ``--compare``, with
-the baselines side by side at the same capacity: full attention, FIFO, StreamingLLM (FIFO + sinks), H2O, LRA, LFA.
+test), with one memory (the flags below, from :class:`tensorslim.layers.memory.MemoryConfig`) or, with
+``--compare``, with the baselines side by side at the same capacity: full attention, FIFO, StreamingLLM (FIFO +
+sinks), H2O, LRA, LFA.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ BASELINE_SINKS = 4  # StreamingLLM's 4 attention sinks (arXiv 2309.17453 §3.2)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tensorslim.cli.flags import add_dataclass_arguments
-    from tensorslim.memory import MemoryConfig
-    from tensorslim.memory.evaluate import DATA
+    from tensorslim.layers.memory import MemoryConfig
+    from tensorslim.tasks.longctx.evaluate import DATA
 
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", dest="run_dir", metavar="DIR", help="a tensorslim train --task longctx run folder")
@@ -33,14 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs", type=int, default=8, help="documents read (default: 8)")
     parser.add_argument("--compare", action="store_true", help="also run every baseline at the same capacity")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    memory = parser.add_argument_group("memory (tensorslim.memory.MemoryConfig)")
+    memory = parser.add_argument_group("memory (tensorslim.layers.memory.MemoryConfig)")
     add_dataclass_arguments(memory, MemoryConfig)
     # --memory POLICY is an alias of --policy POLICY.
     memory.add_argument("--memory", dest="policy", default=argparse.SUPPRESS, help="same as --policy")
 
 
 def _configs(config: object, *, length: int, compare: bool) -> list[object]:
-    from tensorslim.memory.evaluate import full_attention
+    from tensorslim.tasks.longctx.evaluate import full_attention
 
     if not compare:
         return [config]
@@ -59,9 +60,9 @@ def _configs(config: object, *, length: int, compare: bool) -> list[object]:
 def run(args: argparse.Namespace) -> int:
     from tensorslim._checks import require_output
     from tensorslim.cli.flags import config_from_args
-    from tensorslim.memory import MemoryConfig, equip_memory_
-    from tensorslim.memory.evaluate import DATA, documents, evaluate
+    from tensorslim.layers.memory import MemoryConfig, equip_memory_
     from tensorslim.models.registry import get_model
+    from tensorslim.tasks.longctx.evaluate import DATA, documents, evaluate
 
     config = config_from_args(MemoryConfig, args)  # bad flags fail before anything is loaded
     for name in ("length", "docs"):
@@ -93,7 +94,7 @@ def _load(args: argparse.Namespace) -> tuple[object, Callable[[], object]]:
         return model, lambda: tokenizer
     import torch
 
-    from tensorslim.data.longdocs import long_tokenizer
+    from tensorslim.data.longctx.documents import long_tokenizer
     from tensorslim.models.registry import build_model
 
     torch.manual_seed(0)

@@ -155,8 +155,8 @@ def _one_run(config: Any) -> tuple[dict[str, Any], Any, Any]:
     """Train one configuration through the Trainer and score it on the test cases."""
     import numpy as np
 
-    from tensorslim.segment.metrics import case_metrics
     from tensorslim.tasks.segment import predict
+    from tensorslim.tasks.segment.metrics import case_metrics
     from tensorslim.train.trainer import Trainer
 
     start = time.perf_counter()
@@ -185,7 +185,7 @@ def _constant_row(trainer: Any, options: Any, seed: int) -> dict[str, Any]:
     """The floor: the training targets' majority mask predicted for every test case."""
     import numpy as np
 
-    from tensorslim.segment.metrics import case_metrics
+    from tensorslim.tasks.segment.metrics import case_metrics
 
     test = trainer.task.held_out("test")
     scores = [case_metrics(trainer.task.prior, t, test.spacing) for t in test.targets.numpy()]
@@ -238,7 +238,7 @@ def gain_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _write_results(args: argparse.Namespace, rows: list[dict[str, Any]], shown: dict[str, Any], out: Path) -> None:
-    from tensorslim.segment.plots import plot_dice_curves, plot_overlays
+    from tensorslim.tasks.segment.plots import plot_dice_curves, plot_overlays
 
     stem = f"segment_{args.dataset}"
     command = command_line(args)

@@ -5,9 +5,7 @@ from tensorslim.tasks import (  # noqa: F401 - each module registers its task
     distill,
     lm,
     longctx,
-    lookahead,
     mlm,
-    reading,
     segment,
 )
 from tensorslim.tasks.base import TASKS, Task, TaskData, get_task, register_task

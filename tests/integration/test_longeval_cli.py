@@ -53,7 +53,7 @@ def test_lookahead_task_trains_minilm_with_a_waiting_memory_through_the_trainer(
     equipped in place (same parameters, so the optimizer still updates them) and one step trains through it."""
     import torch
 
-    from tensorslim.memory import MemoryConfig, equip_memory_, memory_stores
+    from tensorslim.layers.memory import MemoryConfig, equip_memory_, memory_stores
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import Trainer
 

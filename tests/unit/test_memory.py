@@ -11,10 +11,11 @@ import torch
 import transformers
 from torch import nn
 
+from tensorslim.layers.memory import MemoryConfig, equip_memory_, memory_stores
 from tensorslim.layers.memory.equip import LlamaMemoryAttention
 from tensorslim.layers.memory.policies import initial_stat, keep_indices, observe
-from tensorslim.memory import MemoryConfig, equip_memory_, generate, memory_stores, stream_logits, stream_nll
 from tensorslim.models.llama import Attention, LlamaConfig, LlamaForCausalLM, apply_rotary, rotary_cos_sin
+from tensorslim.tasks.longctx.streaming import generate, stream_logits, stream_nll
 
 # --- eviction order on hand-made attention maps -------------------------------------------------------------------
 
@@ -321,7 +322,7 @@ def test_models_that_cannot_be_equipped() -> None:
 
 
 def test_needle_documents_are_deterministic_by_seed_and_hold_their_facts() -> None:
-    from tensorslim.data.longdocs import NEEDLE_KEYS, NEEDLE_VALUES, long_tokenizer, needle_documents
+    from tensorslim.data.longctx.documents import NEEDLE_KEYS, NEEDLE_VALUES, long_tokenizer, needle_documents
 
     tokenizer = long_tokenizer()
     first, again, other = (needle_documents(tokenizer, length=200, count=3, seed=s) for s in (7, 7, 8))
@@ -352,7 +353,7 @@ def test_needle_documents_are_deterministic_by_seed_and_hold_their_facts() -> No
 
 
 def test_needle_training_documents_state_each_fact_several_times() -> None:
-    from tensorslim.data.longdocs import NEEDLE_KEYS, long_tokenizer, needle_training_documents
+    from tensorslim.data.longctx.documents import NEEDLE_KEYS, long_tokenizer, needle_training_documents
 
     tokenizer = long_tokenizer()
     docs = needle_training_documents(tokenizer, length=256, count=2, keys=5, mentions=3, seed=1)
@@ -369,8 +370,8 @@ def test_needle_training_documents_state_each_fact_several_times() -> None:
 
 
 def test_fact_share_sets_how_many_facts_a_training_block_holds() -> None:
-    from tensorslim.data.longdocs import NEEDLE_KEYS, long_tokenizer, needle_training_documents
-    from tensorslim.tasks.longctx import LongContextLM, LongContextOptions
+    from tensorslim.data.longctx.documents import NEEDLE_KEYS, long_tokenizer, needle_training_documents
+    from tensorslim.tasks.longctx.lm import LongContextLM, LongContextOptions
 
     # Each statement is 3 tokens (key, value, period): the default 3/8 of a block keeps the old cap seq_len // (8 m).
     assert LongContextLM({"mentions": 2})._fact_room(256) == 256 // 16
@@ -389,7 +390,7 @@ def test_fact_share_sets_how_many_facts_a_training_block_holds() -> None:
 def test_key_weight_weights_the_prediction_after_a_key() -> None:
     import torch.nn.functional as F
 
-    from tensorslim.tasks.longctx import LongContextOptions, weighted_lm_loss
+    from tensorslim.tasks.longctx.lm import LongContextOptions, weighted_lm_loss
 
     torch.manual_seed(0)
     logits, ids = torch.randn(2, 6, 11), torch.randint(0, 7, (2, 6))  # no 7 but the keys set below
@@ -406,8 +407,8 @@ def test_key_weight_weights_the_prediction_after_a_key() -> None:
 
 
 def test_repeated_documents_read_one_passage_twice() -> None:
-    from tensorslim.data.longdocs import long_tokenizer, repeated_documents
-    from tensorslim.tasks.longctx import LongContextOptions
+    from tensorslim.data.longctx.documents import long_tokenizer, repeated_documents
+    from tensorslim.tasks.longctx.lm import LongContextOptions
 
     docs = repeated_documents(long_tokenizer(), length=101, count=3, seed=2)
     assert docs.shape == (3, 101) and torch.equal(docs[:, :50], docs[:, 51:101])
@@ -417,8 +418,8 @@ def test_repeated_documents_read_one_passage_twice() -> None:
 
 
 def test_lookahead_rows_put_the_labelled_cue_within_reach_of_cls_only() -> None:
-    from tensorslim.data.longdocs import long_tokenizer
-    from tensorslim.tasks.lookahead import CUES, lookahead_rows
+    from tensorslim.data.longctx.documents import long_tokenizer
+    from tensorslim.tasks.longctx.lookahead import CUES, lookahead_rows
 
     tokenizer = long_tokenizer()
     rows, vocab = lookahead_rows(tokenizer, count=50, seq_len=40, max_distance=12, split="test", seed=3)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tensorslim.reading import Reader, ReaderConfig, ReadingStream, pool_losses, skip_length
+from tensorslim.data.longctx import Reader, ReaderConfig, ReadingStream, pool_losses, skip_length
 
 
 def paper_skip(doc_len: int, start: int, window: int, k: int, alpha: float, c: float) -> int:

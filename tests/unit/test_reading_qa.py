@@ -10,11 +10,11 @@ import torch
 
 from tensorslim.data import load_tokenizer
 from tensorslim.data.corpus import Corpus
-from tensorslim.data.longqa import NAMES, LongQASpec, build_longqa
+from tensorslim.data.longctx import Reader, ReaderConfig, Span, pool_losses, skip_length
+from tensorslim.data.longctx.qa import NAMES, LongQASpec, build_longqa
 from tensorslim.models.gpt2 import GPT2Config, GPT2ForCausalLM
-from tensorslim.reading import Reader, ReaderConfig, Span, pool_losses, skip_length
 from tensorslim.tasks.base import model_tokenizer
-from tensorslim.tasks.reading import QAFormat, read_and_answer
+from tensorslim.tasks.longctx.reading import QAFormat, read_and_answer
 
 SPEC = LongQASpec(
     train_docs=6, validation_docs=12, doc_tokens=512, passage_tokens=128, distractors=1, block=16, lead=32, seed=3

@@ -6,8 +6,17 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from tensorslim.segment.brain import brain_case
-from tensorslim.segment.data import (
+from tensorslim.data.segment.brain import brain_case
+from tensorslim.data.segment.masks import HU_THRESHOLD, ct_small_path, global_mask, prior_mask, read_ct
+from tensorslim.data.segment.phantoms import (
+    HEART_OFFSET,
+    Body,
+    body_from_silhouette,
+    draw_body,
+    heart_case,
+    nominal_heart,
+)
+from tensorslim.data.segment.sets import (
     Cases,
     IntensityShift,
     global_masks,
@@ -15,10 +24,8 @@ from tensorslim.segment.data import (
     load_split,
     network_inputs,
 )
-from tensorslim.segment.masks import HU_THRESHOLD, ct_small_path, global_mask, prior_mask, read_ct
-from tensorslim.segment.metrics import dice
-from tensorslim.segment.phantoms import HEART_OFFSET, Body, body_from_silhouette, draw_body, heart_case, nominal_heart
-from tensorslim.segment.warps import WarpRange, random_grid, resample
+from tensorslim.data.segment.warps import WarpRange, random_grid, resample
+from tensorslim.tasks.segment.metrics import dice
 
 
 def test_warp_moves_image_and_map_alike() -> None:
@@ -183,7 +190,7 @@ def test_bad_input_is_a_one_line_value_error(call: object, message: str) -> None
 def test_brain_ct_rendering_keeps_the_warp_and_target(monkeypatch: pytest.MonkeyPatch) -> None:
     # The CT ablation draws its noise after the warp: same seed, same target as the T1 case. CSF reads about
     # (8 + 20) / 100 on the (-20, 80) HU window, brain tissue 0.45-0.6, air 0; the noise is NOISE_HU / 100 per pixel.
-    from tensorslim.segment import brain
+    from tensorslim.data.segment import brain
 
     t1_image, t1_target, _ = brain_case(np.random.default_rng(5), size=64, warp=WarpRange())
     monkeypatch.setattr(brain, "RENDERING", "ct")
@@ -205,7 +212,7 @@ def test_brain_ct_rendering_keeps_the_warp_and_target(monkeypatch: pytest.Monkey
 def test_heart_wall_contrast_changes_only_the_wall(monkeypatch: pytest.MonkeyPatch) -> None:
     # A wall-contrast variant (benchmarks/segment_diagnose.py --wall) keeps every draw: same heart, same silhouette,
     # and the image changes only inside the heart, by at most the two ranges' spread.
-    from tensorslim.segment import phantoms
+    from tensorslim.data.segment import phantoms
 
     image, heart, _ = heart_case(np.random.default_rng(4), size=96)
     monkeypatch.setattr(phantoms, "MYOCARDIUM_CONTRAST", (-0.005, 0.005))

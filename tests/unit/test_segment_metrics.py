@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
 
-from tensorslim.segment.metrics import case_metrics, com_distance, dice, hd95, surface
+from tensorslim.tasks.segment.metrics import case_metrics, com_distance, dice, hd95, surface
 
 
 def square(shape: tuple[int, int], top: int, left: int, side: int) -> np.ndarray:
@@ -65,7 +65,7 @@ def test_empty_prediction_has_no_distance() -> None:
 
 
 def test_largest_component_drops_a_stray_blob_and_its_centre_of_mass_pull() -> None:
-    from tensorslim.segment.masks import largest_component
+    from tensorslim.data.segment.masks import largest_component
 
     target = square((40, 40), 10, 10, 8)  # centre (13.5, 13.5)
     pred = target | square((40, 40), 35, 35, 2)  # a 4-pixel blob far away: centre moves by 4/68 of (22, 22)

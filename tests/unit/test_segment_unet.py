@@ -9,8 +9,8 @@ import torch
 from tensorslim.books import flops_per_token
 from tensorslim.models.registry import build_model, get_model
 from tensorslim.models.unet import UNet, UNetConfig
-from tensorslim.segment.metrics import com_distance, dice
 from tensorslim.tasks.segment import IntensityAugment, SegmentOptions, load_run, predict, segment_loss
+from tensorslim.tasks.segment.metrics import com_distance, dice
 
 
 def test_unet_shapes_and_registry_overrides() -> None:

@@ -19,7 +19,7 @@ POLICIES = ("fifo", "lra", "lfa", "h2o")
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryConfig:
-    """A bounded K/V memory for every attention layer of a model (see :func:`tensorslim.memory.equip_memory_`)."""
+    """A bounded K/V memory for every attention layer (see :func:`tensorslim.layers.memory.equip_memory_`)."""
 
     capacity: int = option(256, "entries per layer and key/value head kept between chunks (the memory budget)")
     policy: str = option("lra", f"eviction policy, one of {list(POLICIES)}")

@@ -8,7 +8,7 @@ into an equipped model unchanged.
 
 Within one call the input is read ``chunk`` tokens at a time; the memory persists across calls (a long document fed
 call by call, or generation token by token) until :func:`reset_memory_`. Hugging Face's own KV cache is not used:
-call Hugging Face models with ``use_cache=False`` (:mod:`tensorslim.memory.streaming` does).
+call Hugging Face models with ``use_cache=False`` (:mod:`tensorslim.tasks.longctx.streaming` does).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The paper gives a U-Net either a global binary mask alone (scenario 1: it must find the structure from shape and
 position) or the mask as a second channel beside the image (scenario 2: a shape/position clue when training cases
-are few). This task trains either on our offline data (:mod:`tensorslim.segment.data`): ``train_cases`` cases drawn
+are few). This task trains either on our offline data (:mod:`tensorslim.data.segment.sets`): ``train_cases`` cases drawn
 by the run's seed from the training pool, augmented by small random affine moves of input and target together and
 (by default) nnU-Net-style intensity changes of the image channel (:class:`IntensityAugment`); loss = soft Dice +
 binary cross-entropy (the paper's loss is not stated). The validation set is clean; the test set
@@ -41,7 +41,7 @@ class SegmentOptions:
     mask_dropout: float = option(0.0, "probability of blanking the mask channel of an image+mask training sample")
 
     def __post_init__(self) -> None:
-        from tensorslim.segment.data import check_dataset, check_inputs
+        from tensorslim.data.segment.sets import check_dataset, check_inputs
 
         require_int("train_pool", self.train_pool, minimum=0)
         pool = self.train_pool or check_dataset(self.dataset).sizes["train"]
@@ -213,9 +213,9 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[nn.Module, di
     Raises:
         ValueError: ``run_dir`` holds no checkpoint, or its run did not train the ``segment`` task.
     """
+    from tensorslim.data.segment.sets import input_channels
     from tensorslim.models.registry import build_model
     from tensorslim.pretrained import load_weights_
-    from tensorslim.segment.data import input_channels
     from tensorslim.train.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir) / "checkpoints")
@@ -243,7 +243,7 @@ class Segmentation(Task):
     options = SegmentOptions
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
-        from tensorslim.segment.data import input_channels, load_split, train_prior
+        from tensorslim.data.segment.sets import input_channels, load_split, train_prior
 
         settings = self.settings
         pool = load_split(settings.dataset, "train", size=settings.image_size, count=settings.train_pool or None)
@@ -271,13 +271,13 @@ class Segmentation(Task):
 
     def held_out(self, split: str) -> SegmentSplit:
         """The ``val`` (clean) or ``test`` (intensity-shifted) cases, with inputs built like the training ones."""
-        from tensorslim.segment.data import IntensityShift, load_split
+        from tensorslim.data.segment.sets import IntensityShift, load_split
 
         shift = IntensityShift() if split == "test" else None
         return self._split(load_split(self.settings.dataset, split, size=self.settings.image_size, shift=shift))
 
     def _split(self, cases: Any) -> SegmentSplit:
-        from tensorslim.segment.data import network_inputs
+        from tensorslim.data.segment.sets import network_inputs
 
         inputs = network_inputs(cases, self.settings.inputs, prior=self.prior)
         return SegmentSplit(torch.from_numpy(inputs), torch.from_numpy(cases.targets), cases.images, cases.spacing)
@@ -288,7 +288,7 @@ class Segmentation(Task):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
-        from tensorslim.segment.metrics import com_distance, dice
+        from tensorslim.tasks.segment.metrics import com_distance, dice
 
         split: SegmentSplit = data.validation
         device = next(model.parameters()).device

@@ -7,7 +7,7 @@ one cue word, ``false`` (label 0) or ``true`` (label 1), is placed 1 to ``max_di
 the cue words are removed from the filler elsewhere. The label is read from ``[CLS]`` (the sequence-classification
 head), so a model sees it only if ``[CLS]`` may attend at least that far ahead: full bidirectional attention does, a
 causal memory (``wait = 0``) does not, and a memory whose queries wait ``w`` tokens does up to ``w`` tokens ahead per
-layer (:mod:`tensorslim.memory`). The task design is ours, not the paper's (its body was not available to us).
+layer (:mod:`tensorslim.layers.memory`). The task design is ours, not the paper's (its body was not available to us).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def lookahead_rows(
     tokenizer: Any, *, count: int, seq_len: int, max_distance: int, split: str, seed: int
 ) -> tuple[torch.Tensor, int]:
     """Rows ``[label, cls, tokens...]`` ``(count, 1 + seq_len)`` and the model's vocabulary size."""
-    from tensorslim.data.longdocs import TOPICS, bbc_topic_text
+    from tensorslim.data.longctx.documents import TOPICS, bbc_topic_text
 
     if max_distance >= seq_len:
         raise ValueError(f"max_distance={max_distance} does not fit seq_len={seq_len}; allowed: < seq_len")

@@ -1,7 +1,7 @@
 """The two offline segmentation data sets, their splits, the test-time intensity shift and the network inputs.
 
-``brain`` (warped MNI152 slices, target: lateral ventricles; :mod:`tensorslim.segment.brain`) and ``heart`` (thorax
-phantoms, target: heart; :mod:`tensorslim.segment.phantoms`). The training pools have the paper's training-set
+``brain`` (warped MNI152 slices, target: lateral ventricles; :mod:`tensorslim.data.segment.brain`) and ``heart`` (thorax
+phantoms, target: heart; :mod:`tensorslim.data.segment.phantoms`). The training pools have the paper's training-set
 sizes (arXiv 2205.09107, §3: brain 26 and heart 12 training cases); validation and test sets are ours (synthetic
 cases cost nothing, so the test sets are larger than the paper's 10 and 5, for steadier means). Case ``i`` of a split
 is drawn from its own seed, so it is the same in every run; the test cases carry an intensity shift (gamma, bias
@@ -17,10 +17,10 @@ from functools import lru_cache
 import numpy as np
 
 from tensorslim._checks import require_int
-from tensorslim.segment.brain import brain_case
-from tensorslim.segment.masks import global_mask, prior_mask
-from tensorslim.segment.phantoms import heart_case
-from tensorslim.segment.warps import WarpRange
+from tensorslim.data.segment.brain import brain_case
+from tensorslim.data.segment.masks import global_mask, prior_mask
+from tensorslim.data.segment.phantoms import heart_case
+from tensorslim.data.segment.warps import WarpRange
 
 # The brain cases' spread: ±10° rotation, ×0.9-1.1 scale, ±4 px shift and a 0.6 px elastic field (1.25 mm at 96 px).
 BRAIN_WARP = WarpRange(elastic_px=0.6)

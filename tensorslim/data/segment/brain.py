@@ -3,7 +3,7 @@
 arXiv 2205.09107 segments brain structures in CT (§3, data: 46 patients); those scans are not public. We stand in
 for them with axial slices of nilearn's bundled ICBM152 2009a template (T1 plus grey- and white-matter probability
 maps, 1 mm, skull-stripped): each case takes a slice near the lateral ventricles (jittered by ±1 mm in z) and warps
-T1 and maps alike with a random affine plus a smooth elastic field (:mod:`tensorslim.segment.warps`). The target
+T1 and maps alike with a random affine plus a smooth elastic field (:mod:`tensorslim.data.segment.warps`). The target
 structure is the lateral ventricles, defined from the maps on the template (CSF = brain, GM < 0.2 and WM < 0.2; the
 components near the centre), then carried by the same warp. This is our construction, not the paper's data. An
 ablation (:data:`RENDERING` ``"ct"``) renders the warped maps in head-CT numbers with scanner noise instead of the T1.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from tensorslim.segment.warps import WarpRange, random_grid, resample
+from tensorslim.data.segment.warps import WarpRange, random_grid, resample
 
 # Axial template slices (1 mm, z index of the 197 × 233 × 189 volume) crossing the bodies of the lateral ventricles.
 VENTRICLE_SLICES = range(94, 97)

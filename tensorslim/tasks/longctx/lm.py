@@ -1,6 +1,6 @@
 """``longctx``: causal language modelling for long-context evaluation, on stdlib code and BBC News documents with
-multi-key needles (:mod:`tensorslim.data.longdocs`), so that one small model serves both the streaming-perplexity and
-the needle-retrieval benchmarks of the bounded memory (:mod:`tensorslim.memory`).
+multi-key needles (:mod:`tensorslim.data.longctx.documents`), so that one small model serves both the
+streaming-perplexity and the needle-retrieval benchmarks of the bounded memory (:mod:`tensorslim.layers.memory`).
 
 Training blocks: a share ``needles`` of needle documents (BBC train-split filler with ``needle_keys`` facts, each stated
 ``mentions`` times at random places, so every later statement is a recall from some distance), the rest stdlib
@@ -72,7 +72,7 @@ class LongContextLM(Task):
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream, build_lm_data
-        from tensorslim.data.longdocs import (
+        from tensorslim.data.longctx.documents import (
             DEPTHS,
             NEEDLE_KEYS,
             NEEDLE_VALUES,
@@ -122,7 +122,7 @@ class LongContextLM(Task):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
-        from tensorslim.data.longdocs import needle_accuracy
+        from tensorslim.data.longctx.documents import needle_accuracy
 
         device = next(model.parameters()).device
         needles = data.validation["needles"]

@@ -12,7 +12,7 @@ from torch import nn
 
 from tensorslim.layers.memory.config import MemoryConfig
 from tensorslim.layers.memory.equip import equip_memory_, memory_stores
-from tensorslim.memory.streaming import stream_logits, stream_nll
+from tensorslim.tasks.longctx.streaming import stream_logits, stream_nll
 
 DATA = (
     "stdlib",
@@ -30,7 +30,7 @@ def full_attention(length: int, *, chunk: int) -> MemoryConfig:
 def documents(data: str, tokenizer: object, *, length: int, count: int, seed: int = 0) -> object:
     """``(count, length)`` token ids for ``stdlib`` / ``bbc-<topic>``, or a needle set for ``needles`` (stated once,
     asked at the end) / ``needles-recalled`` (stated early, once more in the middle, asked at the end)."""
-    from tensorslim.data import longdocs
+    from tensorslim.data.longctx import documents as longdocs
 
     if data == "stdlib":
         return longdocs.stdlib_documents(tokenizer, length=length, count=count)
@@ -84,7 +84,7 @@ def describe(config: MemoryConfig, *, length: int) -> str:
 @torch.no_grad()
 def evaluate(model: nn.Module, docs: object, config: MemoryConfig, *, batch_size: int = 8) -> LongEvalResult:
     """Read every document through a copy of ``model`` equipped with ``config``."""
-    from tensorslim.data.longdocs import NeedleSet, needle_accuracy
+    from tensorslim.data.longctx.documents import NeedleSet, needle_accuracy
 
     model = copy.deepcopy(model).eval()
     if equip_memory_(model, config).kind != "causal":

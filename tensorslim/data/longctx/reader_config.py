@@ -3,7 +3,7 @@
 The reader reads a window of ``L`` tokens, pools the window's token losses into a confidence ``C`` and skips
 ``D = K·min(⌊(|X|−S−L)/K⌋, ⌊α/C⌋)`` tokens before the next window. These options are also the reading flags of
 ``tensorslim train`` (``--reader random-access --skip-k K --skip-alpha A --pooling mean``): the reading tasks
-(:mod:`tensorslim.tasks.reading`) take them as their options.
+(:mod:`tensorslim.tasks.longctx.reading`) take them as their options.
 """
 
 from __future__ import annotations

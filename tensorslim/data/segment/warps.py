@@ -1,6 +1,6 @@
 """Random spatial warps: one random affine plus a smooth elastic field, applied alike to an image and its maps.
 
-The brain "patients" (:mod:`tensorslim.segment.brain`) are the MNI152 template warped this way, standing in for the
+The brain "patients" (:mod:`tensorslim.data.segment.brain`) are the MNI152 template warped this way, standing in for the
 inter-subject variation of the brain CT cases of arXiv 2205.09107 (§3, data), which do not ship offline. A warp is
 a sampling grid: output pixel ``(i, j)`` reads the source at ``grid[:, i, j]`` (source pixel coordinates), so every
 map resampled on the same grid stays aligned with the others.

@@ -1,15 +1,15 @@
 """Training and answering with random-access reading (arXiv 2405.13216): the ``readlm`` and ``longqa`` tasks.
 
-Both tasks take their training windows from a :class:`tensorslim.reading.ReadingStream`: a reader walks long
+Both tasks take their training windows from a :class:`tensorslim.data.longctx.ReadingStream`: a reader walks long
 documents, one window per lane and batch. The task's loss computes every token's loss once, feeds the window's
 pooled, detached loss back to the reader (which picks the next skip from it: no extra forward pass) and returns the
-mean. Their options are the reader's (:class:`tensorslim.reading.ReaderConfig`), so ``tensorslim train --task readlm
---reader random-access --skip-k 16 --skip-alpha 2`` pre-trains with skipping; the window is ``--seq-len``.
+mean. Their options are the reader's (:class:`tensorslim.data.longctx.ReaderConfig`), so ``tensorslim train --task
+readlm --reader random-access --skip-k 16 --skip-alpha 2`` pre-trains with skipping; the window is ``--seq-len``.
 
 - ``readlm``: causal LM pre-training on the documents of ``--data`` (each document read on its own; default: the
   standard library's source files). Validation: the loss of sequential windows (comparable across readers) and
   what the reader reads of the validation documents.
-- ``longqa``: QA on the synthetic long documents of :mod:`tensorslim.data.longqa`. Every window is fed as
+- ``longqa``: QA on the synthetic long documents of :mod:`tensorslim.data.longctx.qa`. Every window is fed as
   ``question · window · " Answer:"`` and the model predicts one token: the answer word when the window holds the
   asked fact, else eos ("not here"). The loss is the window's LM loss (what the skip reads) plus the answer's
   cross-entropy. :func:`read_and_answer` reads a document with any reader and answers from the window whose answer
@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.data.longctx import Reader, ReaderConfig, ReadingLog, ReadingStream, Span, pool_losses
 from tensorslim.options import option
-from tensorslim.reading import Reader, ReaderConfig, ReadingLog, ReadingStream, Span, pool_losses
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task
 
 
@@ -50,7 +50,7 @@ def _token_losses(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, kw_only=True)
 class ReadLMOptions(ReaderConfig):
-    """The reader's options (see :class:`tensorslim.reading.ReaderConfig`)."""
+    """The reader's options (see :class:`tensorslim.data.longctx.ReaderConfig`)."""
 
 
 def _documents(stream: torch.Tensor, eos_id: int) -> list[np.ndarray]:
@@ -185,7 +185,7 @@ def _fixed_validation(docs: list[np.ndarray], *, window: int, blocks: int) -> tu
 
 @dataclass(frozen=True, kw_only=True)
 class LongQAOptions(ReaderConfig):
-    """The reader's options and the shape of the synthetic QA set (:class:`tensorslim.data.longqa.LongQASpec`).
+    """The reader's options and the shape of the synthetic QA set (:class:`tensorslim.data.longctx.qa.LongQASpec`).
 
     ``α`` defaults to 4: the value chosen on the development documents by ``benchmarks/reading_qa.py`` (the most
     accurate that reads at most half of the tokens; mean pooling). It depends on the model's loss on easy text.
@@ -287,7 +287,7 @@ def read_and_answer(
 
     Args:
         model: a causal LM trained by the ``longqa`` task.
-        qa: the :class:`tensorslim.data.longqa.LongQASet` the documents belong to.
+        qa: the :class:`tensorslim.data.longctx.qa.LongQASet` the documents belong to.
         docs: the documents (e.g. ``qa.validation``).
         config: the reader.
         window: ``L``, tokens per window (the run's ``seq_len``).
@@ -341,9 +341,9 @@ def read_and_answer(
 
 
 def build_qa_set(config: Any, options: LongQAOptions, *, model_name: str, validation_docs: int) -> Any:
-    """The :class:`tensorslim.data.longqa.LongQASet` of a run (BPE trained on BBC News unless ``--tokenizer``)."""
+    """The :class:`tensorslim.data.longctx.qa.LongQASet` of a run (BPE trained on BBC News unless ``--tokenizer``)."""
     from tensorslim.data import load_corpus, load_tokenizer
-    from tensorslim.data.longqa import LongQASpec, build_longqa
+    from tensorslim.data.longctx.qa import LongQASpec, build_longqa
 
     spec = LongQASpec(
         train_docs=options.qa_docs,

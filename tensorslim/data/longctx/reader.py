@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensorslim.reading.config import ReaderConfig
-from tensorslim.reading.skip import skip_length
+from tensorslim.data.longctx.reader_config import ReaderConfig
+from tensorslim.data.longctx.skip import skip_length
 
 KEPT_RECORDS = 256  # finished documents whose full record the log keeps (the totals count every one)
 
