@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorslim.reading import skip_length
+from tensorslim.data.longctx import skip_length
 
 GOOD = {"doc_len": 100, "start": 0, "window": 10, "k": 8, "alpha": 5.0, "confidence": 0.5}
 
