@@ -1,0 +1,294 @@
+"""Time to quality: validation loss against wall-clock time and against tokens, one training run per method.
+
+Every arm is one ``tensorslim train`` run with the defaults a user gets (the method's recipe: learning rate, warm-up,
+rank), on the same data (the built-in corpus and its held-out split), the same batches and the same number of tokens.
+An arm's folder under ``--runs`` is reused: a finished arm is read back, an interrupted one resumes from its last
+checkpoint (``tensorslim train --resume``), so the arms can run one at a time (``--arms dense``) and the report be
+written once all are there (``--report-only``).
+
+Wall time is the sum of the arm's train-step times (forward, backward and optimizer, as ``metrics.jsonl`` records them
+through ``tokens_per_s``); validation passes and checkpoints are left out, so every arm pays the same for them. The
+time an arm needs to reach the dense run's final validation loss is interpolated linearly between the two evaluations
+that straddle it. Arms run one after the other on a machine others may be loading: the load average before and after
+each arm is recorded beside its figures.
+
+Usage::
+
+    python benchmarks/time_to_quality.py --preset tiny --steps 200 --out benchmarks/results
+    python benchmarks/time_to_quality.py --preset 60m --steps 300 --batch-size 4 --seq-len 256 --arms dense,cola
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tensorslim.bench.harness import machine_description
+from tensorslim.methods.recipes import recipe_for
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One training run: a method and, optionally, the factored vocabulary at ``factor_vocab`` rank."""
+
+    name: str
+    method: str
+    factor_vocab: bool = False
+
+
+ARMS = {
+    arm.name: arm
+    for arm in (
+        Arm("dense", "dense"),
+        Arm("cola", "cola"),
+        Arm("cola-m", "cola-m"),
+        Arm("galore", "galore"),
+        Arm("comera", "comera"),
+        Arm("cola+vocab", "cola", factor_vocab=True),
+    )
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="tiny", help="LLaMA preset (default: tiny)")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per arm (default: 200)")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: train's 16)")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: train's 128)")
+    parser.add_argument("--eval-every", type=int, default=25, help="steps between validation passes (default: 25)")
+    parser.add_argument("--eval-blocks", type=int, default=64, help="held-out sequences (default: train's 64)")
+    parser.add_argument(
+        "--vocab-rank", type=int, default=None, help="rank of the factored vocabulary (default: the CoLA rank)"
+    )
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated arms to run (default: all of {', '.join(ARMS)})"
+    )
+    parser.add_argument("--runs", default=None, help="folder of the arms' runs (default: runs/ttq-<preset>)")
+    parser.add_argument("--out", default="benchmarks/results", help="where the dated result files go")
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
+    parser.add_argument("--report-only", action="store_true", help="train nothing; report the arms found")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.arms.split(",") if name not in ARMS]
+    if unknown:
+        parser.error(f"--arms {unknown[0]!r} is unknown; allowed: {', '.join(ARMS)}")
+    for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_blocks"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: an integer >= 1")
+    return args
+
+
+def vocab_rank(args: argparse.Namespace) -> int:
+    return args.vocab_rank or recipe_for(args.preset).cola_rank or 64
+
+
+def train_command(arm: Arm, args: argparse.Namespace, run_dir: Path, *, resume: bool) -> list[str]:
+    command = [sys.executable, "-m", "tensorslim", "train", "--preset", args.preset, "--method", arm.method]
+    command += ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)]
+    command += ["--eval-every", str(args.eval_every), "--eval-blocks", str(args.eval_blocks)]
+    command += ["--checkpoint-every", str(args.eval_every), "--out-dir", str(run_dir), "--no-progress"]
+    command += ["--no-tensorboard"]
+    if arm.factor_vocab:
+        command += ["--factor-vocab", str(vocab_rank(args))]
+    return command + (["--resume"] if resume else [])
+
+
+def run_arm(arm: Arm, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    """Train ``arm`` into ``run_dir`` (resuming a started run); the load average around it."""
+    if (run_dir / "summary.json").exists():
+        return json.loads((run_dir / "arm.json").read_text()) if (run_dir / "arm.json").exists() else {}
+    resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+    command = train_command(arm, args, run_dir, resume=resume)
+    print(f"[{arm.name}] {shlex.join(command[1:])}", flush=True)
+    before = os.getloadavg()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    info = {"command": shlex.join(["python", *command[1:]]), "load_before": before, "load_after": os.getloadavg()}
+    (run_dir / "arm.json").write_text(json.dumps(info) + "\n")
+    return info
+
+
+def evaluations(run_dir: Path, tokens_per_step: int) -> list[dict[str, float]]:
+    """``[{step, tokens, seconds, val_loss}]`` at each evaluation; seconds is the summed train-step time so far."""
+    points, seconds = [], 0.0
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        seconds += tokens_per_step / record["tokens_per_s"]
+        if record.get("val_loss") is not None:
+            points.append(
+                {"step": record["step"], "tokens": record["tokens"], "seconds": seconds, "val_loss": record["val_loss"]}
+            )
+    return points
+
+
+def reach(points: list[dict[str, float]], target: float) -> dict[str, float] | None:
+    """Seconds and tokens at which the validation loss first reaches ``target`` (linear between evaluations)."""
+    previous = None
+    for point in points:
+        if point["val_loss"] <= target:
+            if previous is None:
+                return {"seconds": point["seconds"], "tokens": point["tokens"]}
+            share = (previous["val_loss"] - target) / (previous["val_loss"] - point["val_loss"])
+            return {key: previous[key] + share * (point[key] - previous[key]) for key in ("seconds", "tokens")}
+        previous = point
+    return None
+
+
+def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    tokens_per_step = args.batch_size * args.seq_len
+    arms: dict[str, Any] = {}
+    for name, arm in ARMS.items():
+        run_dir = runs / name
+        if not (run_dir / "summary.json").exists():
+            continue
+        summary = json.loads((run_dir / "summary.json").read_text())
+        points = evaluations(run_dir, tokens_per_step)
+        arms[name] = {
+            "method": arm.method,
+            "factor_vocab": vocab_rank(args) if arm.factor_vocab else 0,
+            "params": summary["params_total"],
+            "flops_per_token": summary["flops_per_token"],
+            "final_val_loss": points[-1]["val_loss"],
+            "train_seconds": points[-1]["seconds"],
+            "median_tokens_per_s": summary["tokens_per_s"],
+            "evaluations": points,
+            **infos.get(name, {}),
+        }
+    dense = arms.get("dense")
+    if dense is not None:
+        target = dense["final_val_loss"]
+        for arm in arms.values():
+            reached = reach(arm["evaluations"], target)
+            arm["to_dense_loss"] = reached and {
+                **reached,
+                "time_vs_dense": reached["seconds"] / dense["train_seconds"],
+                "tokens_vs_dense": reached["tokens"] / (args.steps * tokens_per_step),
+            }
+            arm["step_speedup_vs_dense"] = dense["train_seconds"] / arm["train_seconds"]
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "benchmarks/time_to_quality.py", *sys.argv[1:]]),
+        "machine": {**machine_description(), **cpu_flags()},
+        "config": {
+            "preset": args.preset,
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "seq_len": args.seq_len,
+            "tokens_per_arm": args.steps * tokens_per_step,
+            "eval_every": args.eval_every,
+            "eval_blocks": args.eval_blocks,
+            "data": "stdlib (built-in corpus), held-out split",
+        },
+        "target": dense and dense["final_val_loss"],
+        "arms": arms,
+    }
+
+
+def cpu_flags() -> dict[str, bool]:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next(line for line in cpuinfo if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = []
+    return {"avx512_bf16": "avx512_bf16" in flags, "amx_tile": "amx_tile" in flags}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    config, machine = result["config"], result["machine"]
+    lines = [
+        f"# Time to quality: {config['preset']}, {config['steps']} steps of "
+        f"{config['batch_size']} × {config['seq_len']} tokens",
+        "",
+        f"- date: {result['date']}",
+        f"- command: `{result['command']}`",
+        f"- CPU: {machine['cpu']} ({machine['cores']} cores, {machine['torch_threads']} torch threads; "
+        f"avx512_bf16: {machine['avx512_bf16']}, amx_tile: {machine['amx_tile']}); torch {machine['torch']}",
+        f"- load average when reported: {', '.join(f'{x:.2f}' for x in machine['load_average'])} — a shared "
+        "machine; each arm's load before and after it is in the JSON",
+        f"- data: {config['data']}; {config['tokens_per_arm']:,} tokens per arm; validation on {config['eval_blocks']} "
+        f"held-out sequences every {config['eval_every']} steps",
+        "- wall time: summed train-step time (forward, backward, optimizer), validation and checkpoints excluded",
+        "",
+    ]
+    target = result["target"]
+    if target is not None:
+        lines += [f"Target: the dense run's final validation loss, **{target:.4f}**.", ""]
+    lines += [
+        "| arm | params | final val loss | train time (s) | step speed × dense | time to dense's loss (s) "
+        "| × dense time | tokens to dense's loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, arm in result["arms"].items():
+        reached = arm.get("to_dense_loss")
+        lines.append(
+            f"| {name} | {arm['params']:,} | {arm['final_val_loss']:.4f} | {arm['train_seconds']:.1f} | "
+            f"{arm.get('step_speedup_vs_dense', float('nan')):.2f} | "
+            + (
+                f"{reached['seconds']:.1f} | {reached['time_vs_dense']:.2f} | {reached['tokens']:,.0f} |"
+                if reached
+                else "not reached | — | — |"
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_tokens) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for name, arm in result["arms"].items():
+        points = arm["evaluations"]
+        losses = [p["val_loss"] for p in points]
+        by_time.plot([p["seconds"] for p in points], losses, marker=".", label=name)
+        by_tokens.plot([p["tokens"] for p in points], losses, marker=".", label=name)
+    for axis in (by_time, by_tokens):
+        if result["target"] is not None:
+            axis.axhline(result["target"], color="grey", linestyle=":", linewidth=1)
+        axis.grid(alpha=0.3)
+    by_time.set_xlabel("train-step wall time (s)")
+    by_tokens.set_xlabel("tokens")
+    by_time.set_ylabel("validation loss")
+    by_time.legend()
+    config = result["config"]
+    fig.suptitle(f"time to quality: {config['preset']}, {config['batch_size']} × {config['seq_len']} per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runs = Path(args.runs or f"runs/ttq-{args.preset}")
+    infos = {}
+    if not args.report_only:
+        for name in args.arms.split(","):
+            infos[name] = run_arm(ARMS[name], args, runs / name)
+    for name in ARMS:
+        if name not in infos and (runs / name / "arm.json").exists():
+            infos[name] = json.loads((runs / name / "arm.json").read_text())
+    result = summarize(args, runs, infos)
+    if not result["arms"]:
+        print(f"no finished arm under {runs}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"time_to_quality_{args.preset}_{result['date'][:10]}{args.tag}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(result) + f"\n![validation loss against time and tokens]({stem}.png)\n")
+    plot(result, out / f"{stem}.png")
+    print(markdown(result))
+    print(f"wrote {out / stem}.md, .json, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

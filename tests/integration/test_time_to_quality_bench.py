@@ -1,0 +1,60 @@
+"""benchmarks/time_to_quality.py at CI size: two arms of two steps train through ``tensorslim train``, the report
+reads their run folders back (a finished arm is not trained again), and the time to the dense loss is interpolated
+between evaluations."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "time_to_quality.py"
+
+
+@functools.cache
+def load():
+    spec = importlib.util.spec_from_file_location("time_to_quality", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reach_interpolates_between_the_evaluations_that_straddle_the_target() -> None:
+    points = [
+        {"seconds": 1.0, "tokens": 100, "val_loss": 5.0},
+        {"seconds": 3.0, "tokens": 200, "val_loss": 4.0},
+        {"seconds": 4.0, "tokens": 300, "val_loss": 3.0},
+    ]
+    assert load().reach(points, 3.5) == {"seconds": 3.5, "tokens": 250}
+    assert load().reach(points, 6.0) == {"seconds": 1.0, "tokens": 100}  # already below at the first evaluation
+    assert load().reach(points, 2.9) is None
+
+
+def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    module = load()
+    argv = ["--steps", "2", "--batch-size", "2", "--seq-len", "16", "--eval-every", "1", "--eval-blocks", "2"]
+    argv += ["--arms", "dense,cola+vocab", "--runs", "runs", "--out", "out", "--vocab-rank", "8"]
+    assert module.main(argv) == 0
+    (result_json,) = Path("out").glob("time_to_quality_tiny_*.json")
+    result = json.loads(result_json.read_text())
+    assert set(result["arms"]) == {"dense", "cola+vocab"}
+    dense, vocab = result["arms"]["dense"], result["arms"]["cola+vocab"]
+    assert result["target"] == json.loads(Path("runs/dense/summary.json").read_text())["val_loss"]
+    assert 0 < dense["to_dense_loss"]["time_vs_dense"] <= 1.0  # dense reaches its own final loss by its end
+    assert [p["step"] for p in vocab["evaluations"]] == [1, 2]
+    assert "--factor-vocab 8" in vocab["command"] and vocab["factor_vocab"] == 8
+    assert vocab["params"] < dense["params"]
+    assert result_json.with_suffix(".png").stat().st_size > 0
+    assert "| cola+vocab |" in result_json.with_suffix(".md").read_text()
+    # A finished arm is read back, not trained again: its metrics stay as they were.
+    metrics = Path("runs/dense/metrics.jsonl").read_text()
+    assert module.main([*argv, "--arms", "dense"]) == 0
+    assert Path("runs/dense/metrics.jsonl").read_text() == metrics
+    with pytest.raises(SystemExit):
+        module.main(["--arms", "nope"])
