@@ -36,11 +36,11 @@ def worker(args: argparse.Namespace) -> dict:
     """Build one arm, run ``warmup + steps`` train steps, return its figures."""
     import torch
 
-    from tensorslim.bench.memory import count_saved_tensors, training_memory
     from tensorslim.layers.cola_m import checkpoint_
     from tensorslim.methods import build_for_method
     from tensorslim.models.registry import get_model
     from tensorslim.tasks.lm import causal_lm_loss
+    from tensorslim.train.memory import count_saved_tensors, training_memory
     from tensorslim.train.optim import build_optimizer
 
     torch.manual_seed(0)

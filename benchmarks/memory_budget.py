@@ -58,9 +58,9 @@ def train_model(run_dir: Path) -> Path:
     """Train the benchmark's model unless ``run_dir`` holds it (through the one Trainer): the first run into
     ``<run_dir>-first``, its weights saved there, then the second run from them into ``run_dir``, whose checkpoint of
     best validation recall is copied to ``<run_dir>/best``. Returns the run folder to load (``<run_dir>/best``)."""
+    from tensorslim.checkpoint import latest_checkpoint
     from tensorslim.cli.main import main as cli
     from tensorslim.pretrained import save_pretrained
-    from tensorslim.train.checkpoint import latest_checkpoint
 
     best = run_dir / "best"
     if latest_checkpoint(best / "checkpoints") is not None:
@@ -81,9 +81,9 @@ def continue_keeping_best(argv: list[str], best: Path) -> None:
     mid-run (it did: docs/long_context.md)."""
     import shutil
 
+    from tensorslim.checkpoint import latest_checkpoint
     from tensorslim.cli.flags import config_from_args, method_owners, options_from_args, task_owners
     from tensorslim.cli.main import build_parser
-    from tensorslim.train.checkpoint import latest_checkpoint
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import Trainer
 

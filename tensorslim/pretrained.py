@@ -420,7 +420,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: Regist
     """
     from safetensors.torch import save_file
 
-    from tensorslim.train.checkpoint import unique_tensors
+    from tensorslim.checkpoint import unique_tensors
 
     require_module(model)
     folder = Path(folder)

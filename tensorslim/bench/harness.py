@@ -3,7 +3,7 @@
 For each method: parameters, FLOPs per token (``torch.utils.flop_counter``, forward and forward+backward),
 train-step time (forward, backward, AdamW step; min/median/max) over alternating repeats after warm-up, tokens/s,
 and peak training memory (CUDA: the allocator's high-water mark; CPU: params + grads + optimizer state + saved
-activations, see :mod:`tensorslim.bench.memory`), each with its ratio to dense. Output: a Markdown table, JSON and a
+activations, see :mod:`tensorslim.train.memory`), each with its ratio to dense. Output: a Markdown table, JSON and a
 PNG chart.
 
 By default it measures what a user sees: wall-clock time with torch's threads (all the machine's cores). One-thread
@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from tensorslim._checks import require_int
-from tensorslim.bench.memory import count_saved_tensors, training_memory
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
@@ -43,6 +42,7 @@ from tensorslim.tasks.mlm import mask_tokens
 from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import check_preset
+from tensorslim.train.memory import count_saved_tensors, training_memory
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import DTYPES, autocast, resolve_dtype
 

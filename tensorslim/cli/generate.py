@@ -77,12 +77,12 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
     Raises:
         ValueError: no checkpoint, or a run whose task is not causal language modelling.
     """
+    from tensorslim.checkpoint import latest_checkpoint, read_state
     from tensorslim.data import load_corpus, load_tokenizer
     from tensorslim.methods import build_for_method
     from tensorslim.models.registry import get_model
     from tensorslim.pretrained import load_weights_
     from tensorslim.tasks.base import model_tokenizer
-    from tensorslim.train.checkpoint import latest_checkpoint, read_state
     from tensorslim.train.config import TrainConfig
 
     checkpoint = latest_checkpoint(Path(run_dir) / "checkpoints")

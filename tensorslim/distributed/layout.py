@@ -31,6 +31,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
+from tensorslim.checkpoint import (
+    is_sharded_checkpoint,
+    load_checkpoint,
+    load_sharded_checkpoint,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from tensorslim.distributed import fsdp
 from tensorslim.distributed.chunks import Holding, prepare_adamw_state, sharded_state
 from tensorslim.distributed.comm import CommLog, TPGroup
@@ -42,13 +49,6 @@ from tensorslim.distributed.parallelize import (
     parallelize,
 )
 from tensorslim.distributed.sharding import ShardSpec
-from tensorslim.train.checkpoint import (
-    is_sharded_checkpoint,
-    load_checkpoint,
-    load_sharded_checkpoint,
-    save_checkpoint,
-    save_sharded_checkpoint,
-)
 
 if TYPE_CHECKING:
     from tensorslim.tasks.base import Stream, Task

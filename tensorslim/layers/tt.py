@@ -219,6 +219,18 @@ class TTLinear(GatedCores):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return factored_linear(x, [self.factors()], [self.bias])[0]  # (..., d_out), as tt_linear
 
+    @staticmethod
+    def apply_many(x: torch.Tensor, layers: tuple[TTLinear, ...]) -> list[torch.Tensor]:
+        """``[layer(x) for layer in layers]`` for TT layers that read the same ``x`` (attention's q, k and v).
+
+        Layers of one input width run as one factored product: one GEMM reads ``x`` for all their latents and one
+        forms ``∂x`` (:func:`~tensorslim.functional.tt.factored_linear`). The result equals the layers applied one by
+        one, up to float rounding; forward hooks of the layers do not run then.
+        """
+        if len({layer.in_features for layer in layers}) > 1:
+            return [layer(x) for layer in layers]
+        return factored_linear(x, tt_factors(layers), [layer.bias for layer in layers])
+
     @classmethod
     def from_dense(cls, module: nn.Module, config: TTConfig | None = None) -> TTLinear:
         """Build from an ``nn.Linear`` or GPT-2 ``Conv1D``: TT-SVD of the weight (``init="tt_svd"``) or CoMERA's
@@ -297,19 +309,6 @@ def tt_factors(layers: tuple[TTLinear, ...]) -> list[tuple[torch.Tensor, torch.T
         return [tt_linear_factors(layer.effective_cores(), n_in=layer.n_in) for layer in layers]
     single = sum(layer.flops(0) for layer in layers) <= ONE_THREAD_MAX_FLOPS
     return tt_factors_many([(layer.effective_cores(), layer.n_in) for layer in layers], single_thread=single)
-
-
-def linear_many(x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
-    """``[layer(x) for layer in layers]`` for layers that read the same ``x`` (attention's q, k and v).
-
-    When every layer is a :class:`TTLinear` with the same input width, they run as one factored product: one GEMM
-    reads ``x`` for all their latents and one forms ``∂x`` (:func:`~tensorslim.functional.tt.factored_linear`). The
-    result equals the layers applied one by one, up to float rounding; forward hooks of the layers do not run then.
-    """
-    fuse = len(layers) > 1 and all(type(layer) is TTLinear for layer in layers)
-    if not fuse or len({layer.in_features for layer in layers}) > 1:
-        return [layer(x) for layer in layers]
-    return factored_linear(x, tt_factors(layers), [layer.bias for layer in layers])
 
 
 def plan_tt_linear(name: str, module: nn.Module, config: TTConfig) -> LayerReport:

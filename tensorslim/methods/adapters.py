@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from tensorslim._checks import require_int
+from tensorslim.methods.hooks import TrainHook
 from tensorslim.methods.registry import Method, MethodContext, register_method
 from tensorslim.options import option
-from tensorslim.train.hooks import TrainHook
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,7 +62,7 @@ class Method:
         convert: restructures a freshly built model in place and returns its conversion reports; None trains the
             model as built.
         optimizer: ``"adamw"``, or ``"galore"`` (GaLore-AdamW on the blocks' 2-D weights).
-        hook: builds the training hook (:class:`tensorslim.train.hooks.TrainHook`) from the context; None: no hook.
+        hook: builds the training hook (:class:`tensorslim.methods.hooks.TrainHook`) from the context; None: no hook.
         options: the frozen dataclass of the method's own options.
         tensor_parallel: the ``--tp-style`` values that can shard this method's model.
         data_parallel: how its model may be trained data-parallel: ``ddp`` (replicas) and/or ``fsdp`` (FSDP2,

@@ -22,7 +22,7 @@ from torch import nn
 
 from tensorslim._checks import require_int
 from tensorslim.functional.dropout import Dropout, attention
-from tensorslim.layers.tt import linear_many
+from tensorslim.models.projections import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 # How the classifier summarizes the sequence: CoMERA / BERT take the first ([CLS]) token; "mean" (our addition)

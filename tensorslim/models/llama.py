@@ -17,7 +17,7 @@ from torch import nn
 
 from tensorslim._checks import require_int
 from tensorslim.functional.attention import causal_attention
-from tensorslim.layers.tt import linear_many
+from tensorslim.models.projections import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 

@@ -7,11 +7,7 @@ import logging
 import torch
 from torch import nn
 
-# Mean parameter size (elements) under which the whole AdamW update runs on one thread. PyTorch's fused CPU AdamW
-# opens one OpenMP parallel region per parameter tensor; a CoMERA bert6 model has 300 tensors averaging 5,600
-# elements, so at two threads its update was 300 regions, each costing more than its work. 32,768 is PyTorch's own
-# grain size: elementwise ops on fewer elements than that already run on one thread.
-ONE_THREAD_MEAN_NUMEL = 1 << 15
+from tensorslim.functional.threads import update_small_on_one_thread
 
 
 def galore_targets(model: nn.Module) -> list[nn.Parameter]:
@@ -57,33 +53,6 @@ def build_optimizer(
         },
     ]
     return GaLoreAdamW(groups, lr=lr, weight_decay=weight_decay, no_deprecation_warning=True)
-
-
-def update_small_on_one_thread(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """``optimizer``, whose ``step`` runs on one thread when its parameters are on CPU and average fewer than
-    :data:`ONE_THREAD_MEAN_NUMEL` elements (models of tiny tensors, such as CoMERA's TT cores).
-
-    Done with the optimizer's own step hooks (``torch.set_num_threads``, see :mod:`tensorslim.functional.threads`),
-    so the object stays a plain ``torch.optim.AdamW`` (the sharded checkpoints check its type). The update of each
-    element is the same at any thread count.
-    """
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    small = sum(p.numel() for p in params) < ONE_THREAD_MEAN_NUMEL * len(params)
-    if not params or not small or any(p.device.type != "cpu" for p in params):
-        return optimizer
-    saved: list[int] = []  # the thread count to restore; kept if a step raised, so the next step restores it
-
-    def enter(*_) -> None:
-        if not saved:
-            saved.append(torch.get_num_threads())
-        torch.set_num_threads(1)
-
-    def leave(*_) -> None:
-        torch.set_num_threads(saved.pop())
-
-    optimizer.register_step_pre_hook(enter)
-    optimizer.register_step_post_hook(leave)
-    return optimizer
 
 
 def _import_galore_adamw() -> type[torch.optim.Optimizer]:

@@ -36,7 +36,7 @@ class RunFolderLock:
 
 def finished_state(run_dir: str | Path, steps: int) -> dict | None:
     """The state of the latest checkpoint when it reached ``steps`` and the run wrote its summary, else None."""
-    from tensorslim.train.checkpoint import latest_checkpoint, read_state
+    from tensorslim.checkpoint import latest_checkpoint, read_state
 
     folder = Path(run_dir)
     checkpoint = latest_checkpoint(folder / "checkpoints") if (folder / "checkpoints").is_dir() else None

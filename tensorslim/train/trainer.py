@@ -2,7 +2,7 @@
 
 Every method (:mod:`tensorslim.methods`) and every task (:mod:`tensorslim.tasks`) trains here. The schedule follows
 the GaLore/CoLA recipe (GaLore, arXiv 2403.03507 §5; CoLA, arXiv 2502.10940 §4): AdamW, linear warm-up then cosine
-to 10 % of the peak learning rate, gradient clipping. A method's hook (:mod:`tensorslim.train.hooks`) may add to the
+to 10 % of the peak learning rate, gradient clipping. A method's hook (:mod:`tensorslim.methods.hooks`) may add to the
 loss, build its own optimizer and act after each step (CoMERA's stages).
 
 Where the processes are is the run's parallel layout (:mod:`tensorslim.distributed.layout`): one process by
@@ -34,20 +34,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensorslim.bench.memory import MemoryBreakdown, count_saved_tensors, training_memory
 from tensorslim.books import count_params, flops_per_token
+from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.distributed.layout import Layout, parallel_layout
 from tensorslim.methods import build_for_method, get_method
+from tensorslim.methods.hooks import TrainHook
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import TaskData, to_device
 from tensorslim.train import run_folder
 from tensorslim.train.allocator import keep_freed_memory
-from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.cuda_graph import GraphedStep
-from tensorslim.train.hooks import TrainHook
+from tensorslim.train.memory import MemoryBreakdown, count_saved_tensors, training_memory
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import autocast, resolve_dtype
@@ -589,8 +589,8 @@ def _base_state(path: str) -> dict[str, torch.Tensor]:
     Raises:
         ValueError: a path that holds none of these, or a corrupt weights file.
     """
+    from tensorslim.checkpoint import latest_checkpoint, read_state
     from tensorslim.pretrained import MANIFEST, read_manifest, read_weights
-    from tensorslim.train.checkpoint import latest_checkpoint, read_state
 
     folder = Path(path)
     if (folder / "checkpoints").is_dir():

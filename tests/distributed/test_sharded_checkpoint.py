@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
+from tensorslim.checkpoint import is_sharded_checkpoint, latest_checkpoint, save_sharded_checkpoint
 from tensorslim.distributed.chunks import Holding, rectangles, sharded_state
 from tensorslim.distributed.layout import SingleProcess
 from tensorslim.distributed.sharding import ShardSpec, group
 from tensorslim.tasks.lm import causal_lm_loss
-from tensorslim.train.checkpoint import is_sharded_checkpoint, latest_checkpoint, save_sharded_checkpoint
 from tests.distributed import workers
 
 SOURCES = {f"{x}.weight": torch.randn(6, 8, generator=torch.Generator().manual_seed(i)) for i, x in enumerate("qkv")}

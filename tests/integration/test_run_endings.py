@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tensorslim.train.checkpoint import latest_checkpoint
+from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import NonFiniteError, Trainer, train
 

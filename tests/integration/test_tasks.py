@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.tasks.classify import split_rows
 from tensorslim.tasks.mlm import MASK_FRACTION, mask_tokens
-from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
 from tests.helpers import train_until_interrupted

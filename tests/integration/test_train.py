@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorslim.train.checkpoint import latest_checkpoint
+from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
 from tests.helpers import train_until_interrupted

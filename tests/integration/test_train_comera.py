@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.cli.main import main
 from tensorslim.layers.tt import TTLinear
 from tensorslim.methods.comera.gates import tt_layers
-from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
 from tests.helpers import train_until_interrupted

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-import tensorslim.train.checkpoint as checkpoint
+import tensorslim.checkpoint as checkpoint
 from tensorslim.train.metrics import format_bytes
 from tensorslim.train.schedule import warmup_cosine
 

@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.convert import convert_
 from tensorslim.layers.cola_m import CoLAMConfig
 from tensorslim.layers.lowrank import CoLAConfig, LowRankLinear
 from tensorslim.methods.comera.gates import model_size, prune_to_size_, truncate_
 from tensorslim.methods.comera.train_hook import CoMERAHook
-from tensorslim.train.checkpoint import latest_checkpoint
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import Trainer, train
 from tests.helpers import train_until_interrupted

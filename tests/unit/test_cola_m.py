@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim.bench.memory import count_saved_tensors
 from tensorslim.convert import convert_
 from tensorslim.layers.cola_m import CoLAMConfig, CoLAMLinear, checkpoint_, find_blocks, uncheckpoint_
 from tensorslim.layers.lowrank import CoLAConfig, LowRankConfig, LowRankLinear, SVDConfig
 from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
+from tensorslim.train.memory import count_saved_tensors
 
 TINY = LlamaConfig(d_model=64, n_layers=2, n_heads=4, d_ff=172, vocab_size=256, max_seq_len=64)
 FOUR_BLOCKS = LlamaConfig(d_model=256, n_layers=4, n_heads=4, d_ff=688, vocab_size=4096, max_seq_len=256)

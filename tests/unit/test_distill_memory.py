@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tensorslim.bench.memory import count_saved_tensors
+from tensorslim.train.memory import count_saved_tensors
 
 
 class TwoHeads(nn.Module):

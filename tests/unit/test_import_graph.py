@@ -1,7 +1,10 @@
 """The tensorslim package has no import cycles, deferred (function-level) imports included.
 
 Dependencies point down the architecture (DESIGN "Rules of the house"): a layer never imports the module that collects
-layers, and a registry imports nothing it registers. Every module is parsed with ``ast``; an edge ``a -> b`` is any
+layers, and a registry imports nothing it registers. :data:`LAYERS` is the picture as code: every top-level module or
+package of tensorslim sits in one layer, and an import between two of them points to a strictly lower layer.
+
+Every module is parsed with ``ast``; an edge ``a -> b`` is any
 ``import b``, ``from b import name``, ``from a_package import b`` (``b`` a module), relative import or
 ``importlib.import_module("b")`` anywhere in ``a``, at module level or inside a function. ``import a.b.c`` counts as
 importing ``a.b.c`` only, and a name imported from a package counts as importing the package's ``__init__``. Imports
@@ -17,6 +20,27 @@ import tensorslim
 
 PACKAGE_ROOT = Path(tensorslim.__file__).parent
 PACKAGE = "tensorslim"
+
+# The layered picture, lowest first: ``tensorslim.<part>`` may import parts of lower layers only (parts within one
+# layer do not import each other). A new top-level module or package takes its place here.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("_version", "_checks", "options", "books"),  # plain helpers
+    ("registry", "functional", "decomp", "data"),  # transform records; stateless kernels; pure factorizations; data
+    ("budget", "convert"),  # rank budgets; the one conversion verb
+    ("models",),  # model families and presets: shapes, no method recipes
+    ("layers",),  # layer families (low rank, TT, Kronecker, adapters, memory ...), each registering itself
+    ("quant",),  # quantized layers and post-training quantization
+    ("checkpoint",),  # training-state files
+    ("pretrained",),  # saved models
+    ("compress", "export"),  # compression of a trained model; export formats
+    ("methods",),  # training methods: conversion + optimizer + optional hook
+    ("tasks",),  # what is learned: data stream + loss + metrics
+    ("generation", "distributed"),  # decoding; parallel layouts applied outside the model
+    ("train",),  # the one Trainer
+    ("bench", "report", "predict"),  # measurements, summaries and predictions built on trained runs
+    ("cli",),
+    ("__main__",),
+)
 
 
 def _module_names(root: Path) -> dict[str, Path]:
@@ -215,3 +239,58 @@ def test_registry_and_convert_import_no_layer() -> None:
     for module in ("tensorslim.registry", "tensorslim.convert"):
         layers = sorted(m for m in _reachable(graph, module) if m.startswith("tensorslim.layers"))
         assert not layers, f"{module} imports layer modules: {layers}"
+
+
+def _part(module: str) -> str | None:
+    """The top-level part of ``tensorslim.<part>...``; None for the package root (re-exports only, loaded lazily)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def layer_violations(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Every import between two top-level parts that does not point to a strictly lower layer, and every part that
+    sits in no layer."""
+    rank = {part: i for i, layer in enumerate(layers) for part in layer}
+    problems = sorted(
+        f"{part} (in {module}) sits in no layer of LAYERS"
+        for module in graph
+        if (part := _part(module)) is not None and part not in rank
+    )
+    for module in sorted(graph):
+        part = _part(module)
+        if part is None or part not in rank:
+            continue
+        for target in sorted(graph[module]):
+            other = _part(target)
+            if other is None or other == part or other not in rank or rank[other] < rank[part]:
+                continue
+            problems.append(
+                f"{module} -> {target} ({part} may not import {other}: layer {rank[part]} <= {rank[other]})"
+            )
+    return problems
+
+
+def test_layer_check_sees_upward_and_sideways_imports() -> None:
+    graph = {
+        "tensorslim": set(),
+        "tensorslim.low": set(),
+        "tensorslim.mid.a": {"tensorslim.low", "tensorslim.mid.b", "tensorslim"},
+        "tensorslim.mid.b": {"tensorslim.top"},
+        "tensorslim.side": {"tensorslim.mid.a"},
+        "tensorslim.top": {"tensorslim.mid.a"},
+        "tensorslim.stray": set(),
+    }
+    layers = (("low",), ("mid", "side"), ("top",))
+    assert layer_violations(graph, layers) == [
+        "stray (in tensorslim.stray) sits in no layer of LAYERS",
+        "tensorslim.mid.b -> tensorslim.top (mid may not import top: layer 1 <= 2)",
+        "tensorslim.side -> tensorslim.mid.a (side may not import mid: layer 1 <= 1)",
+    ]
+
+
+def test_imports_point_down_the_layers() -> None:
+    """The whole package follows :data:`LAYERS`: no import points up or sideways."""
+    problems = layer_violations(import_graph(), LAYERS)
+    assert not problems, "imports against the layer order (tests/unit/test_import_graph.py LAYERS):\n" + "\n".join(
+        problems
+    )

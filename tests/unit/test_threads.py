@@ -13,11 +13,12 @@ from torch import nn
 
 import tensorslim.layers.tt as tt_layers
 from tensorslim.decomp.tt import tt_to_full, ttm_to_full
-from tensorslim.functional.threads import one_thread, one_thread_graph
+from tensorslim.functional.threads import ONE_THREAD_MEAN_NUMEL, one_thread, one_thread_graph
 from tensorslim.functional.tt import tt_factors_many, tt_linear_factors
-from tensorslim.layers.tt import TTLinear, linear_many
+from tensorslim.layers.tt import TTLinear
 from tensorslim.layers.tt_embedding import TTEmbedding
-from tensorslim.train.optim import ONE_THREAD_MEAN_NUMEL, build_optimizer
+from tensorslim.models.projections import linear_many
+from tensorslim.train.optim import build_optimizer
 
 
 @pytest.fixture

@@ -21,8 +21,9 @@ from tensorslim.functional.tt import (
     ttm_lookup_chain,
     ttm_lookup_halves,
 )
-from tensorslim.layers.tt import TTConfig, TTLinear, linear_many, resolve_ranks
+from tensorslim.layers.tt import TTConfig, TTLinear, resolve_ranks
 from tensorslim.layers.tt_embedding import TTEmbedding, TTEmbeddingConfig
+from tensorslim.models.projections import linear_many
 
 # (in_factors, out_factors, ranks): 2, 3, 4 and 6 cores, including an uneven input/output split.
 LINEAR_SHAPES = [

@@ -4,7 +4,7 @@
 CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377, §3) trains in two stages: an early stage on ``task + γ·R(D)``
 and a late stage that steers the model size toward ``S* = ratio·S`` with the per-step λ-switch.
 :class:`CoMERAHook` plugs that into :class:`tensorslim.train.trainer.Trainer` through the method-hook seam
-(:mod:`tensorslim.train.hooks`): gates on every TT layer, the three optimizer groups, the stage losses, truncation of
+(:mod:`tensorslim.methods.hooks`): gates on every TT layer, the three optimizer groups, the stage losses, truncation of
 dead ranks at each stage end (and every ``truncate_every`` steps), a per-layer rank report after each stage (printed
 and written to ``<run>/comera_ranks.json``) and the state a resumed run needs (core ranks, ``S*``, ``L*``, the freeze).
 
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensorslim.functional.threads import update_small_on_one_thread
 from tensorslim.methods.comera.gates import (
     bond_ranks,
     enable_gates,
@@ -46,8 +47,7 @@ from tensorslim.methods.comera.gates import (
 )
 from tensorslim.methods.comera.objective import CoMERAConfig, CoMERAObjective
 from tensorslim.methods.comera.optim import param_groups
-from tensorslim.train.hooks import TrainHook
-from tensorslim.train.optim import update_small_on_one_thread
+from tensorslim.methods.hooks import TrainHook
 
 # CoMERA's learning rates (cores 1e-4, gates 1e-3, rest 5e-5; §5) as multiples of the cores' rate.
 LR_SCALES = {"cores": 1.0, "gates": 10.0, "other": 0.5}

@@ -213,10 +213,10 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[nn.Module, di
     Raises:
         ValueError: ``run_dir`` holds no checkpoint, or its run did not train the ``segment`` task.
     """
+    from tensorslim.checkpoint import latest_checkpoint
     from tensorslim.data.segment.sets import input_channels
     from tensorslim.models.registry import build_model
     from tensorslim.pretrained import load_weights_
-    from tensorslim.train.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir) / "checkpoints")
     if checkpoint is None:
