@@ -18,6 +18,7 @@ _EXPORTS = {
     "convert_": "tensorslim.convert",
     "plan": "tensorslim.convert",
     "Budget": "tensorslim.budget",
+    "calibrate": "tensorslim.compress",
     "CoLAConfig": "tensorslim.layers.lowrank",
     "CoLAMConfig": "tensorslim.layers.cola_m",
     "checkpoint_": "tensorslim.layers.cola_m",
