@@ -42,6 +42,7 @@ _EXPORTS = {
     "save_pretrained": "tensorslim.pretrained",
     "load_pretrained": "tensorslim.pretrained",
     "generate": "tensorslim.generation",
+    "predictor": "tensorslim.predict",
 }
 
 __all__ = sorted(_EXPORTS)

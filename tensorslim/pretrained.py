@@ -39,6 +39,7 @@ MANIFEST = "tensorslim.json"
 WEIGHTS = "model.safetensors"
 HF_CONFIG = "config.json"
 FORMAT = "tensorslim.pretrained"
+RUN_MODEL = "model"  # the save_pretrained folder inside a run folder
 VERSION = 1
 _OVERRIDES = ("vocab_size", "max_seq_len", "n_classes")
 
@@ -66,6 +67,29 @@ class RegisteredBase:
             value = getattr(self, field)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{field}={value!r} is invalid; allowed: None or an integer >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodBase:
+    """A registered model as a training method builds it: ``build_for_method(name, method, task=task,
+    options=options, **overrides)`` (the structure a run trains, adapters included; its weights come from the file).
+
+    It describes a model whose structure the method fixes when it builds it; a method that reshapes the model while
+    it trains (CoMERA's rank truncation) is saved with a :class:`RegisteredBase` and its layers instead.
+
+    Attributes:
+        name: a registered model.
+        method: a registered training method.
+        task: the head it was built with.
+        options: the method's options (a mapping of their fields).
+        overrides: what the run's data fixed (``vocab_size``, ``max_seq_len``, ``n_classes``, a U-Net's channels).
+    """
+
+    name: str
+    method: str
+    task: str
+    options: dict[str, Any]
+    overrides: dict[str, Any]
 
 
 # --- describing the layers ---------------------------------------------------------------------------------------
@@ -165,7 +189,9 @@ def _is_hf(model: nn.Module) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-def _base_record(model: nn.Module, base: RegisteredBase | str | None) -> dict[str, Any]:
+def _base_record(model: nn.Module, base: RegisteredBase | MethodBase | str | None) -> dict[str, Any]:
+    if isinstance(base, MethodBase):
+        return {"kind": "method", **dataclasses.asdict(base)}
     if isinstance(base, str):
         config = getattr(model, "config", None)
         found = {field: getattr(config, field, None) for field in _OVERRIDES}
@@ -218,6 +244,8 @@ def _build_base(record: dict[str, Any], folder: Path, model: nn.Module | None) -
         config = model_config(record["name"], task=record["task"], **overrides)
         with parameters_on_meta():
             return get_model(record["name"]).family.build(config, task=record["task"])
+    if kind == "method":
+        return build_method_base(record, device="cpu")
     if kind == "huggingface":
         import transformers
 
@@ -231,6 +259,22 @@ def _build_base(record: dict[str, Any], folder: Path, model: nn.Module | None) -
         f"{folder} was saved from a custom {record.get('class')} model; pass model= (its unconverted form, e.g. built "
         "on the meta device) to load_pretrained"
     )
+
+
+def build_method_base(record: dict[str, Any], *, device: str) -> nn.Module:
+    """The model of a :class:`MethodBase` record, built by its method on ``device``: ``meta`` for its shapes; a real
+    device to load weights into (a Hugging Face model computes buffers that no checkpoint holds)."""
+    from tensorslim.methods import build_for_method
+
+    built, _, _ = build_for_method(
+        record["name"],
+        record["method"],
+        task=record["task"],
+        options=record["options"],
+        device=device,
+        **record["overrides"],
+    )
+    return built
 
 
 # --- rebuilding the layers ---------------------------------------------------------------------------------------
@@ -400,7 +444,13 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: RegisteredBase | str | None = None) -> Path:
+def save_pretrained(
+    model: nn.Module,
+    folder: str | os.PathLike,
+    *,
+    base: RegisteredBase | MethodBase | str | None = None,
+    run: dict[str, Any] | None = None,
+) -> Path:
     """Write ``model`` (converted or not) to ``folder``: weights, the manifest of its conversions and its base.
 
     Args:
@@ -410,7 +460,10 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: Regist
         base: the registered model it was built from (a name, whose overrides ``vocab_size``/``max_seq_len``/
             ``n_classes`` are read from ``model.config``, or a :class:`RegisteredBase`). None for a Hugging Face model
             (its config is saved as ``config.json``) or for a custom model, which :func:`load_pretrained` then needs
-            as ``model=``.
+            as ``model=``. A :class:`MethodBase` (what a training run saves) records the method that builds the
+            whole structure, so no layer is described.
+        run: what a predictor needs beside the model (task, label names, tokenizer file), saved as the manifest's
+            ``run`` (see :mod:`tensorslim.predict`).
 
     Returns:
         The folder.
@@ -425,7 +478,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: Regist
     require_module(model)
     folder = Path(folder)
     record = _base_record(model, base)
-    layers = describe_layers(model)
+    layers = [] if isinstance(base, MethodBase) else describe_layers(model)
     weights, aliases = unique_tensors(model.state_dict())
     folder.mkdir(parents=True, exist_ok=True)
     if record["kind"] == "huggingface":
@@ -443,6 +496,8 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike, *, base: Regist
         "aliases": aliases,
         "layers": layers,
     }
+    if run is not None:
+        manifest["run"] = run
     _write_json(folder / MANIFEST, manifest)
     return folder
 
@@ -478,7 +533,8 @@ def load_pretrained(
     """The model saved in ``folder`` by :func:`save_pretrained`, in eval mode (as Hugging Face's ``from_pretrained``).
 
     Args:
-        folder: a folder written by :func:`save_pretrained`.
+        folder: a folder written by :func:`save_pretrained`, a training run folder (its final ``model/``, else its
+            latest checkpoint) or one of its checkpoint folders (see :func:`locate_model`).
         model: the unconverted base model, for a folder saved from a custom model (or to override the recorded
             base); best built on ``meta`` or under :func:`parameters_on_meta`, since its weights are replaced.
         device: where the weights are loaded.
@@ -494,9 +550,58 @@ def load_pretrained(
         device = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device={device!r} is invalid; allowed: a torch device such as 'cpu' or 'cuda'") from None
-    folder = Path(folder)
-    manifest = read_manifest(folder)
-    built = _build_base(manifest["base"], folder, model)
+    manifest, structure, weights, aliases = locate_model(folder)
+    built = _build_base(manifest["base"], structure, model)
     rebuild_layers(built, manifest["layers"])
-    load_weights_(built, folder / manifest["weights"], manifest["aliases"], device=device)
+    load_weights_(built, weights, aliases, device=device)
     return built.to(device).eval()  # .to: the buffers the base built for itself
+
+
+def locate_model(path: str | os.PathLike) -> tuple[dict[str, Any], Path, Path, dict[str, str]]:
+    """Where a model is: ``(manifest, the folder it lies in, weights file, tied-key aliases)``.
+
+    ``path`` is a folder written by :func:`save_pretrained`; a training run folder, whose final model is
+    ``<run>/model/`` (an unfinished run: its latest checkpoint); or a checkpoint folder
+    (``<run>/checkpoints/step_N``), whose weights are read into the structure the run's ``model/`` manifest
+    describes, or, before the run has one, the structure its training method builds (:class:`MethodBase`).
+
+    Raises:
+        ValueError: ``path`` holds none of these.
+    """
+    from tensorslim.checkpoint import latest_checkpoint, read_state
+
+    folder = Path(path)
+    if (folder / MANIFEST).is_file():
+        manifest = read_manifest(folder)
+        return manifest, folder, folder / manifest["weights"], manifest["aliases"]
+    if (folder / RUN_MODEL / MANIFEST).is_file():
+        return locate_model(folder / RUN_MODEL)
+    if (folder / "checkpoints").is_dir():
+        folder = latest_checkpoint(folder / "checkpoints") or folder
+    if not ((folder / "state.json").is_file() and (folder / WEIGHTS).is_file()):
+        raise ValueError(
+            f"{path} holds no {MANIFEST}, run model or checkpoint; allowed: a save_pretrained folder, a training run "
+            "folder or one of its checkpoint folders"
+        )
+    state = read_state(folder)
+    run_model = folder.parent.parent / RUN_MODEL
+    if (run_model / MANIFEST).is_file():
+        manifest = read_manifest(run_model)
+    else:
+        manifest = {"base": _checkpoint_base(state, folder), "layers": []}
+    return manifest, run_model, folder / WEIGHTS, state.get("aliases", {})
+
+
+def _checkpoint_base(state: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The :class:`MethodBase` record of a checkpoint's training run (its config, head and data's model overrides)."""
+    config, model = state.get("config"), state.get("model")
+    if not isinstance(config, dict) or not isinstance(model, dict):
+        raise ValueError(f"checkpoint {folder} does not record its model (config, head and model overrides)")
+    base = MethodBase(
+        name=config["preset"],
+        method=config["method"],
+        task=model["task"],
+        options=config["options"],
+        overrides=model["overrides"],
+    )
+    return _base_record(nn.Module(), base)

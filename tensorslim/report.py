@@ -7,6 +7,32 @@ from tensorslim.train.metrics import format_bytes
 from tensorslim.train.trainer import TrainResult
 
 
+def summary_lines(result: TrainResult) -> list[str]:
+    """The run's truths in one line each: trainable parameters (as peft prints them), the precision used, the
+    method's target reached or missed, and where the model is."""
+    share = 100 * result.params_trainable / result.params_total if result.params_total else 0.0
+    lines = [
+        f"trainable params: {result.params_trainable:,d} || all params: {result.params_total:,d} || "
+        f"trainable%: {share:.4f}"
+    ]
+    precision = result.precision or {}
+    if precision:
+        probe = precision.get("probe")
+        why = f" ({probe['reason']})" if probe else ""
+        lines.append(f"precision: {precision['used']} (requested {precision['requested']}){why}")
+    if result.target is not None:
+        target = result.target
+        if target["ok"]:
+            lines.append(f"target {target['what']} = {target['target']:,.0f}: reached {target['reached']:,.0f}")
+        else:
+            lines.append(f"target {target['what']}: {target['note']}")
+    if result.model_dir is not None:
+        lines.append(f"model: {result.model_dir} (tensorslim predict --run {result.run_dir})")
+    elif result.model_note is not None:
+        lines.append(f"model: not saved ({result.model_note})")
+    return lines
+
+
 def print_train_summary(config: TrainConfig, result: TrainResult) -> None:
     """The end-of-run table: books against the dense baseline, speed, memory, validation."""
     from rich.console import Console
@@ -31,5 +57,7 @@ def print_train_summary(config: TrainConfig, result: TrainResult) -> None:
         table.add_row("steps skipped (non-finite)", str(result.skipped_steps), "", "")
     console = Console()
     console.print(table)
+    for line in summary_lines(result):
+        console.print(line, highlight=False)
     console.print(f"metrics: {result.run_dir}/metrics.jsonl, loss curve: {result.run_dir}/loss.png")
     console.print("dense speed and memory side by side: tensorslim bench --preset " + config.preset)

@@ -5,12 +5,13 @@ tensorslim.cli.help_cache``; do not edit by hand)."""
 
 TEXTS: dict[str, str] = {
     "": """usage: tensorslim [-h] [--version]
-                  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment} ...
+                  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment,predict,export}
+                  ...
 
 Low-rank and tensor-network training and compression for transformers.
 
 positional arguments:
-  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment}
+  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment,predict,export}
     train                       train a registered model with a method on a task (default: tiny CoLA
                                 on the stdlib corpus)
     bench                       measure params, FLOPs, step time and memory of methods vs dense
@@ -28,6 +29,10 @@ positional arguments:
                                 attention memory (--memory lra --capacity N)
     segment                     U-Net segmentation from image / global binary mask / both (arXiv
                                 2205.09107), tables and figures
+    predict                     predict with a trained run: labels (classify), filled masks (mlm),
+                                continuations (lm), masks (segment)
+    export                      write a run's model as a folder to ship (tensorslim format, and
+                                Hugging Face format where it is plain)
 
 options:
   -h, --help                    show this help message and exit
@@ -677,5 +682,36 @@ options:
   --out-dir OUT_DIR             where results go (default: runs/segment-<dataset>)
   --keep-runs                   keep each run's folder (checkpoint, metrics)
   --device DEVICE               cpu or cuda
+""",
+    "predict": """usage: tensorslim predict [-h] --run DIR [--file FILE] [--out OUT] [--max-new-tokens MAX_NEW_TOKENS]
+                          [--greedy] [--temperature TEMPERATURE] [--seed SEED] [--device DEVICE]
+                          [inputs ...]
+
+predict with a trained run: labels (classify), filled masks (mlm), continuations (lm), masks (segment)
+
+positional arguments:
+  inputs                        texts (classify, mlm), a prompt (lm) or image files (segment)
+
+options:
+  -h, --help                    show this help message and exit
+  --run DIR                     run folder, model/ or checkpoint
+  --file FILE                   read the texts from this file, one per line ('-': stdin)
+  --out OUT                     segment: folder for the mask and overlay PNGs (default: predictions)
+  --max-new-tokens MAX_NEW_TOKENS
+                                lm: tokens to generate at most (default: 64)
+  --greedy                      lm: take the most likely token at each step
+  --temperature TEMPERATURE     lm: divides the logits (default: 1.0)
+  --seed SEED                   lm: sampling seed (default: 0)
+  --device DEVICE               cpu or cuda (default: cpu)
+""",
+    "export": """usage: tensorslim export [-h] --run DIR --out OUT [--merge-lora]
+
+write a run's model as a folder to ship (tensorslim format, and Hugging Face format where it is plain)
+
+options:
+  -h, --help    show this help message and exit
+  --run DIR     run folder, model/ or checkpoint
+  --out OUT     the folder to write (must not exist or be empty)
+  --merge-lora  fold LoRA updates into their weights (exact)
 """,
 }

@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "finetune": "tensorslim.cli.finetune",
     "longeval": "tensorslim.cli.longeval",
     "segment": "tensorslim.cli.segment",
+    "predict": "tensorslim.cli.predict",
+    "export": "tensorslim.cli.export",
 }
 DESCRIPTION = "Low-rank and tensor-network training and compression for transformers."
 HELP_WIDTH = 100  # help is rendered once, in advance, at this width

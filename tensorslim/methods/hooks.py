@@ -36,6 +36,11 @@ class TrainHook:
         returns extra metrics for the step's record."""
         return {}
 
+    def target(self, model: nn.Module) -> dict[str, Any] | None:
+        """The method's target and whether the trained ``model`` reached it, for the run's summary: ``{"what",
+        "target", "reached", "ok", "note"}`` (``note``: one line, why it was missed), or None (no target)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-serializable state stored in each checkpoint."""
         return {}

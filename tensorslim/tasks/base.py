@@ -38,6 +38,7 @@ class TaskData:
         tokenizer: the tokenizer, when the task has one.
         model_overrides: what the model must be built with (``vocab_size``, ``max_seq_len``, ``n_classes``).
         tokens_per_batch: tokens (or examples) in one training batch, for throughput.
+        labels: a classifier's class names, in logit order.
     """
 
     train: Stream
@@ -45,6 +46,7 @@ class TaskData:
     tokenizer: Any = None
     model_overrides: dict[str, Any] = field(default_factory=dict)
     tokens_per_batch: int = 0
+    labels: list[str] | None = None
 
 
 Autocast = Callable[[], AbstractContextManager]

@@ -114,6 +114,7 @@ class Classification(Task):
             tokenizer=tokenizer,
             model_overrides={"vocab_size": vocab, "max_seq_len": config.seq_len, "n_classes": len(names)},
             tokens_per_batch=config.batch_size * config.seq_len,
+            labels=list(names),
         )
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:

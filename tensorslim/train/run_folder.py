@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # What a training run writes into its folder (``overwrite`` removes exactly these).
-RUN_OUTPUTS = frozenset({"checkpoints", "metrics.jsonl", "summary.json", "loss.png", "tensorboard", "model"})
+RUN_OUTPUTS = frozenset(
+    {"checkpoints", "metrics.jsonl", "summary.json", "loss.png", "tensorboard", "model", "comera_ranks.json"}
+)
 
 
 class RunFolderError(ValueError):

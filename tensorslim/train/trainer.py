@@ -18,6 +18,7 @@ non-finite weights; SIGTERM and Ctrl-C finish the current step, write a checkpoi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -36,7 +37,7 @@ from torch import nn
 
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.checkpoint import latest_checkpoint
-from tensorslim.distributed.layout import Layout, parallel_layout
+from tensorslim.distributed.layout import Layout, SingleProcess, parallel_layout
 from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.hooks import TrainHook
 from tensorslim.methods.recipes import recipe_for
@@ -51,6 +52,7 @@ from tensorslim.train.memory import MemoryBreakdown, count_saved_tensors, traini
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import autocast, resolve_dtype
+from tensorslim.train.run_model import save_run_model
 from tensorslim.train.schedule import warmup_cosine
 
 
@@ -96,6 +98,13 @@ class TrainResult:
     precision: dict[str, Any] = field(default_factory=dict)
     # With ``compile=True``: the first step's time beyond a steady step (compilation), kept out of tokens_per_s.
     compile_s: float | None = None
+    # Parameters that trained (``requires_grad`` at the end), as peft counts them.
+    params_trainable: int = 0
+    # The method's target (CoMERA's size) and whether the run reached it (see ``TrainHook.target``).
+    target: dict[str, Any] | None = None
+    # The trained model as a save_pretrained folder (``<run>/model``), or None with the reason in ``model_note``.
+    model_dir: str | None = None
+    model_note: str | None = None
 
 
 def _model_books(model: nn.Module, *, seq_len: int, prefix: str = "") -> dict[str, float]:
@@ -391,6 +400,7 @@ class Trainer:
             "data": self.stream.state_dict(),
             "method": self.hook.state_dict(),
             "skipped_steps": self.skipped_steps,
+            "model": {"task": self.config.model_task, "overrides": self.data.model_overrides},
         }
         return self.layout.save_checkpoint(
             self.run_dir / "checkpoints", step=self.step, model=self.model, optimizer=self.optimizer, state=state
@@ -504,9 +514,30 @@ class Trainer:
             skipped_steps=self.skipped_steps,
             precision=self.precision,
             compile_s=compile_s,
+            params_trainable=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+            target=self.hook.target(self.model),
         )
+        model_dir, model_note = self.layout.on_main(self._save_model) or (None, None)
+        result = dataclasses.replace(result, model_dir=model_dir, model_note=model_note)
         self.layout.on_main(lambda: self._report(result, records))
         return result
+
+    def _save_model(self) -> tuple[str | None, str | None]:
+        """Write ``<run>/model`` (one process only: a parallel layout's model is sharded); its path and a note."""
+        if not isinstance(self.layout, SingleProcess):
+            return None, "a parallel run keeps its weights in its checkpoints only"
+        try:
+            folder = save_run_model(
+                self.model,
+                self.run_dir,
+                self.config,
+                overrides=self.data.model_overrides,
+                tokenizer=self.data.tokenizer,
+                labels=self.data.labels,
+            )
+        except ValueError as error:
+            return None, str(error)
+        return str(folder), None
 
     def _report(self, result: TrainResult, records: list[dict[str, Any]]) -> None:
         (self.run_dir / "summary.json").write_text(

@@ -159,6 +159,28 @@ class CoMERAHook(TrainHook):
         metrics["comera_size"] = size
         return metrics
 
+    def target(self, model: nn.Module) -> dict[str, Any]:
+        """CoMERA's size target ``S* = ratio·S``: reached when the trained size is within 5 % of it."""
+        size, ratio = float(model_size(model)), self.objective.config.target_ratio
+        target = self.reports.get("target_size")
+        found = {"what": f"CoMERA size S* = {ratio:g}·S", "target": target, "reached": size}
+        if target is None:
+            steps = self.early_steps + self.late_steps
+            note = (
+                f"missed: the late stage never started ({self.early_steps} early steps of {steps}); run more "
+                "--steps or a larger --comera-late-fraction"
+            )
+            return {**found, "ok": False, "note": note}
+        if abs(size - target) <= 0.05 * target:
+            return {**found, "ok": True, "note": None}
+        why = (
+            "the rank penalty did not shrink the gates enough; --prune-at-end cuts to the target"
+            if size > target
+            else "the gates shrank past the target"
+        )
+        note = f"missed: size {size:,.0f} vs {target:,.0f} after {self.late_steps} late-stage steps ({why})"
+        return {**found, "ok": False, "note": note}
+
     def _freeze(self, model: nn.Module) -> None:
         """Stop training the gates: no gradient, so AdamW leaves them (and their moments) as they are."""
         self.frozen = True

@@ -1,0 +1,79 @@
+"""``tensorslim export --run R --out DIR``: a run's model as a folder to ship.
+
+``DIR`` gets the :func:`tensorslim.save_pretrained` folder (what :func:`tensorslim.load_pretrained` and
+:func:`tensorslim.predict.predictor` read). With ``--merge-lora`` the LoRA updates are folded into their weights
+first (exact). When the model is then a plain Hugging Face model (no tensorslim layer left), ``DIR/hf`` also gets
+``save_pretrained`` files and the tokenizer, which ``transformers.AutoModel*.from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+HELP = "write a run's model as a folder to ship (tensorslim format, and Hugging Face format where it is plain)"
+HF_FOLDER = "hf"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", dest="run_dir", required=True, metavar="DIR", help="run folder, model/ or checkpoint")
+    parser.add_argument("--out", required=True, help="the folder to write (must not exist or be empty)")
+    parser.add_argument("--merge-lora", action="store_true", help="fold LoRA updates into their weights (exact)")
+
+
+def is_plain_hf(model: object) -> bool:
+    """Whether ``model`` is a transformers model made only of transformers' and torch's own modules."""
+    from tensorslim.pretrained import _is_hf
+
+    return _is_hf(model) and all(type(m).__module__.startswith(("transformers.", "torch.nn.")) for m in model.modules())
+
+
+def export(run_dir: str, out: str, *, merge_lora: bool = False) -> list[Path]:
+    """Write the run's model to ``out``; the folders written (``out``, and ``out/hf`` for a plain HF model)."""
+    from tensorslim.layers.adapters.equip import merge_lora_
+    from tensorslim.predict import predictor
+    from tensorslim.pretrained import locate_model, save_pretrained
+
+    target = Path(out)
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"out={out!r} is not empty; allowed: a new or empty folder")
+    manifest, folder, _, _ = locate_model(run_dir)  # a bad run fails before anything is written
+    model = predictor(run_dir)
+    if merge_lora:
+        merge_lora_(model.model)
+        save_pretrained(model.model, target, base=_registered_base(manifest["base"]), run=manifest.get("run"))
+        if manifest.get("run", {}).get("tokenizer"):
+            _copy_tokenizer(Path(folder), target)
+    else:
+        shutil.copytree(folder, target, dirs_exist_ok=True)
+    written = [target]
+    if is_plain_hf(model.model):
+        hf = target / HF_FOLDER
+        model.model.save_pretrained(hf)
+        if model.tokenizer is not None:
+            _copy_tokenizer(Path(folder), hf)
+        written.append(hf)
+    return written
+
+
+def _registered_base(record: dict) -> object:
+    """The registered model a merged model is described against (None: a Hugging Face base, described as itself)."""
+    from tensorslim.pretrained import RegisteredBase
+
+    if record.get("kind") != "method":
+        return None
+    overrides = {k: v for k, v in record["overrides"].items() if k in ("vocab_size", "max_seq_len", "n_classes")}
+    return RegisteredBase(name=record["name"], task=record["task"], **overrides)
+
+
+def _copy_tokenizer(source: Path, target: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy(source / name, target / name)
+
+
+def run(args: argparse.Namespace) -> int:
+    for folder in export(args.run_dir, args.out, merge_lora=args.merge_lora):
+        print(f"wrote {folder}")
+    return 0

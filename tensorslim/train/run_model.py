@@ -1,0 +1,117 @@
+"""The model a run ends with: ``<run>/model/``, a :func:`tensorslim.pretrained.save_pretrained` folder that
+:func:`tensorslim.load_pretrained` reads, with what a predictor needs beside it (the task, its label names, the
+tokenizer) so that :func:`tensorslim.predict.predictor` answers from the folder alone.
+
+Most runs are saved as their training method builds them (:class:`~tensorslim.pretrained.MethodBase`: adapters,
+prompts, memory and converted layers alike); a method that reshapes the model while it trains (CoMERA's rank
+truncation) is saved as a registered base plus a description of every converted layer. Each candidate is checked
+by building it on ``meta``: the folder is written only in a form whose parameters match the trained model's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from tensorslim.pretrained import (
+    RUN_MODEL,
+    MethodBase,
+    RegisteredBase,
+    _base_record,
+    _build_base,
+    build_method_base,
+    describe_layers,
+    rebuild_layers,
+    save_pretrained,
+)
+
+TOKENIZER = "tokenizer.json"
+
+
+def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _rebuilds(model: nn.Module, base: MethodBase | RegisteredBase) -> bool:
+    """Whether the folder's recipe for ``model`` (``base``, and its described layers) rebuilds its exact tensors."""
+    try:
+        record = _base_record(model, base)
+        built = (
+            build_method_base(record, device="meta")
+            if isinstance(base, MethodBase)
+            else _build_base(record, Path("."), None)
+        )
+        if isinstance(base, RegisteredBase):
+            rebuild_layers(built, describe_layers(model))
+    except (ValueError, TypeError, KeyError):
+        return False
+    return _shapes(built) == _shapes(model)
+
+
+def _save_tokenizer(tokenizer: Any, folder: Path) -> str | None:
+    """Write the run's tokenizer into ``folder`` (a ``tokenizer.json`` and its eos token); the file name, or None."""
+    if tokenizer is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    backend = tokenizer.backend
+    if hasattr(backend, "to_str"):  # a `tokenizers.Tokenizer`
+        backend.save(str(folder / TOKENIZER))
+        eos = backend.id_to_token(tokenizer.eos_id)
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos}) + "\n")
+        return TOKENIZER
+    backend.save_pretrained(str(folder))  # a transformers tokenizer: its own files
+    return "."
+
+
+def save_run_model(
+    model: nn.Module,
+    run_dir: str | Path,
+    config: Any,
+    *,
+    overrides: dict[str, Any],
+    tokenizer: Any = None,
+    labels: list[str] | None = None,
+) -> Path:
+    """Write ``<run_dir>/model/`` for the trained ``model`` of the run ``config`` (a :class:`TrainConfig`).
+
+    Args:
+        model: the trained model (unwrapped: no parallel layout).
+        run_dir: the run folder.
+        config: the run's config.
+        overrides: what the run's data fixed in the model (``TaskData.model_overrides``).
+        tokenizer: the run's :class:`~tensorslim.data.tokenizer.TextTokenizer`, if the task has one.
+        labels: the class names of a classifier, in logit order.
+
+    Raises:
+        ValueError: neither recipe rebuilds the trained model's tensors.
+    """
+    import dataclasses
+
+    options = dataclasses.asdict(config.options)
+    candidates: list[MethodBase | RegisteredBase] = [
+        MethodBase(
+            name=config.preset, method=config.method, task=config.model_task, options=options, overrides=dict(overrides)
+        )
+    ]
+    known = {key: overrides[key] for key in ("vocab_size", "max_seq_len", "n_classes") if key in overrides}
+    if set(known) == set(overrides):
+        candidates.append(RegisteredBase(name=config.preset, task=config.model_task, **known))
+    base = next((candidate for candidate in candidates if _rebuilds(model, candidate)), None)
+    if base is None:
+        raise ValueError(
+            f"the trained {config.method} model of {config.preset} cannot be described for save_pretrained "
+            "(its structure differs from what its method builds); its checkpoint holds the weights"
+        )
+    folder = Path(run_dir) / RUN_MODEL
+    run = {
+        "task": config.task,
+        "model_task": config.model_task,
+        "seq_len": config.seq_len,
+        "labels": labels,
+        "tokenizer": _save_tokenizer(tokenizer, folder),
+        "task_options": dataclasses.asdict(config.task_options),
+    }
+    return save_pretrained(model, folder, base=base, run=run)

