@@ -40,7 +40,7 @@ _EXPORTS = {
     "GPTQConfig": "tensorslim.quant",
     "RTNConfig": "tensorslim.quant",
     "save_pretrained": "tensorslim.pretrained",
-    "load_pretrained": "tensorslim.pretrained",
+    "load_pretrained": "tensorslim.predict",  # tensorslim.pretrained's, with the training runs' bases registered
     "generate": "tensorslim.generation",
     "predictor": "tensorslim.predict",
 }

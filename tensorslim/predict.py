@@ -19,6 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
+import tensorslim.methods.build  # noqa: F401 - lets load_pretrained build the bases that training runs save
+from tensorslim.pretrained import load_pretrained, locate_model
+
+__all__ = ["Predictor", "load_pretrained", "predictor"]  # load_pretrained: with every training method's base known
+
 MASK = "[MASK]"
 LM_TASKS = ("lm", "longctx", "readlm")
 
@@ -126,7 +131,7 @@ class Predictor:
         the segment task builds them (the image, and the global mask it derives from it)."""
         import numpy as np
 
-        from tensorslim.segment.data import Cases, network_inputs
+        from tensorslim.data.segment.sets import Cases, network_inputs
 
         self._needs("segment")
         mode, size = self.task_options.get("inputs", "image"), self.task_options.get("image_size")
@@ -153,7 +158,6 @@ def predictor(path: str | os.PathLike, *, device: str = "cpu") -> Predictor:
         ValueError: ``path`` holds no model, or a model saved without a run (no task recorded).
     """
     from tensorslim.data.tokenizer import load_tokenizer
-    from tensorslim.pretrained import load_pretrained, locate_model
 
     manifest, folder, _, _ = locate_model(path)
     run = manifest.get("run")

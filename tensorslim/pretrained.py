@@ -24,7 +24,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,8 +244,13 @@ def _build_base(record: dict[str, Any], folder: Path, model: nn.Module | None) -
         config = model_config(record["name"], task=record["task"], **overrides)
         with parameters_on_meta():
             return get_model(record["name"]).family.build(config, task=record["task"])
+    if kind in BASE_BUILDERS:
+        return BASE_BUILDERS[kind](record)
     if kind == "method":
-        return build_method_base(record, device="cpu")
+        raise ValueError(
+            f"{folder} holds a model built by training method {record.get('method')!r}; load it with "
+            "tensorslim.load_pretrained or tensorslim.predictor (which know the training methods)"
+        )
     if kind == "huggingface":
         import transformers
 
@@ -261,20 +266,14 @@ def _build_base(record: dict[str, Any], folder: Path, model: nn.Module | None) -
     )
 
 
-def build_method_base(record: dict[str, Any], *, device: str) -> nn.Module:
-    """The model of a :class:`MethodBase` record, built by its method on ``device``: ``meta`` for its shapes; a real
-    device to load weights into (a Hugging Face model computes buffers that no checkpoint holds)."""
-    from tensorslim.methods import build_for_method
+# Builders of the base kinds that layers above this module provide: ``{kind: build(record) -> model}`` (a training
+# run's ``"method"`` base is built by :mod:`tensorslim.methods`, which registers it).
+BASE_BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {}
 
-    built, _, _ = build_for_method(
-        record["name"],
-        record["method"],
-        task=record["task"],
-        options=record["options"],
-        device=device,
-        **record["overrides"],
-    )
-    return built
+
+def register_base(kind: str, build: Callable[[dict[str, Any]], nn.Module]) -> None:
+    """Let ``load_pretrained`` build bases of ``kind`` with ``build(record)`` (a real model to load weights into)."""
+    BASE_BUILDERS[kind] = build
 
 
 # --- rebuilding the layers ---------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from torch import nn
 from tensorslim.methods.registry import MethodContext, get_method
 from tensorslim.methods.vocab import factor_vocabulary_
 from tensorslim.options import resolve_options
+from tensorslim.pretrained import register_base
 
 
 def method_options(method: str, options: Any = None) -> Any:
@@ -119,3 +120,21 @@ def load_matching_(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str
         for name in common:
             mine[name].copy_(state[name])
     return common
+
+
+def build_from_record(record: dict[str, Any], *, device: str = "cpu") -> nn.Module:
+    """The model of a saved run's base record (:class:`tensorslim.pretrained.MethodBase`), built by its method on
+    ``device``: ``meta`` for its shapes; a real device to load weights into (a Hugging Face model computes buffers
+    that no checkpoint holds)."""
+    model, _, _ = build_for_method(
+        record["name"],
+        record["method"],
+        task=record["task"],
+        options=record["options"],
+        device=device,
+        **record["overrides"],
+    )
+    return model
+
+
+register_base("method", build_from_record)

@@ -16,13 +16,13 @@ from typing import Any
 
 from torch import nn
 
+from tensorslim.methods.build import build_from_record
 from tensorslim.pretrained import (
     RUN_MODEL,
     MethodBase,
     RegisteredBase,
     _base_record,
     _build_base,
-    build_method_base,
     describe_layers,
     rebuild_layers,
     save_pretrained,
@@ -40,7 +40,7 @@ def _rebuilds(model: nn.Module, base: MethodBase | RegisteredBase) -> bool:
     try:
         record = _base_record(model, base)
         built = (
-            build_method_base(record, device="meta")
+            build_from_record(record, device="meta")
             if isinstance(base, MethodBase)
             else _build_base(record, Path("."), None)
         )

@@ -84,7 +84,7 @@ def test_mlm_run_fills_the_mask(small_corpus: Path, tmp_path: Path) -> None:
 def test_segment_run_writes_masks_and_overlays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import matplotlib.pyplot as plt
 
-    from tensorslim.segment.data import load_split
+    from tensorslim.data.segment.sets import load_split
 
     run = tmp_path / "run"
     options = {"dataset": "heart", "inputs": "image+mask", "train_cases": 1, "image_size": 32, "augment": False}
