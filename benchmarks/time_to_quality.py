@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: train's 128)")
     parser.add_argument("--eval-every", type=int, default=25, help="steps between validation passes (default: 25)")
     parser.add_argument("--eval-blocks", type=int, default=64, help="held-out sequences (default: train's 64)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--dtype", default="fp32", help="train's --dtype: fp32, bf16 or auto (default: fp32)")
     parser.add_argument(
         "--vocab-rank", type=int, default=None, help="rank of the factored vocabulary (default: the CoLA rank)"
     )
@@ -94,7 +96,7 @@ def train_command(arm: Arm, args: argparse.Namespace, run_dir: Path, *, resume: 
     command += ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)]
     command += ["--eval-every", str(args.eval_every), "--eval-blocks", str(args.eval_blocks)]
     command += ["--checkpoint-every", str(args.eval_every), "--out-dir", str(run_dir), "--no-progress"]
-    command += ["--no-tensorboard"]
+    command += ["--no-tensorboard", "--device", args.device, "--dtype", args.dtype]
     if arm.factor_vocab:
         command += ["--factor-vocab", str(vocab_rank(args))]
     return command + (["--resume"] if resume else [])
@@ -106,6 +108,8 @@ def run_arm(arm: Arm, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]
         return json.loads((run_dir / "arm.json").read_text()) if (run_dir / "arm.json").exists() else {}
     resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
     command = train_command(arm, args, run_dir, resume=resume)
+    if run_dir.exists() and not resume:  # stopped before its first checkpoint: nothing to keep
+        command.append("--overwrite")
     print(f"[{arm.name}] {shlex.join(command[1:])}", flush=True)
     before = os.getloadavg()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -183,6 +187,8 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             "tokens_per_arm": args.steps * tokens_per_step,
             "eval_every": args.eval_every,
             "eval_blocks": args.eval_blocks,
+            "device": args.device,
+            "dtype": args.dtype,
             "data": "stdlib (built-in corpus), held-out split",
         },
         "target": dense and dense["final_val_loss"],
@@ -213,6 +219,7 @@ def markdown(result: dict[str, Any]) -> str:
         "machine; each arm's load before and after it is in the JSON",
         f"- data: {config['data']}; {config['tokens_per_arm']:,} tokens per arm; validation on {config['eval_blocks']} "
         f"held-out sequences every {config['eval_every']} steps",
+        f"- device: {config['device']}, --dtype {config['dtype']}; every other setting the method's default",
         "- wall time: summed train-step time (forward, backward, optimizer), validation and checkpoints excluded",
         "",
     ]

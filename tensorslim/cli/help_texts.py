@@ -40,22 +40,23 @@ options:
 """,
     "train": """usage: tensorslim train [-h] [--preset STR] [--task STR] [--method STR] [--factor-vocab INT]
                         [--steps INT] [--batch-size INT] [--seq-len INT] [--grad-accum INT]
-                        [--lr FLOAT] [--weight-decay FLOAT] [--grad-clip FLOAT]
-                        [--warmup-fraction FLOAT] [--min-lr-ratio FLOAT] [--dtype STR]
-                        [--compile | --no-compile] [--keep-freed-memory | --no-keep-freed-memory]
-                        [--seed INT] [--data STR] [--text-field STR] [--tokenizer STR]
-                        [--vocab-size INT] [--eval-every INT] [--eval-blocks INT]
-                        [--checkpoint-every INT] [--init STR] [--init-base STR] [--out-dir STR]
-                        [--resume | --no-resume] [--overwrite | --no-overwrite] [--device STR]
-                        [--cuda-graphs | --no-cuda-graphs] [--progress | --no-progress]
-                        [--tensorboard | --no-tensorboard] [--tp INT] [--tp-style STR]
-                        [--dp-shard INT] [--tp-overlap STR] [--rank INT] [--lora-alpha FLOAT]
-                        [--prefix-length INT] [--prefix-mlp INT] [--reduction INT]
-                        [--prompt-length INT] [--prompt-init-text STR] [--prompt-init-vocab INT]
-                        [--prompt-combine STR] [--prompt-lr-scale FLOAT] [--gates | --no-gates]
-                        [--train-pooler | --no-train-pooler] [--from-layer INT] [--lax-crossing STR]
-                        [--comera-target-ratio FLOAT] [--comera-late-fraction FLOAT]
-                        [--comera-gamma FLOAT] [--comera-target-loss FLOAT]
+                        [--lr FLOAT] [--weight-decay FLOAT] [--optimizer-state STR]
+                        [--grad-clip FLOAT] [--warmup-fraction FLOAT] [--min-lr-ratio FLOAT]
+                        [--dtype STR] [--compile | --no-compile]
+                        [--keep-freed-memory | --no-keep-freed-memory] [--seed INT] [--data STR]
+                        [--text-field STR] [--tokenizer STR] [--vocab-size INT] [--eval-every INT]
+                        [--eval-blocks INT] [--checkpoint-every INT] [--init STR] [--init-base STR]
+                        [--out-dir STR] [--resume | --no-resume] [--overwrite | --no-overwrite]
+                        [--device STR] [--cuda-graphs | --no-cuda-graphs]
+                        [--progress | --no-progress] [--tensorboard | --no-tensorboard] [--tp INT]
+                        [--tp-style STR] [--dp-shard INT] [--tp-overlap STR] [--rank INT]
+                        [--lora-alpha FLOAT] [--prefix-length INT] [--prefix-mlp INT]
+                        [--reduction INT] [--prompt-length INT] [--prompt-init-text STR]
+                        [--prompt-init-vocab INT] [--prompt-combine STR] [--prompt-lr-scale FLOAT]
+                        [--gates | --no-gates] [--train-pooler | --no-train-pooler]
+                        [--from-layer INT] [--lax-crossing STR] [--comera-target-ratio FLOAT]
+                        [--comera-late-fraction FLOAT] [--comera-gamma FLOAT]
+                        [--comera-target-loss FLOAT]
                         [--comera-freeze-at-target | --no-comera-freeze-at-target]
                         [--comera-truncate-every INT] [--prune-at-end | --no-prune-at-end]
                         [--galore-update-proj-gap INT] [--galore-scale FLOAT] [--n-cores INT]
@@ -138,6 +139,8 @@ options:
   --grad-accum INT              micro-batches per optimizer step (default: 1)
   --lr FLOAT                    peak learning rate (default: the method's recipe)
   --weight-decay FLOAT          AdamW weight decay (default: 0.01)
+  --optimizer-state STR         dtype of AdamW's moments: fp32, or bf16 (half the optimizer memory,
+                                slower on CPU; beyond the papers) (default: fp32)
   --grad-clip FLOAT             max gradient norm, 0 disables clipping (default: 0.5)
   --warmup-fraction FLOAT       warm-up share of steps (default: recipe)
   --min-lr-ratio FLOAT          cosine floor as a fraction of the peak lr (default: 0.1)

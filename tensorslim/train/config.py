@@ -15,6 +15,7 @@ from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
 from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
+from tensorslim.train.optim import STATE_DTYPES
 from tensorslim.train.precision import DTYPES
 
 # Fields that may differ between an interrupted run and its resumption without changing the math. ``out_dir`` is
@@ -67,6 +68,9 @@ class TrainConfig:
     grad_accum: int = option(1, "micro-batches per optimizer step")
     lr: float | None = option(None, "peak learning rate (default: the method's recipe)")
     weight_decay: float = option(0.01, "AdamW weight decay")
+    optimizer_state: str = option(
+        "fp32", "dtype of AdamW's moments: fp32, or bf16 (half the optimizer memory, slower on CPU; beyond the papers)"
+    )
     grad_clip: float = option(0.5, "max gradient norm, 0 disables clipping")
     warmup_fraction: float | None = option(None, "warm-up share of steps (default: recipe)")
     min_lr_ratio: float = option(0.1, "cosine floor as a fraction of the peak lr")
@@ -157,6 +161,14 @@ class TrainConfig:
             raise ValueError(f"warmup_fraction={self.warmup_fraction} is invalid; allowed: [0, 1)")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} is invalid; allowed: [0, 1]")
+        if self.optimizer_state not in STATE_DTYPES:
+            raise ValueError(f"optimizer_state={self.optimizer_state!r} is invalid; allowed: {list(STATE_DTYPES)}")
+        method = get_method(self.method)
+        if self.optimizer_state != "fp32" and (self.cuda_graphs or method.optimizer != "adamw" or method.hook):
+            raise ValueError(
+                f"optimizer_state={self.optimizer_state!r} needs the training loop's own AdamW; allowed: 'fp32' with "
+                "GaLore, a method that builds its own optimizer (CoMERA) or --cuda-graphs"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: {list(DTYPES)}")
         if self.device not in ("cpu", "cuda"):

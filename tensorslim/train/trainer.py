@@ -284,6 +284,7 @@ class Trainer:
             galore_rank=galore_rank,
             galore_update_proj_gap=getattr(options, "update_proj_gap", 200),
             galore_scale=getattr(options, "scale", 0.25),
+            state_dtype=config.optimizer_state,
         )
 
     def _resume(self) -> None:
