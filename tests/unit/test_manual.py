@@ -123,3 +123,25 @@ def test_version_has_one_source() -> None:
     assert 'dynamic = ["version"]' in project
     assert 'version = { attr = "tensorslim._version.__version__" }' in pyproject
     assert f"## [{tensorslim.__version__}]" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
+_REPO_PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|experiments)/[\w./*{},-]*[\w*}/])")
+
+
+def _expand_braces(path: str) -> list[str]:
+    match = re.search(r"\{([^}]*)\}", path)
+    if not match:
+        return [path]
+    return [path[: match.start()] + option + path[match.end() :] for option in match.group(1).split(",")]
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))], ids=lambda p: p.name)
+def test_named_scripts_and_results_exist(path: Path) -> None:
+    """Every ``benchmarks/...`` or ``experiments/...`` path a page names exists (an ``--out`` prefix: some file)."""
+    missing = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for match in _REPO_PATH.finditer(line):
+            for candidate in _expand_braces(match.group(1).rstrip("/")):
+                if not any(ROOT.glob(candidate if candidate.endswith("*") else candidate + "*")):
+                    missing.append(f"line {number}: {candidate}")
+    assert not missing, f"{path.relative_to(ROOT)} names files that do not exist:\n" + "\n".join(missing)
