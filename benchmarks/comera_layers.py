@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from _results import table, write
 from torch import nn
 
 from tensorslim.bench.timing import alternate, summarize_ms
@@ -83,19 +81,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
     tokens = args.batch * args.seq
     linear = summarize_ms(alternate(linear_cases(tokens), repeats=args.repeats))
     embedding = (
         {} if args.linear_only else summarize_ms(alternate(embedding_cases(args.batch, args.seq), repeats=args.repeats))
     )
     result = {
-        "command": "python benchmarks/comera_layers.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
-        f"{torch.get_num_threads()}, torch {torch.__version__}, {platform.platform()}",
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
         "tokens": tokens,
         "linear_768x768_fwd_bwd": linear,
         "embedding_30522x768_fwd_bwd": embedding,
@@ -107,30 +98,22 @@ def main() -> None:
         result["ratios"]["chain_over_tt_embedding"] = embedding["tt_embedding_chain_unique"]["median_ms"] / halves
     print(json.dumps(result, indent=2))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(_markdown(result))
+        write(args.out, "CoMERA layer benchmarks (CPU, fp32, forward+backward)", _markdown(result), data=result)
 
 
-def _markdown(result: dict) -> str:
-    lines = [
-        "# CoMERA layer benchmarks (CPU, fp32, forward+backward)",
-        "",
-        f"- command: `{result['command']}`",
-        f"- date: {result['date']}",
-        f"- machine: {result['machine']}",
-        f"- load average (1/5/15 min) before: {result['load_average_before']}, after: {result['load_average_after']}",
-        f"- tokens per step: {result['tokens']}; cases alternate within each repeat; medians reported",
-        "",
-        "| case | median ms | min ms | max ms |",
-        "|---|---|---|---|",
+def _markdown(result: dict) -> list[str]:
+    """The tables of one run: each case's times, then the ratios of the medians."""
+    rows = [
+        [name, f"{row['median_ms']:.1f}", f"{row['min_ms']:.1f}", f"{row['max_ms']:.1f}"]
+        for section in ("linear_768x768_fwd_bwd", "embedding_30522x768_fwd_bwd")
+        for name, row in result[section].items()
     ]
-    for section in ("linear_768x768_fwd_bwd", "embedding_30522x768_fwd_bwd"):
-        for name, row in result[section].items():
-            lines.append(f"| {name} | {row['median_ms']:.1f} | {row['min_ms']:.1f} | {row['max_ms']:.1f} |")
-    lines += ["", "| ratio (medians) | value |", "|---|---|"]
-    lines += [f"| {name} | {value:.2f}x |" for name, value in result["ratios"].items()]
-    return "\n".join(lines) + "\n"
+    return [
+        f"Tokens per step: {result['tokens']}; cases alternate within each repeat; medians reported.",
+        "",
+        *table(["case", "median ms", "min ms", "max ms"], rows),
+        *table(["ratio (medians)", "value"], [[name, f"{value:.2f}x"] for name, value in result["ratios"].items()]),
+    ]
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 
+import _results
 import torch
 
 from tensorslim.layers.memory import MemoryConfig, equip_memory_, memory_stores
@@ -71,8 +71,7 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     out = Path(args.out)
-    command = "PYTHONPATH=. .venv/bin/python " + " ".join(sys.argv)
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for name in dict.fromkeys(r["memory"] for r in rows):
         points = [r for r in rows if r["memory"] == name]
@@ -85,26 +84,19 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
         ax.legend()
     figure.tight_layout()
     figure.savefig(out.with_suffix(".png"), dpi=110)
-    lines = [
-        "# Bounded memory: entries and time per token vs document length",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Tiny LLaMA preset (random weights), prompt read in chunks of {args.chunk}, then {args.decode} tokens decoded "
-        "one at a time; time per token over prompt + decoding. Timings on a shared 2-core machine: noisy, compare "
-        "rows of the same length only.",
-        "",
-        "| length | memory | peak entries | entries at end | ms/token |",
-        "|---|---|---|---|---|",
-        *(
-            f"| {r['length']} | {r['memory']} | {r['peak_entries']} | {r['entries_at_end']} | {r['ms_per_token']:.2f} |"
-            for r in rows
-        ),
-        "",
-        f"![scaling]({out.with_suffix('.png').name})",
-        "",
+    columns = ["length", "memory", "peak entries", "entries at end", "ms/token"]
+    cells = [
+        [r["length"], r["memory"], r["peak_entries"], r["entries_at_end"], f"{r['ms_per_token']:.2f}"] for r in rows
     ]
-    out.with_suffix(".md").write_text("\n".join(lines))
+    lines = [
+        f"Tiny LLaMA preset (random weights), prompt read in chunks of {args.chunk}, then {args.decode} tokens decoded "
+        "one at a time; time per token over prompt + decoding. Timings on a shared machine are noisy: compare rows "
+        "of the same length only.",
+        "",
+        *_results.table(columns, cells),
+        f"![scaling]({out.with_suffix('.png').name})",
+    ]
+    _results.write(out, "Bounded memory: entries and time per token vs document length", lines, data=rows)
 
 
 if __name__ == "__main__":

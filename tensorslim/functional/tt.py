@@ -236,7 +236,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 # The token-dependent GEMMs of a TT layer have one side of width r ≈ 30. On CPU, oneDNN's matmul runs the
 # token-parallel ones (tokens × d against a width-r side, either way) about 1.3× faster than MKL on one thread and
 # splits them across threads better; its per-call set-up (about 16 µs) makes MKL the faster choice below a few dozen
-# tokens (decoding). benchmarks/tt_kernel.py times the layer (results: benchmarks/results/speed_tt_kernel_thread.md).
+# tokens (decoding). benchmarks/comera_layers.py times the layer (benchmarks/results/comera_layers_threads2.md).
 # Training always takes oneDNN, whatever the batch: the two libraries round differently, and a path that switched
 # with the number of tokens would make a data-parallel rank (half the tokens) drift from one process (all of them).
 _ONEDNN_MIN_TOKENS = 64

@@ -394,7 +394,7 @@ _HELP = {
 _BERT_ONLY = ("hf-bert", "bert")
 FAMILIES = {("lora",): (*_BERT_ONLY, "llama"), ("prompt",): (*_BERT_ONLY, "llama")}
 # Default peak learning rates: the rate the development set chose in every seed of the K = 100 BBC-titles sweep
-# (benchmarks/results/adapters_bbc_titles.md); the soft prompt wants ten times the adapters' rate (for
+# (experiments/results/adapters_bbc_titles.md); the soft prompt wants ten times the adapters' rate (for
 # unipelt-prompt through PROMPT_LR_SCALE).
 DEFAULT_LR = {
     "lora": 5e-3,

@@ -12,7 +12,7 @@ coordinates by ``‖X_{:,i}‖₂ · |W_ji|`` descending (COMQ §3.2), computed 
 min/max grids.
 
 Where we deviate or go beyond:
-    * Defaults (our choice, measured in ``benchmarks/results/quant_comq_defaults.json``): the descent starts from
+    * Defaults (our choice, measured in ``experiments/results/quant_comq_defaults.json``): the descent starts from
       GPTQ's solution (arXiv 2210.17323, Alg. 1) and makes one cyclic sweep plus the scale update. Coordinate steps
       never raise the objective, so on the calibration data the result is never worse than GPTQ; from ``Q = W``
       (the release, ``init="float"``) one greedy sweep ends about 10 % above GPTQ's layer error on MiniLM.

@@ -1,4 +1,4 @@
-"""benchmarks/adapters_steps.py: the development accuracy picks among three rates × short and the middle rate × long,
+"""experiments/adapters_steps.py: the development accuracy picks among three rates × short and the middle rate × long,
 a tie keeps the short run, and a sweep missing part of a grid is a one-line error."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "adapters_steps.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "adapters_steps.py"
 
 
 def load():

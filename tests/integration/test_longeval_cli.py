@@ -49,7 +49,7 @@ def test_bad_input_is_one_line_and_exit_2(flags: list[str], message: str, capsys
 
 
 def test_lookahead_task_trains_minilm_with_a_waiting_memory_through_the_trainer(tmp_path: Path) -> None:
-    """The wiring of benchmarks/memory_lookahead.py: the Trainer builds MiniLM for ``lookahead``, the memory is
+    """The wiring of experiments/memory_lookahead.py: the Trainer builds MiniLM for ``lookahead``, the memory is
     equipped in place (same parameters, so the optimizer still updates them) and one step trains through it."""
     import torch
 

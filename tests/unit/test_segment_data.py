@@ -210,7 +210,7 @@ def test_brain_ct_rendering_keeps_the_warp_and_target(monkeypatch: pytest.Monkey
 
 
 def test_heart_wall_contrast_changes_only_the_wall(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A wall-contrast variant (benchmarks/segment_diagnose.py --wall) keeps every draw: same heart, same silhouette,
+    # A wall-contrast variant (experiments/segment_diagnose.py --wall) keeps every draw: same heart, same silhouette,
     # and the image changes only inside the heart, by at most the two ranges' spread.
     from tensorslim.data.segment import phantoms
 

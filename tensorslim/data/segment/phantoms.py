@@ -4,7 +4,7 @@ arXiv 2205.09107 segments the heart in CT (§3, data: 20 patients), which does n
 stand in for it. Every organ is placed relative to the body ellipse (its centre, axes and rotation) with a small
 independent jitter, so the body silhouette carries most, not all, of the heart's position and shape: that coupling
 is our choice and sets how well a silhouette alone can segment the heart (the jitter-free heart of the true body,
-:func:`nominal_heart`, misses the heart's centre by about 2 mm at 4 mm pixels; ``benchmarks/segment_com_floor.py``).
+:func:`nominal_heart`, misses the heart's centre by about 2 mm at 4 mm pixels; ``experiments/segment_com_floor.py``).
 It is tighter than in patients, whose outline also depends on subcutaneous fat that does not move the heart.
 Intensities are CT-like on a 0..1 scale (air 0, lung ≈ 0.08, soft tissue ≈ 0.5, bone ≈ 0.9), drawn per case. The
 heart is a myocardial wall barely brighter than soft tissue around a blood pool whose brightness follows the contrast

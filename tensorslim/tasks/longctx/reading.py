@@ -187,7 +187,7 @@ def _fixed_validation(docs: list[np.ndarray], *, window: int, blocks: int) -> tu
 class LongQAOptions(ReaderConfig):
     """The reader's options and the shape of the synthetic QA set (:class:`tensorslim.data.longctx.qa.LongQASpec`).
 
-    ``α`` defaults to 4: the value chosen on the development documents by ``benchmarks/reading_qa.py`` (the most
+    ``α`` defaults to 4: the value chosen on the development documents by ``experiments/reading_qa.py`` (the most
     accurate that reads at most half of the tokens; mean pooling). It depends on the model's loss on easy text.
     """
 
