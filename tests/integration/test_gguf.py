@@ -1,0 +1,73 @@
+"""GGUF export: llama.cpp (llama-cpp-python) loads our LLaMA and its byte-level BPE, tokenizes text into our ids and
+continues prompts greedily with our tokens."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+
+from tensorslim.data.tokenizer import EOS_TOKEN, TextTokenizer, _train_bpe
+from tensorslim.export import to_gguf
+from tensorslim.generation import generate_ids
+from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
+
+gguf = pytest.importorskip("gguf", reason="GGUF export needs the deploy extra: pip install 'tensorslim[deploy]'")
+llama_cpp = pytest.importorskip("llama_cpp", reason="the llama.cpp check needs the deploy extra (llama-cpp-python)")
+
+PROMPTS = ("def parse(text):\n    return", "The quick brown fox", "import os\nimport json\n\n")
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TextTokenizer:
+    texts = [inspect.getdoc(m) or "" for m in (json, inspect, pytest, torch.nn)] + list(PROMPTS)
+    backend = _train_bpe(texts, vocab_size=320)
+    return TextTokenizer(backend, name="bpe320:test", eos_id=backend.token_to_id(EOS_TOKEN), identity="bpe320-test")
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    # a wider init than training's 0.02 gives decided (not near-tied) next-token logits at random init
+    config = LlamaConfig(d_model=64, n_layers=2, n_heads=4, d_ff=128, vocab_size=320, max_seq_len=128, init_std=0.2)
+    return LlamaForCausalLM(config).eval()
+
+
+def _llama_cpp_greedy(path, prompt_ids: list[int]) -> tuple[list[int], list[list[float]]]:
+    """llama.cpp's greedy continuation of ``prompt_ids`` and its logits at each step."""
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=2, verbose=False)
+    ids, logits = list(prompt_ids), []
+    llm.eval(ids)
+    for _ in range(NEW_TOKENS):
+        row = [float(v) for v in llm.scores[llm.n_tokens - 1]]
+        logits.append(row)
+        ids.append(max(range(len(row)), key=row.__getitem__))
+        llm.eval(ids[-1:])
+    return ids[len(prompt_ids) :], logits
+
+
+def _ours(model: LlamaForCausalLM, prompt_ids: list[int]) -> tuple[list[int], torch.Tensor]:
+    """Our greedy continuation (KV-cache decoding) and the logits that chose each token."""
+    new = generate_ids(model, prompt_ids, max_new_tokens=NEW_TOKENS, greedy=True)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + new[:-1]]))[0, len(prompt_ids) - 1 :]  # (NEW_TOKENS, V)
+    return new, logits
+
+
+def test_f16_gguf_tokenizes_and_continues_like_our_model(tmp_path, model, tokenizer) -> None:
+    path = tmp_path / "model-f16.gguf"
+    report = to_gguf(model, path, tokenizer=tokenizer, dtype="f16")
+    assert report["bytes"] == path.stat().st_size and report["types"] == {"F32": 5, "F16": 16}
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=2, verbose=False, vocab_only=True)
+    for text in PROMPTS:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode_batch([text])[0]
+    for text in PROMPTS:
+        prompt_ids = tokenizer.encode_batch([text])[0]
+        ours, our_logits = _ours(model, prompt_ids)
+        theirs, their_logits = _llama_cpp_greedy(path, prompt_ids)
+        assert theirs == ours
+        # fp16 weights: a relative error of about 2**-11 per weight, so logits agree to well under 1 %
+        torch.testing.assert_close(torch.tensor(their_logits), our_logits, rtol=0, atol=0.01 * float(our_logits.std()))
