@@ -543,7 +543,7 @@ def write_summary(summary: dict[str, Any], out: Path) -> None:
         ]
         first = next(iter(mine.values()))
         costs = (
-            [f"{first['trainable']:,}", f"{first['step_s'] / lora_step:.2f}×", f"{first['inference_ratio']:.2f}×"]
+            [f"{first['trainable']:,}", _times(first["step_s"] / lora_step), _times(first["inference_ratio"])]
             if "step_s" in first
             else ["", "", ""]
         )
@@ -552,6 +552,11 @@ def write_summary(summary: dict[str, Any], out: Path) -> None:
     text = "\n".join(lines)
     out.with_suffix(".md").write_text(f"```\n{commands}\n```\n\n{text}\n")
     _plot(table, sizes, methods, out.with_suffix(".png"))
+
+
+def _times(ratio: float) -> str:
+    """A cost ratio as a table cell: ``1.25×``, or ``—`` when it was not measured (no LoRA row, no inference run)."""
+    return f"{ratio:.2f}×" if math.isfinite(ratio) else "—"
 
 
 def _plot(table: list[dict[str, Any]], sizes: list[int], methods: list[str], path: Path) -> None:

@@ -104,6 +104,14 @@ def test_costs_from_the_side_by_side_benchmark_replace_the_sweeps(tmp_path) -> N
     assert "| prompt | 70.0 ± 0.0 (1) | 1 | 1.50× | 1.90× |" in (tmp_path / "s.md").read_text()
 
 
+def test_costs_never_measured_show_a_dash_not_nan(tmp_path) -> None:
+    """Without a LoRA row there is no step ratio, and a run without inference timing has no inference ratio."""
+    run = {"method": "adapter", "k": 100, "seed": 0, "lr": 5e-3, "dev_accuracy": 0.5, "test_accuracy": 0.7}
+    write_summary(summarize([{**run, "grid": [5e-3], "trainable": 3, "step_s": 1.0}]), tmp_path / "s")
+    text = (tmp_path / "s.md").read_text()
+    assert "| adapter | 70.0 ± 0.0 (1) | 3 | — | — |" in text and "nan" not in text
+
+
 def test_adapter_methods_default_to_a_rate_of_their_finetune_grid() -> None:
     from tensorslim.cli.finetune import LR_GRIDS
     from tensorslim.train.config import TrainConfig
