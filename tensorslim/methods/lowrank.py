@@ -135,52 +135,41 @@ _TT_NOTE = (
     "TP: a TT layer contracts its cores in sequence and has no r-wide latent to cut at (BOOST §3.1 needs one); "
     "data parallelism runs the TT model itself"
 )
-register_method(
-    Method(
-        name="cola",
-        help="CoLA: every block projection becomes B·σ(A·x) (arXiv 2502.10940)",
-        convert=_converter(_cola_like(CoLAConfig)),
-        options=RankOptions,
-        tensor_parallel=_LOW_RANK_TP,
-    )
+# The rank-r methods: one record each, differing in the config they convert to and how they run in parallel.
+_RANK_METHODS = (
+    (
+        "cola",
+        "CoLA: every block projection becomes B·σ(A·x) (arXiv 2502.10940)",
+        _cola_like(CoLAConfig),
+        {"tensor_parallel": _LOW_RANK_TP},
+    ),
+    (
+        "svd",
+        "plain low-rank B·A projections (CoLA's SVD baseline)",
+        lambda c: SVDConfig(rank=_rank(c), init=_init(c)),
+        {"tensor_parallel": _LOW_RANK_TP},
+    ),
+    (
+        "cola-m",
+        "CoLA-M: CoLA with only the rank-r latents checkpointed (arXiv 2502.10940 §4)",
+        _cola_like(CoLAMConfig),
+        {"parallel_note": _COLA_M_NOTE, "families": LINEAR_FAMILIES},
+    ),
+    (
+        "lax-cola",
+        "LaX on CoLA: latent crossing between consecutive blocks (arXiv 2505.21732)",
+        _cola_like(LaXCoLAConfig),
+        {"parallel_note": _LAX_NOTE},
+    ),
+    (
+        "lax-svd",
+        "LaX on SVD layers (arXiv 2505.21732)",
+        lambda c: LaXSVDConfig(rank=_rank(c), init=_init(c)),
+        {"parallel_note": _LAX_NOTE},
+    ),
 )
-register_method(
-    Method(
-        name="svd",
-        help="plain low-rank B·A projections (CoLA's SVD baseline)",
-        convert=_converter(lambda c: SVDConfig(rank=_rank(c), init=_init(c))),
-        options=RankOptions,
-        tensor_parallel=_LOW_RANK_TP,
-    )
-)
-register_method(
-    Method(
-        name="cola-m",
-        help="CoLA-M: CoLA with only the rank-r latents checkpointed (arXiv 2502.10940 §4)",
-        convert=_converter(_cola_like(CoLAMConfig)),
-        options=RankOptions,
-        parallel_note=_COLA_M_NOTE,
-        families=LINEAR_FAMILIES,
-    )
-)
-register_method(
-    Method(
-        name="lax-cola",
-        help="LaX on CoLA: latent crossing between consecutive blocks (arXiv 2505.21732)",
-        convert=_converter(_cola_like(LaXCoLAConfig)),
-        options=RankOptions,
-        parallel_note=_LAX_NOTE,
-    )
-)
-register_method(
-    Method(
-        name="lax-svd",
-        help="LaX on SVD layers (arXiv 2505.21732)",
-        convert=_converter(lambda c: LaXSVDConfig(rank=_rank(c), init=_init(c))),
-        options=RankOptions,
-        parallel_note=_LAX_NOTE,
-    )
-)
+for _name, _help, _config, _parallel in _RANK_METHODS:
+    register_method(Method(name=_name, help=_help, convert=_converter(_config), options=RankOptions, **_parallel))
 register_method(
     Method(
         name="tt",

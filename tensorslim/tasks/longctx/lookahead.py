@@ -77,21 +77,19 @@ class LookAhead(Classification):
         own = config.tokenizer or model_tokenizer(model_name)
         tokenizer = load_tokenizer(own, load_corpus("bbcnews"), vocab_size=config.vocab_size or 4096)
         settings = self.settings
-        rows, vocab = lookahead_rows(
-            tokenizer,
-            count=settings.examples,
-            seq_len=config.seq_len,
-            max_distance=settings.max_distance,
-            split="train",
-            seed=config.seed,
-        )
-        held_out, _ = lookahead_rows(
-            tokenizer,
-            count=config.eval_blocks,
-            seq_len=config.seq_len,
-            max_distance=settings.max_distance,
-            split="test",
-            seed=config.seed + 1,
+        (rows, vocab), (held_out, _) = (
+            lookahead_rows(
+                tokenizer,
+                count=count,
+                seq_len=config.seq_len,
+                max_distance=settings.max_distance,
+                split=split,
+                seed=seed,
+            )
+            for count, split, seed in (
+                (settings.examples, "train", config.seed),
+                (config.eval_blocks, "test", config.seed + 1),
+            )
         )
         pad_id = -1  # documents are never padded
         return TaskData(
