@@ -2,8 +2,81 @@
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
+import functools
+import math
 import os
+import types
+import typing
 from pathlib import Path
+
+
+def check_fields(config: object) -> None:
+    """Raise ``ValueError`` naming the first field of the dataclass ``config`` whose value does not have the type its
+    annotation allows.
+
+    Every config dataclass calls it first in ``__post_init__``, so a config is checked as data before its own range
+    checks: an ``int`` field refuses bools, floats and strings; a ``float`` field takes ints and floats but neither
+    bools nor non-finite values (``nan``, ``inf``); ``bool``, ``str``, ``Literal[...]``, ``X | None``, ``tuple[X, ...]``
+    and class-typed fields (a ``Budget``) are checked as written; what an annotation cannot say (``Any``, a
+    callable) is left to the config's own checks.
+    """
+    for name, hint in _field_hints(type(config)).items():
+        value = getattr(config, name)
+        if not _matches(value, hint):
+            raise ValueError(f"{name}={value!r} is invalid; allowed: {_describe(hint)}")
+
+
+@functools.cache
+def _field_hints(cls: type) -> dict[str, object]:
+    hints = typing.get_type_hints(cls)
+    return {field.name: hints[field.name] for field in dataclasses.fields(cls) if field.name in hints}
+
+
+def _matches(value: object, hint: object) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any or isinstance(hint, typing.TypeVar):
+        return True
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return any(type(value) is type(arg) and value == arg for arg in args)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(item, args[0]) for item in value)
+        return len(value) == len(args) and all(_matches(item, arg) for item, arg in zip(value, args, strict=True))
+    if origin is collections.abc.Callable or hint is collections.abc.Callable:
+        return callable(value)
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _describe(hint: object) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(arg) for arg in args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a tuple, each item {_describe(args[0])}"
+        return f"a tuple of {len(args)} ({', '.join(_describe(arg) for arg in args)})"
+    names = {type(None): "None", bool: "True or False", int: "an integer", float: "a finite number", str: "a text"}
+    if hint in names:
+        return names[hint]
+    return getattr(hint, "__name__", str(hint))
 
 
 def require_int(name: str, value: object, *, minimum: int = 1) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.registry import BudgetUse
 
 AllocationMode = Literal["auto", "spectrum", "uniform"]
@@ -50,6 +50,7 @@ class Budget:
     tokens: int = 1024
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if (self.params is None) == (self.flops is None):
             raise ValueError(
                 f"Budget(params={self.params!r}, flops={self.flops!r}) is invalid; allowed: exactly one of them"

@@ -70,13 +70,15 @@ def _count_params(model: nn.Module) -> int:
 
 
 def _plan(
-    model: nn.Module, config: object, filter_fn: FilterFn | None
+    model: nn.Module, config: object, filter_fn: FilterFn | None, allow_larger: bool
 ) -> tuple[ConversionReport, Transform, dict[str, object]]:
     """The report of :func:`plan`, the transform, and the config each planned layer is built with."""
     require_module(model)
     transform = transform_for(config)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn of type {type(filter_fn).__name__} is invalid; allowed: (module, name) -> bool")
+    if not isinstance(allow_larger, bool):
+        raise TypeError(f"allow_larger={allow_larger!r} is invalid; allowed: True or False")
     report = ConversionReport(method=type(config).__name__, model_params_before=_count_params(model))
     candidates = _candidates(model, transform, filter_fn, report.skipped)
     budget = getattr(config, "budget", None)
@@ -97,11 +99,19 @@ def _plan(
         if filter_fn is None and ratio_rank and layer.rank < MIN_RATIO_RANK:
             report.skipped.append((name, f"rank {layer.rank} from rank_ratio is below {MIN_RATIO_RANK}"))
             continue
+        # A budget's allocation spends what the user granted, layer by layer; a rank the user chose must pay off.
+        if layer.params_after > layer.params_before and budget is None and not allow_larger:
+            raise ValueError(
+                f"layer {name!r}: {type(config).__name__} makes it larger than dense ({layer.params_after:,} > "
+                f"{layer.params_before:,} params); allowed: a smaller rank, or allow_larger=True"
+            )
         report.layers.append(layer)
     return report, transform, layer_configs
 
 
-def plan(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None) -> ConversionReport:
+def plan(
+    model: nn.Module, config: object, *, filter_fn: FilterFn | None = None, allow_larger: bool = False
+) -> ConversionReport:
     """What :func:`convert_` would do, without touching the model (works on ``meta``-device models).
 
     Args:
@@ -113,16 +123,21 @@ def plan(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None)
             converted. When None, every candidate is converted except the output heads (a name component in
             :data:`HEAD_NAMES`, or ``get_output_embeddings()``) and layers whose rank, derived from
             ``rank_ratio``, would fall below :data:`MIN_RATIO_RANK`; ``report.skipped`` lists them and why.
+        allow_larger: convert a layer even where the config's rank makes it larger than the dense layer (more
+            parameters); by default that is refused, since it costs memory and compute for no saving. A budgeted
+            config is not refused: its allocation keeps the converted layers within the budget as a whole.
 
     Raises:
         TypeError: no transform is registered for ``config``'s type.
-        ValueError: the config does not fit a candidate layer (the message names the layer), or its budget cannot
-            be met or is not supported by its family.
+        ValueError: the config does not fit a candidate layer or makes it larger than dense (the message names the
+            layer), or its budget cannot be met or is not supported by its family.
     """
-    return _plan(model, config, filter_fn)[0]
+    return _plan(model, config, filter_fn, allow_larger)[0]
 
 
-def convert_(model: nn.Module, config: object, *, filter_fn: FilterFn | None = None) -> ConversionReport:
+def convert_(
+    model: nn.Module, config: object, *, filter_fn: FilterFn | None = None, allow_larger: bool = False
+) -> ConversionReport:
     """Replace the matching layers of ``model`` in place and return the report of :func:`plan`.
 
     All layers are planned (and validated) before the first one is replaced, so a bad config leaves the model
@@ -135,7 +150,7 @@ def convert_(model: nn.Module, config: object, *, filter_fn: FilterFn | None = N
     """
     from tqdm.auto import tqdm
 
-    report, transform, layer_configs = _plan(model, config, filter_fn)
+    report, transform, layer_configs = _plan(model, config, filter_fn, allow_larger)
     targets = dict(_candidates(model, transform, filter_fn))
     with unchanged_on_error(model), one_thread():
         for layer in tqdm(report.layers, desc=f"convert ({report.method})", unit="layer", leave=False, disable=None):

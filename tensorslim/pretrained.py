@@ -316,8 +316,11 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
         groups.setdefault(json.dumps(entry["config"], sort_keys=True), []).append(entry)
     for group in groups.values():
         names = {entry["name"] for entry in group}
-        report = convert_(
-            model, _config_from(group[0]["config"], types), filter_fn=lambda _, name, names=names: name in names
+        report = convert_(  # the saved layers are what they are, larger than dense or not
+            model,
+            _config_from(group[0]["config"], types),
+            filter_fn=lambda _, name, names=names: name in names,
+            allow_larger=True,
         )
         converted = {layer.name for layer in report.layers}
         if converted != names:

@@ -100,7 +100,7 @@ ROWS: list[Row] = [
     Row("svd", SVDConfig(rank=4), LowRankLinear, dense=True),
     Row("cola-m", CoLAMConfig(rank=4), CoLAMLinear, dense=False),
     Row("lax-cola", LaXCoLAConfig(rank=4), LaXLinear, dense=False),
-    Row("lax-svd", LaXSVDConfig(rank=4, crossing="dense"), LaXLinear, dense=False),
+    Row("lax-svd", LaXSVDConfig(rank=3, crossing="dense"), LaXLinear, dense=False),
     Row("tt", TTConfig(rank=3, n_cores=4), TTLinear, dense=True, bad={"in_factors": (3, 3)}),
     Row("tt-rank-gates", TTConfig(rank=3, n_cores=4, rank_gates=True), TTLinear, dense=True, bad={"n_cores": 20}),
     Row("lax-tt", LaXTTConfig(rank=3, n_cores=4), LaXTTLinear, dense=False, bad={"rank": (1, 2)}),
@@ -224,6 +224,11 @@ def _refusals() -> list[Refusal]:
         for row in ROWS
     ]
     return rows + [
+        Refusal(
+            "convert-larger-than-dense",
+            lambda: dense_model(ROWS[0]),
+            lambda m: convert_(m, LaXSVDConfig(rank=4, crossing="dense")),
+        ),
         Refusal("quant-gptq-no-calibration", lambda: dense_model(ROWS[0]), lambda m: quantize_(m, GPTQConfig(), None)),
         Refusal("quant-comq-no-calibration", lambda: dense_model(ROWS[0]), lambda m: quantize_(m, COMQConfig(), None)),
         Refusal(

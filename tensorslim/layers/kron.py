@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from tensorslim._checks import check_fields
 from tensorslim.decomp.kron import nearest_kronecker
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.functional.kron import kron_linear, kron_linear_flops, kron_order
@@ -64,6 +65,7 @@ class KronConfig:
     init: Init = "nkp"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1")
         for name in ("in_factors", "out_factors"):

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim._checks import check_fields
 from tensorslim.layers.lax import CROSSINGS, LatentStore, crossing_params, ensure_store, make_crossing, split_block_path
 from tensorslim.registry import set_submodule, unchanged_on_error
 
@@ -48,6 +49,7 @@ class LoRAConfig:
     lax_gate: str | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ValueError(f"rank={self.rank!r} is invalid; allowed: an integer >= 1")
         if not 0 <= self.dropout < 1:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tensorslim._checks import check_fields
 from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
 from tensorslim.decomp.svd import squared_singular_values, truncated_svd, whitened_svd, whitened_truncation
 from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
@@ -74,6 +75,7 @@ class LowRankConfig:
     calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1):
             raise ValueError(f"rank={self.rank!r} is invalid; allowed: None or an integer >= 1")
         if not isinstance(self.rank_ratio, int | float) or not 0 < self.rank_ratio <= 1:

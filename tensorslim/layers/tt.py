@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.decomp.svd import squared_singular_values
@@ -101,6 +101,7 @@ class TTConfig:
     budget: Budget | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         check_tt_rank(self.rank)
         require_int("n_cores", self.n_cores, minimum=2)
         if self.init not in ("tt_svd", "random"):

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
 from tensorslim.decomp.tt import ttm_svd, ttm_to_full
 from tensorslim.functional.threads import one_thread_graph
@@ -61,6 +61,7 @@ class TTEmbeddingConfig:
     rank_gates: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         check_tt_rank(self.rank)
         require_int("n_cores", self.n_cores, minimum=2)
         if self.init not in ("ttm_svd", "random"):

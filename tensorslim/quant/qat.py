@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from tensorslim._checks import check_fields
 from tensorslim.layers.tt import TTLinear
 from tensorslim.layers.tt_embedding import TTEmbedding
 from tensorslim.registry import set_submodule, unchanged_on_error
@@ -119,6 +120,7 @@ class QATConfig:
     grad_scale: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.mode not in QAT_MODES:
             raise ValueError(f"mode={self.mode!r} is not supported; use one of {QAT_MODES}")
         for name in ("bits", "bits_intermediate"):

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tensorslim._checks import check_fields
+
 MIN_BITS, MAX_BITS = 2, 8
 GRANULARITIES = ("channel", "layer")
 
@@ -142,6 +144,7 @@ class QuantConfig:
     embeddings: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         check_bits(self.bits)
         check_granularity(self.granularity)
         if not isinstance(self.embeddings, bool):

@@ -460,23 +460,40 @@ def test_prefix_encoder_starts_from_berts_init_near_zero_prefixes() -> None:
     assert keys.abs().max() < 0.01 and values.abs().max() < 0.01
 
 
-def test_prefixes_are_computed_once_without_gradients_and_again_after_a_weight_changes() -> None:
+def _prefixes_by_hand(enc) -> torch.Tensor:
+    """``P = W₂·tanh(W₁·E + b₁) + b₂`` of every layer in peft's layout ``(layer, key/value, head, length, hd)``."""
+    first, _, second = enc.transform
+    flat = torch.tanh(enc.embedding.weight @ first.weight.T + first.bias) @ second.weight.T + second.bias
+    return flat.view(enc.length, enc.n_layers, 2, enc.n_heads, enc.dim // enc.n_heads).permute(1, 2, 3, 0, 4)
+
+
+@pytest.mark.parametrize("change", ["data", "copy_", "load_state_dict", "optimizer step"])
+def test_prefixes_without_gradients_follow_every_way_a_weight_changes(change: str) -> None:
     from tensorslim.layers.adapters.modules import PrefixEncoder
 
     torch.manual_seed(0)
     enc = PrefixEncoder(length=3, dim=16, n_layers=2, n_heads=2, mlp_dim=8)
-    optimizer = torch.optim.SGD(enc.parameters(), lr=1.0)
     with torch.no_grad():
-        cached = enc.layer(1)
-        assert enc.layer(1) is cached  # the same tensors, not recomputed
-    fresh = enc.layer(1)  # with gradients: always computed, part of the graph
-    assert fresh[0].requires_grad and fresh[0] is not cached[0]
-    (fresh[0].sum() + fresh[1].sum()).backward()
-    optimizer.step()  # an in-place update of every weight
+        before = enc.layer(1)
+    weight = enc.transform[2].weight
+    if change == "data":  # not seen by the version counter
+        weight.data.add_(0.5)
+    elif change == "copy_":
+        with torch.no_grad():
+            weight.copy_(torch.randn_like(weight))
+    elif change == "load_state_dict":
+        state = {key: torch.randn_like(value) for key, value in enc.state_dict().items()}
+        enc.load_state_dict(state)
+    else:
+        optimizer = torch.optim.SGD(enc.parameters(), lr=1.0)
+        keys, values = enc.layer(1)
+        (keys.sum() + values.sum()).backward()
+        optimizer.step()
     with torch.no_grad():
         after = enc.layer(1)
-    assert not torch.equal(after[0], cached[0])
-    torch.testing.assert_close(after, tuple(t.detach() for t in enc.layer(1)))
+        reference = _prefixes_by_hand(enc)[1]
+    assert not torch.equal(after[0], before[0])
+    torch.testing.assert_close(torch.stack(after), reference)
 
 
 def test_prompt_from_the_class_names_starts_where_peft_text_init_starts() -> None:

@@ -39,7 +39,7 @@ def _stack() -> nn.Sequential:
     """Two gated CoLA layers, 8 -> 12 -> 8, converted from dense by ``convert_``."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 12), nn.Linear(12, 8, bias=False)).double()
-    convert_(model, CoLAConfig(rank=6, rank_gates=True, init="random"))
+    convert_(model, CoLAConfig(rank=6, rank_gates=True, init="random"), allow_larger=True)
     return model
 
 

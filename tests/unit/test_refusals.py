@@ -44,3 +44,19 @@ def test_the_guard_undoes_swaps_freezing_attributes_hooks_and_parametrizations()
     torch.testing.assert_close(
         model(torch.ones(1, 8, dtype=torch.float64)), dense_model(ROWS[0])(torch.ones(1, 8, dtype=torch.float64))
     )
+
+
+def test_a_layer_larger_than_dense_is_refused_by_plan_and_convert_unless_allowed() -> None:
+    """The sizes in the message are the layers' own books: the built layer has exactly the planned parameters."""
+    from tensorslim.convert import convert_, plan
+    from tensorslim.layers.lowrank import SVDConfig
+
+    model = dense_model(ROWS[0])
+    config = SVDConfig(rank=8)  # 8 -> 12: 8·(8 + 12) + 12 = 172 > 8·12 + 12 = 108
+    for verb in (plan, convert_):
+        with pytest.raises(ValueError, match=r"layer 'blocks.0.up': SVDConfig makes it larger than dense \(172 > 108"):
+            verb(model, config)
+    report = convert_(model, config, allow_larger=True)
+    built = model.blocks[0].up
+    assert report.layers[0].params_after == sum(p.numel() for p in built.parameters()) == 172
+    assert report.layers[0].params_before == 108

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 
 # The query and value projections' names: Hugging Face BERT-family models, our BERT, our LLaMA (and HF LLaMA's).
 QUERY_VALUE = (("query", "value"), ("q", "v"), ("q_proj", "v_proj"))
@@ -37,6 +37,7 @@ class GatedLoRAConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("rank", self.rank)
         if self.targets is not None and not self.targets:
             raise ValueError("targets=() is invalid; allowed: None or a non-empty tuple of layer names")
@@ -60,6 +61,7 @@ class PrefixConfig:
     gate: bool = True
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("length", self.length)
         if self.mlp_dim is not None:
             require_int("mlp_dim", self.mlp_dim)
@@ -78,6 +80,7 @@ class BottleneckConfig:
     gate: bool = True
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("reduction", self.reduction)
 
 
@@ -108,6 +111,7 @@ class PromptConfig:
     combine: str = "prefix"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("length", self.length)
         if self.combine not in PROMPT_COMBINE:
             raise ValueError(f"combine={self.combine!r} is invalid; allowed: {list(PROMPT_COMBINE)}")
@@ -149,6 +153,7 @@ class PELTConfig:
     train_pooler: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if not isinstance(self.train_pooler, bool):
             raise ValueError(f"train_pooler={self.train_pooler!r} is invalid; allowed: True or False")
         if all(getattr(self, name) is None for name in MODULES):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
 
 POLICIES = ("fifo", "lra", "lfa", "h2o")
@@ -31,6 +31,7 @@ class MemoryConfig:
     lra_insert: bool = option(True, "lra: a new entry counts as attended when inserted (else only once attended)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("capacity", self.capacity)
         require_int("chunk", self.chunk)
         if self.policy not in POLICIES:
