@@ -104,26 +104,11 @@ def _config_record(config: Any) -> dict[str, Any]:
 
 
 def _quant_state(layer: nn.Module) -> dict[str, Any]:
-    from tensorslim.quant.qlinear import QuantConv2d, QuantEmbedding
+    """The layout of a quantized layer (dense, conv, low-rank or TT) and the dtype of its scales."""
+    from tensorslim.quant.api import layer_spec
 
-    state: dict[str, Any] = {
-        "in_features": layer.in_features,
-        "out_features": layer.out_features,
-        "bits": layer.bits,
-        "bias": layer.bias is not None,
-        "dtype": str(layer.scale.dtype).removeprefix("torch."),
-    }
-    if isinstance(layer, QuantEmbedding):
-        state["embedding"] = True
-    if isinstance(layer, QuantConv2d):
-        state.update(
-            in_channels=layer.in_channels,
-            kernel_size=list(layer.kernel_size),
-            stride=list(layer.stride),
-            padding=list(layer.padding),
-            dilation=list(layer.dilation),
-        )
-    return state
+    dtype = next(t.dtype for t in layer.state_dict().values() if t.is_floating_point())
+    return {**layer_spec(layer), "dtype": str(dtype).removeprefix("torch.")}
 
 
 def _lora_records(model: nn.Module) -> list[dict[str, Any]]:
@@ -162,19 +147,26 @@ def describe_layers(model: nn.Module) -> list[dict[str, Any]]:
 
     Each entry: ``name`` (qualified), ``kind`` (``convert``, ``quantize`` or ``lora``), ``config`` (``{"type":
     "module.Class", "fields": {...}}``; None for a quantized layer, whose solver leaves no trace in it) and
-    ``state`` (what the config does not carry: gate thresholds, packed-code shapes and bits ...).
+    ``state`` (what the config does not carry: gate thresholds, the layout of packed codes ...). A layer LoRA wraps
+    (a CoLA layer under its adapter) is recorded under the adapter's name: it is rebuilt there first, then adapted.
     """
     from tensorslim.layers.lora import LoRALinear
-    from tensorslim.quant.qlinear import QuantLinear
+    from tensorslim.quant.api import QUANT_LAYERS
     from tensorslim.registry import transform_for_layer
 
+    wrapped = {f"{name}.base": name for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    quantized: list[str] = []
     entries: list[dict[str, Any]] = []
     for name, module in model.named_modules():
-        if isinstance(module, QuantLinear):
-            entries.append({"name": name, "kind": "quantize", "config": None, "state": _quant_state(module)})
+        if any(name.startswith(f"{outer}.") for outer in quantized):  # the factors of a quantized layer
+            continue
+        at = wrapped.get(name, name)
+        if isinstance(module, QUANT_LAYERS):
+            quantized.append(name)
+            entries.append({"name": at, "kind": "quantize", "config": None, "state": _quant_state(module)})
         elif not isinstance(module, LoRALinear) and (family := transform_for_layer(module)) is not None:
             config, state = family.describe(model, name, module)
-            entries.append({"name": name, "kind": "convert", "config": _config_record(config), "state": state})
+            entries.append({"name": at, "kind": "convert", "config": _config_record(config), "state": state})
     return entries + _lora_records(model)
 
 
@@ -333,18 +325,12 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
 
 
 def _quant_shell(state: dict[str, Any]) -> nn.Module:
-    from tensorslim.quant.qlinear import QuantConv2d, QuantEmbedding, QuantLinear
+    from tensorslim.quant.api import quant_shell
 
-    dtype = getattr(torch, state["dtype"])
-    if state.get("embedding"):
-        return QuantEmbedding(state["out_features"], state["in_features"], bits=state["bits"], dtype=dtype)
-    common = {"bits": state["bits"], "bias": state["bias"], "dtype": dtype}
-    if "kernel_size" in state:
-        geometry = {key: tuple(state[key]) for key in ("stride", "padding", "dilation")}
-        return QuantConv2d(
-            state["in_channels"], state["out_features"], tuple(state["kernel_size"]), **common, **geometry
-        )
-    return QuantLinear(state["in_features"], state["out_features"], **common)
+    if "kind" not in state:  # a dense, conv or embedding layer as version 1 folders recorded it
+        kind = "embedding" if state.get("embedding") else "conv2d" if "kernel_size" in state else "linear"
+        state = {**state, "kind": kind, "in": state["in_features"], "out": state["out_features"]}
+    return quant_shell(state, getattr(torch, state["dtype"]))
 
 
 def _apply_lora(model: nn.Module, entries: list[dict[str, Any]]) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 
 from tensorslim._checks import check_fields
 from tensorslim.layers.lax import CROSSINGS, LatentStore, crossing_params, ensure_store, make_crossing, split_block_path
+from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.registry import set_submodule, unchanged_on_error
 
 
@@ -38,7 +39,8 @@ class LoRAConfig:
         rank: adapter rank r.
         alpha: scaling numerator; the update is ``(alpha / rank)·B·A·x``.
         dropout: dropout on the adapter's input.
-        targets: last name components of the ``nn.Linear`` layers to adapt (BERT: ``query``, ``value``).
+        targets: last name components of the layers to adapt (BERT: ``query``, ``value``): ``nn.Linear`` layers,
+            or the CoLA/SVD :class:`~tensorslim.layers.lowrank.LowRankLinear` layers of a converted model.
         lax_gate: None for plain LoRA; ``"identity"``, ``"dense"`` or ``"kronecker"`` for LaX-LoRA.
     """
 
@@ -60,6 +62,10 @@ class LoRAConfig:
             raise ValueError(f"lax_gate={self.lax_gate!r} is unknown; allowed: None or one of {list(CROSSINGS)}")
 
 
+# The layers LoRA adapts: dense linears, and low-rank layers (LoRA on a CoLA or SVD model).
+ADAPTABLE = (nn.Linear, LowRankLinear)
+
+
 def check_rank(name: str, rank: int, d_in: int, d_out: int) -> None:
     """Raise ``ValueError`` unless an adapter of ``rank`` fits layer ``name`` (``d_in -> d_out``)."""
     if not 1 <= rank <= min(d_in, d_out):
@@ -67,19 +73,22 @@ def check_rank(name: str, rank: int, d_in: int, d_out: int) -> None:
 
 
 class LoRALinear(nn.Module):
-    """A frozen ``nn.Linear`` plus a trainable low-rank update, optionally crossing latents (LaX-LoRA).
+    """A frozen ``nn.Linear`` (or CoLA/SVD layer) plus a trainable low-rank update, optionally crossing latents
+    (LaX-LoRA).
 
     Args:
-        base: the pretrained layer (kept as ``self.base``, frozen).
+        base: the pretrained layer (kept as ``self.base``, frozen): an ``nn.Linear`` or a ``LowRankLinear``, whose
+            output the update is added to (``y = base(x) + (α/r)·B·A·x``).
         rank, alpha, dropout: see :class:`LoRAConfig`.
     """
 
-    def __init__(self, base: nn.Linear, *, rank: int, alpha: float, dropout: float = 0.0) -> None:
+    def __init__(self, base: nn.Linear | LowRankLinear, *, rank: int, alpha: float, dropout: float = 0.0) -> None:
         super().__init__()
         check_rank("the adapted layer", rank, base.in_features, base.out_features)
         self.base = base.requires_grad_(False)
         self.rank, self.scaling = rank, alpha / rank
-        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
+        weight = next(base.parameters())
+        factory = {"device": weight.device, "dtype": weight.dtype}
         self.lora_a = nn.Parameter(torch.empty(rank, base.in_features, **factory))
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
         nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
@@ -122,10 +131,10 @@ def apply_lora_(model: nn.Module, config: LoRAConfig) -> dict[str, Any]:
     targets = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in config.targets
+        if isinstance(module, ADAPTABLE) and name.rsplit(".", 1)[-1] in config.targets
     ]
     if not targets:
-        raise ValueError(f"targets={config.targets!r} match no nn.Linear of {type(model).__name__}")
+        raise ValueError(f"targets={config.targets!r} match no nn.Linear or LowRankLinear of {type(model).__name__}")
     for name, module in targets:  # every layer checked before the model is frozen or changed
         check_rank(name, config.rank, module.in_features, module.out_features)
     with unchanged_on_error(model):

@@ -273,7 +273,11 @@ def quantize_(
 # --- storage -----------------------------------------------------------------------------------------------------
 
 
-def _layer_spec(layer: QuantLinear | QuantLowRankLinear | QuantTTLinear) -> dict[str, object]:
+QUANT_LAYERS = (QuantLinear, QuantLowRankLinear, QuantTTLinear)  # QuantConv2d is a QuantLinear
+
+
+def layer_spec(layer: QuantLinear | QuantLowRankLinear | QuantTTLinear) -> dict[str, object]:
+    """The JSON-able layout of a quantized layer (kind, shapes, bits, bias) that :func:`quant_shell` rebuilds."""
     if isinstance(layer, QuantLowRankLinear):
         return {
             "kind": "lowrank",
@@ -326,13 +330,14 @@ def save_quantized(model: nn.Module, path: str | Path) -> int:
     specs: dict[str, dict[str, object]] = {}
     for name, module in model.named_modules():  # parents first: a factored layer's matrices are not listed again
         inside = any(name.startswith(f"{outer}.") for outer in specs)
-        if isinstance(module, QuantLinear | QuantLowRankLinear | QuantTTLinear) and not inside:
-            specs[name] = _layer_spec(module)
+        if isinstance(module, QUANT_LAYERS) and not inside:
+            specs[name] = layer_spec(module)
     save_model(model, str(path), metadata={METADATA_KEY: json.dumps(specs)})
     return Path(path).stat().st_size
 
 
-def _shell(spec: dict, dtype: torch.dtype) -> QuantLinear | QuantLowRankLinear | QuantTTLinear:
+def quant_shell(spec: dict, dtype: torch.dtype) -> QuantLinear | QuantLowRankLinear | QuantTTLinear:
+    """An empty quantized layer of the layout :func:`layer_spec` wrote, ready for its state dict."""
     if spec["kind"] == "lowrank":
         return QuantLowRankLinear(
             spec["in"],
@@ -383,6 +388,6 @@ def load_quantized(model: nn.Module, path: str | Path) -> nn.Module:
         raise ValueError(f"{path} has no {METADATA_KEY!r} metadata; was it written by save_quantized?")
     dtype = next(model.parameters()).dtype
     for name, spec in json.loads(raw).items():
-        set_submodule(model, name, _shell(spec, dtype))
+        set_submodule(model, name, quant_shell(spec, dtype))
     load_model(model, str(path))
     return model

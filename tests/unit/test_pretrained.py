@@ -122,8 +122,9 @@ def test_manifest_records_names_configs_and_truncated_ranks(tmp_path: Path) -> N
     assert truncated[1] == 3 and q_proj["config"]["fields"]["rank"] == list(truncated)
     assert layers["lm_head"]["kind"] == "quantize"
     assert layers["lm_head"]["state"] | {"dtype": None} == {
-        "in_features": 256,
-        "out_features": VOCAB,
+        "kind": "linear",
+        "in": 256,
+        "out": VOCAB,
         "bits": 3,
         "bias": False,
         "dtype": None,
