@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 import types
 import typing
 from pathlib import Path
@@ -30,8 +31,16 @@ def check_fields(config: object) -> None:
 
 @functools.cache
 def _field_hints(cls: type) -> dict[str, object]:
-    hints = typing.get_type_hints(cls)
-    return {field.name: hints[field.name] for field in dataclasses.fields(cls) if field.name in hints}
+    """The resolved annotation of each field; a name only a type checker imports leaves its field unchecked here."""
+    hints = {}
+    for field in dataclasses.fields(cls):
+        owner = next(klass for klass in cls.__mro__ if field.name in vars(klass).get("__annotations__", {}))
+        try:
+            hint = eval(field.type, vars(sys.modules[owner.__module__])) if isinstance(field.type, str) else field.type
+        except NameError:
+            continue
+        hints[field.name] = hint
+    return hints
 
 
 def _matches(value: object, hint: object) -> bool:

@@ -68,10 +68,12 @@ def convert_tt_qat(model: nn.Module, context: MethodContext) -> list:
     options: TTQATOptions = context.options
     decompose = options.init == "tt_svd" and not next(model.parameters()).is_meta
     tt = TTConfig(rank=options.rank, n_cores=options.n_cores, init="tt_svd" if decompose else "random")
-    reports = [convert_(model, tt, filter_fn=_in_encoder)]
+    # The ranks are the method's options; a full-rank student (larger than dense) is a supported start.
+    reports = [convert_(model, tt, filter_fn=_in_encoder, allow_larger=True)]
     if options.tt_embedding:
         embedding = TTEmbeddingConfig(rank=options.embedding_rank, init="ttm_svd" if decompose else "random")
-        reports.append(convert_(model, embedding, filter_fn=lambda m, n: n.endswith("word_embeddings")))
+        words = lambda m, n: n.endswith("word_embeddings")  # noqa: E731
+        reports.append(convert_(model, embedding, filter_fn=words, allow_larger=True))
     qat = options.qat_config()
     if qat is not None:
         prepare_qat_(model, qat)

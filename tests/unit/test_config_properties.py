@@ -75,11 +75,12 @@ def _wrong_values(hint: object) -> list[object]:
 
 
 def _typed_fields(cls: type) -> list[tuple[str, object]]:
-    hints = typing.get_type_hints(cls)
     simple = {int, float, str, bool}
     found = []
     for field in dataclasses.fields(cls):
-        hint = hints[field.name]
+        if field.name == "calibration":  # a Calibration object, not a plain value
+            continue
+        hint = typing.get_type_hints(cls, localns={"Calibration": object})[field.name]
         parts = set(typing.get_args(hint)) if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
         if parts - {type(None)} and parts - {type(None)} <= simple:
             found.append((field.name, hint))
