@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -117,6 +118,14 @@ def _choose_openmp_wait_policy() -> None:
         apply_wait_policy()
 
 
+def quiet_third_parties() -> None:
+    """Silence what transformers prints on every model load (its multi-line load report, with raw colour codes, and
+    a "Loading weights" bar): our progress bars and summary say what happened. Either variable, set by the user,
+    wins."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if _print_rendered_help(argv):
@@ -125,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tensorslim {version()}")
         raise SystemExit(0)
     _choose_openmp_wait_policy()
+    quiet_third_parties()
     only = argv[0] if argv and argv[0] in COMMANDS else ""  # "": no subcommand's flags are needed
     args = build_parser(only).parse_args(argv)
     try:

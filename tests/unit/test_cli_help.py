@@ -54,3 +54,18 @@ def test_train_help_names_every_task_and_each_methods_own_default() -> None:
     assert f"(default: {qat_rank}) [tt-qat]" in rank_help
     lora_rank = next(f for f in dataclasses.fields(METHODS["lora"].options) if f.name == "rank").metadata["help"]
     assert rank_help.count(lora_rank) == 1 and rank_help.index("[cola,") > rank_help.index(lora_rank)
+
+
+def test_transformers_load_reports_are_silenced_unless_asked_for() -> None:
+    pytest.importorskip("transformers")
+    code = (
+        "import os; [os.environ.pop(k, None) for k in ('TRANSFORMERS_VERBOSITY', 'HF_HUB_DISABLE_PROGRESS_BARS')]; "
+        "from tensorslim.cli.main import quiet_third_parties; quiet_third_parties(); "
+        "from transformers import BertConfig, BertForSequenceClassification; import tempfile; "
+        "d = tempfile.mkdtemp(); BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, "
+        "intermediate_size=64, vocab_size=64).save_pretrained(d); "
+        "from transformers import BertModel; BertModel(BertConfig.from_pretrained(d)).save_pretrained(d); "
+        "BertForSequenceClassification.from_pretrained(d, num_labels=3)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "LOAD REPORT" not in done.stderr and "Loading weights" not in done.stderr, done.stderr
