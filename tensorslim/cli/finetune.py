@@ -397,7 +397,8 @@ def _one_run(args: argparse.Namespace, method: str, k: int, seed: int, lr: float
     )
     trainer = Trainer(config)
     result = trainer.run()
-    shutil.rmtree(Path(config.out_dir) / "checkpoints", ignore_errors=True)  # ~90 MB a run; the sweep needs none
+    for heavy in ("checkpoints", "model"):  # ~90 MB each a run; the sweep keeps its records in <out>.jsonl
+        shutil.rmtree(Path(config.out_dir) / heavy, ignore_errors=True)
     counts = trainable_parameters(trainer.model)
     record = {
         "method": method,
