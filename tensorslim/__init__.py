@@ -19,6 +19,7 @@ _EXPORTS = {
     "plan": "tensorslim.convert",
     "Budget": "tensorslim.budget",
     "calibrate": "tensorslim.compress",
+    "compress": "tensorslim.compress",
     "CoLAConfig": "tensorslim.layers.lowrank",
     "CoLAMConfig": "tensorslim.layers.cola_m",
     "checkpoint_": "tensorslim.layers.cola_m",

@@ -36,6 +36,8 @@ class Budget:
             whole number > 1 (``5_000_000`` or ``5e6``) is an absolute parameter count.
         flops: the same for forward FLOPs per token of the converted layers (as ``torch.utils.flop_counter``
             counts them).
+        bytes: the same for the bytes of the converted layers' weights (what :func:`tensorslim.compress.compress`
+            spends on a mix of low rank and quantized layers).
         allocation: ``"spectrum"`` water-fills the singular-value spectra of the dense weights; ``"uniform"``
             gives every layer the one rank that fits; ``"auto"`` takes ``"spectrum"`` when the layers are
             initialized from real weights (``init="svd"``/``"tt_svd"``) and ``"uniform"`` otherwise
@@ -46,14 +48,17 @@ class Budget:
 
     params: float | None = None
     flops: float | None = None
+    bytes: float | None = None
     allocation: AllocationMode = "auto"
     tokens: int = 1024
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if (self.params is None) == (self.flops is None):
+        given = [kind for kind in ("params", "flops", "bytes") if getattr(self, kind) is not None]
+        if len(given) != 1:
             raise ValueError(
-                f"Budget(params={self.params!r}, flops={self.flops!r}) is invalid; allowed: exactly one of them"
+                f"Budget(params={self.params!r}, flops={self.flops!r}, bytes={self.bytes!r}) is invalid; allowed: "
+                "exactly one of them"
             )
         value = self.value
         number = not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < float("inf")
@@ -68,13 +73,13 @@ class Budget:
 
     @property
     def kind(self) -> str:
-        """``"params"`` or ``"flops"``."""
-        return "params" if self.params is not None else "flops"
+        """``"params"``, ``"flops"`` or ``"bytes"``."""
+        return next(kind for kind in ("params", "flops", "bytes") if getattr(self, kind) is not None)
 
     @property
     def value(self) -> float:
         """The number given for :attr:`kind`."""
-        return self.params if self.params is not None else self.flops
+        return getattr(self, self.kind)
 
     def limit(self, dense: float) -> float:
         """The budget in absolute units, for converted layers whose dense cost is ``dense``."""

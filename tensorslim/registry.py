@@ -55,7 +55,7 @@ class BudgetUse:
 
     def line(self) -> str:
         """One line: what was used against the budget and the dense cost."""
-        unit = "params" if self.kind == "params" else "FLOPs/token"
+        unit = {"params": "params", "flops": "FLOPs/token", "bytes": "bytes"}[self.kind]
         return (
             f"budget ({self.kind}, {self.allocation} ranks): {self.used:,.0f} of {self.limit:,.0f} {unit} used "
             f"({self.used / self.limit:.1%} of the budget, {self.used / self.dense:.1%} of dense {self.dense:,.0f})"

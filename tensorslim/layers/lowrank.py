@@ -364,9 +364,10 @@ def low_rank_choices(name: str, module: nn.Module, config: LowRankConfig, *, spe
     d_in, d_out = linear_shape(module)
     has_bias = module.bias is not None
     ranks = range(1, min(d_in, d_out) + 1)
-    if budget.kind == "params":
-        costs = [LowRankLinear.count_params(d_in, d_out, r, bias=has_bias) for r in ranks]
-        dense = d_in * d_out + (d_out if has_bias else 0)
+    if budget.kind in ("params", "bytes"):
+        size = linear_weight(module)[0].element_size() if budget.kind == "bytes" else 1
+        costs = [LowRankLinear.count_params(d_in, d_out, r, bias=has_bias) * size for r in ranks]
+        dense = (d_in * d_out + (d_out if has_bias else 0)) * size
     else:
         costs = [LowRankLinear.count_flops(d_in, d_out, r, tokens=budget.tokens) / budget.tokens for r in ranks]
         dense = dense_linear_flops(d_in, d_out)

@@ -355,6 +355,8 @@ def tt_choices(module: nn.Module, config: TTConfig, *, spectrum: bool) -> RankCh
     """A dense linear layer's cost as a :class:`TTLinear` at each maximum rank 1..max bond bound (its own books,
     gates included), and the gain of each step (:func:`tt_unfolding_gains`) when ``spectrum``."""
     budget = config.budget
+    if budget.kind == "bytes":
+        raise ValueError("Budget(bytes=...) is not supported by TTConfig; allowed: params or flops")
     d_in, d_out = linear_shape(module)
     in_factors, out_factors = config.resolve_factors(d_in, d_out)
     dims = in_factors + out_factors

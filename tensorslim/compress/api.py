@@ -1,0 +1,264 @@
+"""``compress(model, budget, calibration)``: one budget, the best family and size per layer, then healing.
+
+1. Calibrate: the input Gram matrix of every dense linear layer (:func:`~tensorslim.compress.calibration.calibrate`).
+2. Choose: per layer, keep dense or take low rank (input-whitened, SVD-LLM arXiv 2403.07378 §3.1), Kronecker, TT,
+   8- or 4-bit, whichever minimises the summed relative calibration output error under the budget
+   (:mod:`tensorslim.compress.choose`).
+3. Build the structured layers (``convert_``), heal them by distillation from the original model, then quantize the
+   layers chosen for 8/4 bits with COMQ (arXiv 2403.07134) on the calibration inputs (``quantize_``).
+
+Healing follows QAT-TT's layer-by-layer curriculum (arXiv 2306.01076, :mod:`tensorslim.quant.distill`): the hidden
+states of the first encoder layers are matched first, one more layer joins every ``steps_per_layer`` steps, and once
+all are on, the sentence-embedding loss is added (end-to-end): the losses of the ``distill`` task, with AdamW on the
+calibration batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tensorslim.budget import Budget
+from tensorslim.compress.calibration import Batch, calibrate
+from tensorslim.compress.choose import FAMILIES, Candidate, choose, layer_candidates
+from tensorslim.convert import convert_, output_head_ids
+from tensorslim.functional.threads import one_thread
+from tensorslim.layers._source import is_dense_linear
+from tensorslim.layers.kron import KronConfig
+from tensorslim.layers.lowrank import LossyConversionWarning, SVDConfig
+from tensorslim.layers.tt import TTConfig
+from tensorslim.quant import COMQConfig, quantize_
+from tensorslim.quant.distill import distill_loss, embedding_loss, layers_in_use, mean_pooled
+
+
+@dataclass
+class Stage:
+    """Size and held-out quality after one stage (``quality`` is None without held-out batches)."""
+
+    name: str
+    params: int
+    nbytes: int
+    quality: float | None
+
+
+@dataclass
+class CompressReport:
+    """What :func:`compress` chose per layer and what each stage reached."""
+
+    budget: Budget
+    choices: dict[str, Candidate] = field(default_factory=dict)
+    stages: list[Stage] = field(default_factory=list)
+    metric: str = "embedding cosine to the original"
+
+    def table(self) -> str:
+        rows = [f"{'layer':<48} {'family':<8} {'setting':>7} {'params':>10} {'bytes':>11} {'rel. error':>10}"]
+        for name, c in self.choices.items():
+            rows.append(f"{name:<48} {c.family:<8} {c.setting:>7} {c.params:>10,} {c.nbytes:>11,} {c.error:>10.4f}")
+        for stage in self.stages:
+            quality = "" if stage.quality is None else f", {self.metric} {stage.quality:.4f}"
+            rows.append(f"{stage.name}: {stage.params:,} params, {stage.nbytes:,} bytes{quality}")
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def model_size(model: nn.Module) -> tuple[int, int]:
+    """Parameters and bytes of ``model``: its parameters, plus its buffers' bytes (packed quantized codes)."""
+    params = sum(p.numel() for p in model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    nbytes += sum(b.numel() * b.element_size() for b in model.buffers())
+    return params, nbytes
+
+
+def _outputs(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """One vector per example: the mean-pooled last hidden state of an encoder, else the flattened output."""
+    out = model(**batch) if isinstance(batch, Mapping) else model(batch)
+    hidden = getattr(out, "last_hidden_state", None)
+    if hidden is not None:
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        mask = torch.ones(hidden.shape[:2]) if mask is None else mask
+        return mean_pooled(hidden.float(), mask)
+    logits = getattr(out, "logits", out)
+    return logits.float().reshape(len(logits), -1)
+
+
+@torch.no_grad()
+def agreement(model: nn.Module, reference: nn.Module, batches: Sequence[Batch]) -> float:
+    """Mean cosine between ``model``'s and ``reference``'s per-example outputs on ``batches`` (for an encoder: the
+    mean-pooled sentence embeddings)."""
+    cosines = [F.cosine_similarity(_outputs(model, b), _outputs(reference, b), dim=-1) for b in batches]
+    return torch.cat(cosines).mean().item()
+
+
+def _validate(
+    model: nn.Module, budget: object, batches: Sequence[Batch], families: Sequence[str], heal_steps: int, lr: float
+) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model of type {type(model).__name__} is invalid; allowed: an nn.Module")
+    if not isinstance(budget, Budget):
+        raise ValueError(f"budget={budget!r} is invalid; allowed: a Budget, e.g. Budget(params=0.5)")
+    if not batches:
+        raise ValueError("calibration is empty; allowed: a list of one or more model inputs")
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"families={list(families)!r} is invalid; allowed: a non-empty subset of {list(FAMILIES)}")
+    if isinstance(heal_steps, bool) or not isinstance(heal_steps, int) or heal_steps < 0:
+        raise ValueError(f"heal_steps={heal_steps!r} is invalid; allowed: an integer >= 0")
+    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr={lr!r} is invalid; allowed: a finite number > 0")
+    if heal_steps and getattr(getattr(model, "config", None), "num_hidden_layers", None) is None:
+        raise ValueError(
+            "heal_steps > 0 needs a Hugging Face encoder (a config with num_hidden_layers, hidden states and "
+            "attentions); allowed: heal_steps=0 for other models"
+        )
+
+
+def _build(model: nn.Module, choices: dict[str, Candidate], calibration: Any) -> None:
+    """Replace every layer chosen for a structured family (low rank, Kronecker, TT) in place."""
+    for name, choice in choices.items():
+        config = {
+            "lowrank": lambda r: SVDConfig(rank=r, calibration=calibration),
+            "kron": lambda r: KronConfig(rank=r),
+            "tt": lambda r: TTConfig(rank=r),
+        }.get(choice.family)
+        if config is not None:
+            convert_(model, config(choice.setting), filter_fn=lambda m, n, target=name: n == target)
+
+
+def heal(
+    model: nn.Module,
+    teacher: nn.Module,
+    batches: Sequence[Batch],
+    *,
+    steps: int,
+    lr: float = 1e-4,
+    steps_per_layer: int | None = None,
+    progress: bool = True,
+) -> None:
+    """Distill ``model`` from ``teacher`` for ``steps`` AdamW steps on ``batches`` (cycled), layer by layer then end
+    to end (QAT-TT's curriculum, arXiv 2306.01076, the loss of :mod:`tensorslim.quant.distill`).
+
+    Args:
+        steps_per_layer: steps before one more encoder layer joins the loss; default: the first half of ``steps``
+            walks through the layers, the second half trains end to end.
+    """
+    from tqdm.auto import tqdm
+
+    n_layers = teacher.config.num_hidden_layers
+    per_layer = steps_per_layer or max(1, steps // (2 * (n_layers + 1)))
+    for net in (model, teacher):  # only eager attention returns attention probabilities
+        if net.config._attn_implementation != "eager":
+            net.set_attn_implementation("eager")
+    teacher.eval().requires_grad_(False)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    for step in tqdm(range(steps), desc="healing", unit="step", disable=not progress):
+        layer_use = layers_in_use(step, steps_per_layer=per_layer, n_layers=n_layers)
+        batch = batches[step % len(batches)]
+        student = model(**batch, output_hidden_states=True, output_attentions=True)
+        with torch.no_grad():
+            target = teacher(**batch, output_hidden_states=True, output_attentions=True)
+        loss = distill_loss(
+            student.hidden_states, target.hidden_states, student.attentions, target.attentions, layer_use=layer_use
+        )
+        if layer_use > n_layers:
+            loss = loss + embedding_loss(student.hidden_states[-1], target.hidden_states[-1], batch["attention_mask"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def compress(
+    model: nn.Module,
+    budget: Budget,
+    calibration: Sequence[Batch],
+    *,
+    families: Sequence[str] = ("lowrank", "kron", "int8", "int4"),
+    held_out: Sequence[Batch] = (),
+    heal_steps: int = 0,
+    lr: float = 1e-4,
+    filter_fn: Callable[[nn.Module, str], bool] | None = None,
+    progress: bool = True,
+) -> tuple[nn.Module, CompressReport]:
+    """A compressed copy of ``model`` that fits ``budget``, chosen and healed on ``calibration``.
+
+    Args:
+        model: the original (left unchanged; it is the teacher of the healing).
+        budget: ``Budget(params=…)``, ``Budget(bytes=…)`` or ``Budget(flops=…)``: a fraction of the candidate
+            layers' dense cost, or an absolute number. Quantization saves bytes only, so under a params or FLOPs
+            budget the 8/4-bit families are not candidates.
+        calibration: model inputs (tensors, or dicts with ``input_ids`` and ``attention_mask`` for healing).
+        families: among :data:`~tensorslim.compress.choose.FAMILIES`; keeping a layer dense is always a candidate.
+        held_out: inputs on which each stage's agreement with the original is measured (never calibrated on).
+        heal_steps: distillation steps after the structured layers are built (0: none; needs a HF encoder).
+        lr: AdamW learning rate of the healing.
+        filter_fn: ``(module, name) -> bool`` choosing the candidate layers; default: every dense linear layer but
+            the output heads.
+        progress: progress bars for calibration, conversion and healing.
+
+    Returns:
+        The compressed model (eval mode) and a :class:`CompressReport`.
+    """
+    _validate(model, budget, calibration, families, heal_steps, lr)
+    heads = output_head_ids(model)
+    chosen_layers = {
+        name: module
+        for name, module in model.named_modules()
+        if is_dense_linear(module) and (filter_fn(module, name) if filter_fn else id(module) not in heads)
+    }
+    if not chosen_layers:
+        raise ValueError("the model has no dense linear layer to compress; allowed: a model with nn.Linear layers")
+    if budget.kind != "bytes":
+        families = [f for f in families if f not in ("int8", "int4")]
+        if not families:
+            raise ValueError(
+                f"families int8/int4 save bytes only; allowed with Budget({budget.kind}=...): lowrank, kron, tt"
+            )
+    report = CompressReport(budget=budget)
+    student = copy.deepcopy(model).eval()
+    # calibrated on the copy, whose modules are the ones that get replaced
+    cal = calibrate(student, calibration, filter_fn=lambda m, n: n in chosen_layers, progress=progress)
+
+    def stage(name: str) -> None:
+        params, nbytes = model_size(student)
+        quality = agreement(student, model.eval(), held_out) if held_out else None
+        report.stages.append(Stage(name, params, nbytes, quality))
+
+    stage("original")
+    from tqdm.auto import tqdm
+
+    modules = dict(student.named_modules())
+    options = []
+    with one_thread():
+        for name in tqdm(chosen_layers, desc="candidates", unit="layer", disable=not progress):
+            options.append(layer_candidates(name, modules[name], cal, families))
+    kind = budget.kind
+    dense = sum(opts[0].cost(kind) for opts in options)
+    picks = choose(options, kind, budget.limit(dense))
+    report.choices = {name: opts[i] for name, opts, i in zip(chosen_layers, options, picks, strict=True)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LossyConversionWarning)  # the report holds every layer's error
+        _build(student, report.choices, cal)
+    stage("chosen, before healing")
+    if heal_steps:
+        teacher = copy.deepcopy(model)  # the distillation task freezes and re-configures its teacher
+        heal(student, teacher, list(calibration), steps=heal_steps, lr=lr, progress=progress)
+        stage(f"healed ({heal_steps} steps)")
+    for bits in (8, 4):
+        names = {n for n, c in report.choices.items() if c.family == f"int{bits}"}
+        if names:
+            quantize_(student, COMQConfig(bits=bits), list(calibration), filter_fn=lambda m, n, s=names: n in s)
+    if any(c.family.startswith("int") for c in report.choices.values()):
+        stage("quantized")
+    return student.eval(), report

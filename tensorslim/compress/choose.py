@@ -1,0 +1,182 @@
+"""Per-layer candidates of every family, their cost and calibration error, and the choice under one budget.
+
+Each dense linear layer gets a list of :class:`Candidate` replacements: kept dense, low rank at every rank (the
+input-whitened truncation of SVD-LLM, arXiv 2403.07378, §3.1, whose output error is its discarded whitened spectrum,
+Theorem 3.2), the nearest Kronecker product at a few ranks, TT at a few ranks, and 8-/4-bit round-to-nearest. The
+error of a candidate is its squared output error on the layer's calibration inputs relative to the layer's output
+energy, ``tr(ΔW G ΔWᵀ) / tr(W G Wᵀ)``, as ASVD (arXiv 2312.05821, §3.3) ranks layers by their measured sensitivity.
+
+The choice is a multiple-choice knapsack: minimise the summed errors under the summed costs. Its Lagrangian
+relaxation, each layer taking ``argmin(error + λ·cost)`` with λ bisected to the smallest value that fits, solves it
+on the lower convex hull of each layer's (cost, error) points; the leftover budget is then spent greedily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tensorslim.compress.calibration import Calibration
+from tensorslim.decomp.svd import whitened_svd
+from tensorslim.layers._source import linear_shape, linear_weight
+from tensorslim.layers.kron import KronConfig, KronLinear
+from tensorslim.layers.lowrank import LowRankLinear
+from tensorslim.layers.tt import TTConfig, TTLinear
+from tensorslim.quant.quantizer import dequantize, minmax_grid, packed_nbytes, quantize_codes
+
+FAMILIES = ("lowrank", "kron", "tt", "int8", "int4")
+KRON_RANKS = (1, 2, 4, 8, 16)
+TT_RANKS = (8, 16, 32, 64)
+# The grid of low-rank candidates: at most this many ranks per layer (the spectrum gives every rank's error at once).
+LOW_RANK_STEPS = 64
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to store a layer.
+
+    Attributes:
+        family: ``"dense"`` or one of :data:`FAMILIES`.
+        setting: the rank (low rank, Kronecker, TT) or the bits (8, 4); 0 for dense.
+        params: parameters after the swap (quantized codes count as parameters).
+        nbytes: bytes of its weights after the swap (float weights at the model's element size).
+        flops: forward multiply-add FLOPs per token (2 per multiply-add).
+        error: squared output error on the calibration inputs relative to the layer's output energy.
+    """
+
+    family: str
+    setting: int
+    params: int
+    nbytes: int
+    flops: int
+    error: float
+
+    def cost(self, kind: str) -> float:
+        return {"params": self.params, "bytes": self.nbytes, "flops": self.flops}[kind]
+
+
+def _relative(calibration: Calibration, name: str, module: nn.Module, weight: torch.Tensor) -> float:
+    energy = max(calibration.output_energy(module, name=name), torch.finfo(torch.float64).tiny)
+    return calibration.output_error(module, weight, name=name) / energy
+
+
+def _low_rank(name: str, module: nn.Module, calibration: Calibration, size: int) -> list[Candidate]:
+    d_in, d_out = linear_shape(module)
+    bias = module.bias is not None
+    energy = max(calibration.output_energy(module, name=name), torch.finfo(torch.float64).tiny)
+    spectrum = whitened_svd(linear_weight(module)[0], calibration.whitener(module, name=name))[1] ** 2
+    tails = (spectrum.flip(0).cumsum(0).flip(0).tolist() + [0.0])[1:]  # tails[r-1] = Σ_{i>r} σ_i²
+    dense = d_in * d_out
+    ranks = [r for r in range(1, min(d_in, d_out) + 1) if r * (d_in + d_out) < dense]
+    ranks = ranks[:: max(1, len(ranks) // LOW_RANK_STEPS)]
+    out = []
+    for r in ranks:
+        params = LowRankLinear.count_params(d_in, d_out, r, bias=bias)
+        flops = LowRankLinear.count_flops(d_in, d_out, r, tokens=1)
+        out.append(Candidate("lowrank", r, params, params * size, flops, tails[r - 1] / energy))
+    return out
+
+
+def _structured(name: str, module: nn.Module, calibration: Calibration, size: int, family: str) -> list[Candidate]:
+    d_in, d_out = linear_shape(module)
+    dense = d_in * d_out
+    out = []
+    if family == "kron":
+        configs = [(r, KronConfig(rank=r)) for r in KRON_RANKS]
+        build = KronLinear.from_dense
+    else:
+        configs = [(r, TTConfig(rank=r)) for r in TT_RANKS]
+        build = TTLinear.from_dense
+    for setting, config in configs:
+        try:
+            layer = build(module, config)
+        except ValueError:
+            continue  # the shape does not factor for this family or rank: no candidate
+        params = layer.num_params()
+        if params >= dense:
+            break
+        error = _relative(calibration, name, module, layer.to_dense().weight)
+        out.append(Candidate(family, setting, params, params * size, int(layer.flops(1)), error))
+    return out
+
+
+def quantized_nbytes(module: nn.Module, bits: int) -> tuple[int, torch.Tensor]:
+    """Bytes of ``module``'s weight stored as :class:`~tensorslim.quant.QuantLinear` stores it (packed per-channel
+    ``bits``-bit codes, a float scale and a one-byte zero point per row) plus its float bias, and the dequantized
+    round-to-nearest weight."""
+    source = linear_weight(module)[0]
+    weight = source.detach().to(torch.float64)
+    grid = minmax_grid(weight, bits=bits)
+    codes = quantize_codes(weight, grid)
+    grid_bytes = weight.shape[0] * (source.element_size() + 1)
+    bias = module.bias.numel() * module.bias.element_size() if module.bias is not None else 0
+    return packed_nbytes(weight.numel(), bits) + grid_bytes + bias, dequantize(codes, grid, dtype=torch.float64)
+
+
+def layer_candidates(
+    name: str, module: nn.Module, calibration: Calibration, families: Sequence[str]
+) -> list[Candidate]:
+    """Every candidate of ``families`` for one dense linear layer, the dense one first."""
+    d_in, d_out = linear_shape(module)
+    size = linear_weight(module)[0].element_size()
+    params = d_in * d_out + (d_out if module.bias is not None else 0)
+    flops = 2 * d_in * d_out
+    out = [Candidate("dense", 0, params, params * size, flops, 0.0)]
+    for family in families:
+        if family == "lowrank":
+            out += _low_rank(name, module, calibration, size)
+        elif family in ("kron", "tt"):
+            out += _structured(name, module, calibration, size, family)
+        else:
+            bits = 8 if family == "int8" else 4
+            nbytes, weight = quantized_nbytes(module, bits)
+            out.append(Candidate(family, bits, params, nbytes, flops, _relative(calibration, name, module, weight)))
+    return out
+
+
+def _pick(options: Sequence[Sequence[Candidate]], kind: str, lam: float) -> list[int]:
+    return [min(range(len(c)), key=lambda i: (c[i].error + lam * c[i].cost(kind), c[i].cost(kind))) for c in options]
+
+
+def _total(options: Sequence[Sequence[Candidate]], picks: Sequence[int], kind: str) -> float:
+    return sum(c[i].cost(kind) for c, i in zip(options, picks, strict=True))
+
+
+def choose(options: Sequence[Sequence[Candidate]], kind: str, limit: float) -> list[int]:
+    """The index of one candidate per layer whose costs sum to at most ``limit`` with small summed error.
+
+    Raises:
+        ValueError: even the cheapest candidate of every layer costs more than ``limit``.
+    """
+    cheapest = [min(range(len(c)), key=lambda i: c[i].cost(kind)) for c in options]
+    floor = _total(options, cheapest, kind)
+    if floor > limit:
+        raise ValueError(f"the budget of {limit:,.0f} {kind} is below {floor:,.0f}, the least these families reach")
+    low, high = 0.0, 1.0
+    while _total(options, _pick(options, kind, high), kind) > limit:
+        high *= 4
+        if high > 1e30:
+            return cheapest
+    for _ in range(60):  # bisection: the smallest λ whose picks fit
+        mid = (low + high) / 2
+        low, high = (low, mid) if _total(options, _pick(options, kind, mid), kind) <= limit else (mid, high)
+    picks = _pick(options, kind, high)
+    used = _total(options, picks, kind)
+    improved = True
+    while improved:  # spend what is left on the single swap that lowers the error most
+        improved, best = False, None
+        for layer, choices in enumerate(options):
+            now = choices[picks[layer]]
+            for i, cand in enumerate(choices):
+                extra = cand.cost(kind) - now.cost(kind)
+                if cand.error < now.error and used + extra <= limit:
+                    gain = now.error - cand.error
+                    if best is None or gain > best[0]:
+                        best = (gain, layer, i, extra)
+        if best is not None:
+            _, layer, i, extra = best
+            picks[layer], used, improved = i, used + extra, True
+    return picks
