@@ -128,7 +128,7 @@ def test_a_lossy_conversion_warns_once_with_its_error() -> None:
     assert len(caught) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error", LossyConversionWarning)
-        convert_(_mlp(), SVDConfig(rank=16))  # exact: no warning
+        convert_(_mlp(), SVDConfig(rank=16), allow_larger=True)  # exact: no warning
 
 
 def test_calibration_is_refused_where_it_cannot_be_used() -> None:
