@@ -4,6 +4,9 @@
 :func:`tensorslim.predict.predictor` read). With ``--merge-lora`` the LoRA updates are folded into their weights
 first (exact). When the model is then a plain Hugging Face model (no tensorslim layer left), ``DIR/hf`` also gets
 ``save_pretrained`` files and the tokenizer, which ``transformers.AutoModel*.from_pretrained`` loads.
+
+``--format gguf`` instead writes ``DIR/model-<type>.gguf`` for llama.cpp (:func:`tensorslim.export.to_gguf`): our
+LLaMA with its byte-level BPE, in ``--gguf-type`` F16, Q8_0, Q4_0 or F32.
 """
 
 from __future__ import annotations
@@ -14,12 +17,18 @@ from pathlib import Path
 
 HELP = "write a run's model as a folder to ship (tensorslim format, and Hugging Face format where it is plain)"
 HF_FOLDER = "hf"
+FORMATS = ("tensorslim", "gguf")
+GGUF_TYPES = ("f16", "q8_0", "q4_0", "f32")  # as tensorslim.export.GGUF_TYPES, without importing torch for --help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", dest="run_dir", required=True, metavar="DIR", help="run folder, model/ or checkpoint")
     parser.add_argument("--out", required=True, help="the folder to write (must not exist or be empty)")
     parser.add_argument("--merge-lora", action="store_true", help="fold LoRA updates into their weights (exact)")
+    parser.add_argument(
+        "--format", default="tensorslim", choices=FORMATS, help="tensorslim folder, or GGUF (llama.cpp)"
+    )
+    parser.add_argument("--gguf-type", default="f16", choices=GGUF_TYPES, help="weight type of --format gguf")
 
 
 def is_plain_hf(model: object) -> bool:
@@ -57,6 +66,32 @@ def export(run_dir: str, out: str, *, merge_lora: bool = False) -> list[Path]:
     return written
 
 
+def export_gguf(run_dir: str, out: str, *, dtype: str = "f16") -> list[Path]:
+    """Write the run's LLaMA and tokenizer to ``out/model-<dtype>.gguf``; a refused export leaves no folder behind."""
+    from tensorslim.export import to_gguf
+    from tensorslim.predict import predictor
+    from tensorslim.pretrained import locate_model
+
+    target = Path(out)
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"out={out!r} is not empty; allowed: a new or empty folder")
+    locate_model(run_dir)  # a bad run fails before anything is written
+    model = predictor(run_dir)
+    if model.tokenizer is None:
+        raise ValueError(f"run {run_dir!r} has no tokenizer; GGUF export needs the run's byte-level BPE")
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        path = Path(
+            to_gguf(model.model, target / f"model-{dtype}.gguf", tokenizer=model.tokenizer, dtype=dtype)["path"]
+        )
+    except Exception:
+        if created:
+            target.rmdir()
+        raise
+    return [path]
+
+
 def _registered_base(record: dict) -> object:
     """The registered model a merged model is described against (None: a Hugging Face base, described as itself)."""
     from tensorslim.pretrained import RegisteredBase
@@ -74,6 +109,10 @@ def _copy_tokenizer(source: Path, target: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for folder in export(args.run_dir, args.out, merge_lora=args.merge_lora):
+    if args.format == "gguf":
+        written = export_gguf(args.run_dir, args.out, dtype=args.gguf_type)
+    else:
+        written = export(args.run_dir, args.out, merge_lora=args.merge_lora)
+    for folder in written:
         print(f"wrote {folder}")
     return 0

@@ -707,14 +707,18 @@ options:
   --seed SEED                   lm: sampling seed (default: 0)
   --device DEVICE               cpu or cuda (default: cpu)
 """,
-    "export": """usage: tensorslim export [-h] --run DIR --out OUT [--merge-lora]
+    "export": """usage: tensorslim export [-h] --run DIR --out OUT [--merge-lora] [--format {tensorslim,gguf}]
+                         [--gguf-type {f16,q8_0,q4_0,f32}]
 
 write a run's model as a folder to ship (tensorslim format, and Hugging Face format where it is plain)
 
 options:
-  -h, --help    show this help message and exit
-  --run DIR     run folder, model/ or checkpoint
-  --out OUT     the folder to write (must not exist or be empty)
-  --merge-lora  fold LoRA updates into their weights (exact)
+  -h, --help                    show this help message and exit
+  --run DIR                     run folder, model/ or checkpoint
+  --out OUT                     the folder to write (must not exist or be empty)
+  --merge-lora                  fold LoRA updates into their weights (exact)
+  --format {tensorslim,gguf}    tensorslim folder, or GGUF (llama.cpp)
+  --gguf-type {f16,q8_0,q4_0,f32}
+                                weight type of --format gguf
 """,
 }
