@@ -3,6 +3,7 @@ what the trained one does."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -41,7 +42,9 @@ def _own(trainer: Trainer) -> Predictor:
     )
 
 
-def test_classify_run_predicts_labels_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_classify_run_predicts_labels_and_exports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = tmp_path / "run"
     trainer = _train(run, preset="bert-tiny", task="classify", method="svd", data="bbcnews-titles", seq_len=16)
     texts = ["Shares fall as markets slide", "Champions win the cup final"]
@@ -54,8 +57,14 @@ def test_classify_run_predicts_labels_and_exports(tmp_path: Path, capsys: pytest
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [row["label"] for row in rows] == [row["label"] for row in loaded.classify(texts)]
     assert abs(sum(rows[0]["probabilities"].values()) - 1) < 1e-4
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))  # the same texts from stdin
+    assert main(["predict", "--run", str(run)]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
+    assert main(["predict", "--run", str(tmp_path)]) == 2  # a folder without a model: one line
+    assert "holds no tensorslim.json, run model or checkpoint" in capsys.readouterr().err
 
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "shipped")]) == 0
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "shipped")]) == 2  # never over a folder
     again = predictor(tmp_path / "shipped")
     torch.testing.assert_close(again.class_probabilities(texts), loaded.class_probabilities(texts))
 
