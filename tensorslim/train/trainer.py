@@ -411,14 +411,17 @@ class Trainer:
         """The task's metrics on the held-out set (model in eval mode meanwhile)."""
         was_training = self.model.training
         self.model.eval()
+        model = self.layout.evaluation_model(self.model)
+        bar = _validation_progress(self.config) if self.layout.is_main else None
+        # A task may call a part of the model (a loss over hidden states): its first part runs once per batch.
+        first = next(model.children(), model)
+        counting = first.register_forward_hook(lambda *_: bar.update(1)) if bar is not None else None
         try:
-            return self.task.evaluate(
-                self.layout.evaluation_model(self.model),
-                self.data,
-                batch_size=self.config.batch_size,
-                autocast=self._autocast,
-            )
+            return self.task.evaluate(model, self.data, batch_size=self.config.batch_size, autocast=self._autocast)
         finally:
+            if counting is not None:
+                counting.remove()
+                bar.close()
             self.model.train(was_training)
 
     def run(self, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
@@ -636,6 +639,15 @@ def _base_state(path: str) -> dict[str, torch.Tensor]:
         f"init_base={path!r} holds no model.safetensors with a state.json or a save_pretrained manifest; allowed: a "
         "run folder with a checkpoint, a checkpoint folder or a save_pretrained folder"
     )
+
+
+def _validation_progress(config: TrainConfig) -> Any:
+    """A bar counting the validation's forward passes (their number is the task's own), gone when it ends."""
+    if not config.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(desc="validation", unit="batch", leave=False)
 
 
 def _progress(config: TrainConfig, *, initial: int) -> Any:
