@@ -23,8 +23,8 @@ the BBC articles themselves (``--long-batch`` articles per batch, the same ``--b
 
     OMP_NUM_THREADS=1 python benchmarks/adapters_costs.py --out benchmarks/results/adapters_costs
 
-Writes ``<out>.json`` and ``<out>.md``; ``tensorslim finetune --summarize --costs <out>.json`` puts both in the
-accuracy table.
+Writes ``<out>.json`` and ``<out>.md``; ``python experiments/adapters_protocol.py --summarize --costs <out>.json``
+puts both in the accuracy table.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@
 Full fine-tuning trains the pooler (``Linear(d, d) → tanh`` on ``[CLS]``); our adapter methods, like the official
 UniPELT code (Mao et al., arXiv 2110.07577) and peft, kept it frozen. MiniLM's checkpoint (sentence-transformers'
 all-MiniLM-L6-v2) was trained with mean pooling, so its pooler never served its training objective.
-``tensorslim finetune --train-pooler`` reruns the K = 100 grids with the pooler trained; this script compares the two
-variants of each method (:func:`tensorslim.cli.finetune.variant`: the default row and ``(pooler trained)``) on the
+``adapters_protocol.py --train-pooler`` reruns the K = 100 grids with the pooler trained; this script compares the two
+variants of each method (:func:`adapters_protocol.variant`: the default row and ``(pooler trained)``) on the
 development accuracy of the best-on-dev rate per seed, with the test accuracy beside it (not used for the choice). It
 also gives each method's per-seed test difference from full fine-tuning (``dense``), paired on the seed (same subsets),
 and the two-sided sign-flip p-value of its mean: with 5 seeds the smallest possible value is 2/32. ``--below`` adds the
-pooler-trained variant on its grid moved one step down (the runs of ``finetune --train-pooler --rates below``); several
+pooler-trained variant on its grid moved one step down (the runs of ``adapters_protocol.py --train-pooler --rates
+below``); several
 ``--runs`` files pool their runs (extra seeds kept out of the table's file).
 
     python experiments/adapters_pooler.py --runs experiments/results/adapters_bbc_titles.jsonl \\
@@ -28,7 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tensorslim.cli.finetune import LR_GRIDS, best_runs, variant
+from adapters_protocol import LR_GRIDS, best_runs, variant
+
 from tensorslim.methods.adapters import MODULES
 
 TRAINED = " (pooler trained)"
@@ -63,9 +65,9 @@ SHIFTED = " (pooler trained, grid one step down)"
 
 def shifted(records: list[dict[str, Any]], below: list[dict[str, Any]], *, k: int = 100) -> dict[str, Any]:
     """The pooler-trained variant of each method on its grid moved one step down (the same size): the run at the
-    rate below the grid (``finetune --rates below``, in ``below``) and at the grid's two lowest rates; per seed the
-    best on dev (a tie keeps the lower rate). Returns ``{method: {name: per-seed lists}}`` as :func:`compare`, and
-    the picked runs under ``"_runs"``."""
+    rate below the grid (``adapters_protocol.py --rates below``, in ``below``) and at the grid's two lowest rates;
+    per seed the best on dev (a tie keeps the lower rate). Returns ``{method: {name: per-seed lists}}`` as
+    :func:`compare`, and the picked runs under ``"_runs"``."""
     out: dict[str, Any] = {}
     for method in MODULES:
         name = method + TRAINED
@@ -118,7 +120,9 @@ def _mean_std(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", default=["experiments/results/adapters_bbc_titles.jsonl"])
-    parser.add_argument("--below", default=None, help="runs of finetune --train-pooler --rates below (.jsonl)")
+    parser.add_argument(
+        "--below", default=None, help="runs of adapters_protocol.py --train-pooler --rates below (.jsonl)"
+    )
     parser.add_argument("--out", default="experiments/results/adapters_pooler")
     args = parser.parse_args(argv)
     records = [json.loads(line) for path in args.runs for line in Path(path).read_text().splitlines()]

@@ -1,8 +1,8 @@
 """Does a longer run help the adapter methods at K = 100? A training-length choice made on the development set.
 
-The K = 100 sweep of ``tensorslim finetune`` trains every method for 5 epochs (32 steps of 16 titles) at each rate of
+The K = 100 sweep of ``adapters_protocol.py`` trains every method for 5 epochs (32 steps of 16 titles) at each rate of
 its three-rate grid, and the development accuracy picks the rate per seed. This script adds one longer run per method
-and seed — 15 epochs (94 steps) at the middle rate of its grid, ``tensorslim finetune --rates middle --epochs 15`` —
+and seed — 15 epochs (94 steps) at the middle rate of its grid, ``adapters_protocol.py --rates middle --epochs 15`` —
 and lets the development accuracy pick among the four runs (three rates × 32 steps, the middle rate × 94 steps; a tie
 keeps the earlier, shorter run). Every method gets the same four-run grid, so the rows stay comparable (UniPELT's
 protocol, Mao et al., arXiv 2110.07577, §4.1, selects on development data only).
@@ -12,7 +12,7 @@ protocol, Mao et al., arXiv 2110.07577, §4.1, selects on development data only)
 
 Writes ``<out>.json`` and ``<out>.md``: per method, the mean development accuracy at the middle rate for both
 lengths, how many seeds chose the longer run, and the test accuracy (mean ± std over seeds) under the three-run and
-the four-run choice. Only runs of each method's default variant (:func:`tensorslim.cli.finetune.variant`) count.
+the four-run choice. Only runs of each method's default variant (:func:`adapters_protocol.variant`) count.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tensorslim.cli.finetune import LR_GRIDS, variant
+from adapters_protocol import LR_GRIDS, variant
 
 
 def choose(runs: list[dict[str, Any]]) -> dict[str, Any]:

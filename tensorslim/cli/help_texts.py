@@ -23,8 +23,8 @@ positional arguments:
                                 train --task distill --method tt-qat)
     generate                    continue a prompt with a training run's latest checkpoint (causal LM
                                 runs)
-    finetune                    compare adapter methods (LoRA, prefix, adapter, prompt, UniPELT,
-                                peft) on low-resource classification
+    finetune                    fine-tune one adapter method (LoRA, prefix, adapter, prompt,
+                                UniPELT, peft) of a pretrained classifier
     longeval                    perplexity / needle recall on long documents with a bounded
                                 attention memory (--memory lra --capacity N)
     segment                     U-Net segmentation from image / global binary mask / both (arXiv
@@ -559,64 +559,27 @@ options:
   --seed INT             sampling seed (default: 0)
   --device STR           cpu or cuda (default: cpu)
 """,
-    "finetune": """usage: tensorslim finetune [-h] [--model MODEL] [--adapter ADAPTER] [--data DATA]
-                           [--train-size TRAIN_SIZE [TRAIN_SIZE ...]] [--seeds SEEDS]
-                           [--first-seed FIRST_SEED] [--dev-size DEV_SIZE] [--epochs EPOCHS]
-                           [--max-steps MAX_STEPS] [--lr-from K] [--rates {all,middle,below}]
-                           [--prompt-init random|vocab|labels|TEXT]
-                           [--prompt-combine {prefix,prefix_after_bos}] [--prompt-lr-scale X]
-                           [--train-pooler | --no-train-pooler] [--batch-size BATCH_SIZE]
-                           [--seq-len SEQ_LEN] [--out OUT] [--run-dir RUN_DIR] [--summarize]
-                           [--costs JSON]
+    "finetune": """usage: tensorslim finetune [-h] [--model MODEL] [--method METHOD] [--data DATA]
+                           [--train-size TRAIN_SIZE] [--dev-size DEV_SIZE] [--steps STEPS] [--lr LR]
+                           [--batch-size BATCH_SIZE] [--seq-len SEQ_LEN] [--seed SEED]
+                           [--out-dir OUT_DIR] [--overwrite]
 
-compare adapter methods (LoRA, prefix, adapter, prompt, UniPELT, peft) on low-resource classification
+fine-tune one adapter method (LoRA, prefix, adapter, prompt, UniPELT, peft) of a pretrained classifier
 
 options:
-  -h, --help                    show this help message and exit
-  --model MODEL                 registered pretrained classifier model (default: minilm)
-  --adapter ADAPTER             comma-separated methods ('unipelt+prompt' = unipelt-prompt; 'dense'
-                                = full fine-tuning)
-  --data DATA                   classification data set (default: bbcnews-titles)
-  --train-size TRAIN_SIZE [TRAIN_SIZE ...]
-                                training sizes K (0: all)
-  --seeds SEEDS                 seeds per (method, K)
-  --first-seed FIRST_SEED       the first seed (to split a sweep over processes)
-  --dev-size DEV_SIZE           development examples drawn from the training split
-  --epochs EPOCHS               passes over the K examples (steps = epochs·K/batch)
-  --max-steps MAX_STEPS         cap on optimizer steps per run
-  --lr-from K                   at other sizes, run each method only at the rate its development
-                                accuracy chose most often at this K (those runs must be in
-                                <out>.jsonl)
-  --rates {all,middle,below}    run each method's whole learning-rate grid, only its middle rate
-                                (the rate the K=100 sweeps chose most; to try another --epochs at
-                                one rate per method), or only the rate one grid step below its
-                                lowest (to see whether a variant's optimum lies below the grid)
-  --prompt-init random|vocab|labels|TEXT
-                                soft prompt start: 'random' (uniform in ±0.5), 'vocab' (word
-                                embeddings of tokens drawn from the 5,000 most frequent, Lester et
-                                al. 2021's sampled vocabulary, arXiv 2104.08691 §3.2), 'labels' (the
-                                class names' word embeddings, like their class-label init) or the
-                                word embeddings of TEXT (default: random; see docs/adapters.md for
-                                the development-set comparison)
-  --prompt-combine {prefix,prefix_after_bos}
-                                where the soft prompt of prompt and unipelt-prompt goes: before the
-                                input, or after its first token ([CLS], which the classifier reads)
-                                (default: each method's, see docs/adapters.md)
-  --prompt-lr-scale X           the soft prompt's rate as a multiple of the run's, for prompt and
-                                unipelt-prompt (default: each method's, 10 for unipelt-prompt, see
-                                docs/adapters.md)
-  --train-pooler, --no-train-pooler
-                                train the base model's pooler with the classifier head, for our
-                                adapter methods (default: off, see docs/adapters.md; dense trains
-                                it, peft's methods keep it frozen)
+  -h, --help               show this help message and exit
+  --model MODEL            registered pretrained classifier model (default: minilm)
+  --method METHOD          adapter method, or 'dense' for full fine-tuning (default: lora)
+  --data DATA              classification data set (default: bbcnews-titles)
+  --train-size TRAIN_SIZE  training examples K (0: all; default: 100)
+  --dev-size DEV_SIZE      development examples drawn from the training split
+  --steps STEPS            optimizer steps (default: 32, 5 passes over K = 100)
+  --lr LR                  peak learning rate (default: the method's)
   --batch-size BATCH_SIZE
-  --seq-len SEQ_LEN             tokens per title ([CLS] included)
-  --out OUT                     output prefix: .jsonl, .json, .md, .png
-  --run-dir RUN_DIR             folder of the individual Trainer runs
-  --summarize                   only rebuild the table and figure from <out>.jsonl
-  --costs JSON                  take train-step times and inference ratios from this
-                                benchmarks/adapters_costs.py result (measured side by side, deployed
-                                forms) instead of the sweep's own
+  --seq-len SEQ_LEN        tokens per example ([CLS] included)
+  --seed SEED              seed of the K examples, the init and the data order
+  --out-dir OUT_DIR        run folder (default: runs/<model>-<method>)
+  --overwrite              replace the run's own outputs in a used folder
 """,
     "longeval": """usage: tensorslim longeval [-h] [--run DIR | --preset PRESET] [--data DATA] [--length LENGTH]
                            [--docs DOCS] [--compare] [--json PATH] [--capacity INT] [--policy STR]

@@ -4,11 +4,13 @@ a tie keeps the short run, and a sweep missing part of a grid is a one-line erro
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "adapters_steps.py"
+sys.path.insert(0, str(SCRIPT.parent))  # it imports adapters_protocol by name, as when run from experiments/
 
 
 def load():
