@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
@@ -77,6 +77,7 @@ class BenchConfig:
     out: str | None = option(None, "output stem for .md/.json/.png (default: print only)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         check_preset(self.preset)
         object.__setattr__(self, "task", resolve_task(self.preset, self.task))
         if self.task not in BENCH_TASKS:  # synthetic_batch makes token batches only

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.decomp.svd import truncated_svd
 from tensorslim.layers.tt_embedding import is_embedding, token_tables
 from tensorslim.registry import LayerReport, Transform, register_transform
@@ -40,6 +40,7 @@ class LowRankEmbeddingConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("rank", self.rank)
         if self.init not in ("svd", "random"):
             raise ValueError(f"init={self.init!r} is invalid; allowed: 'svd' or 'random'")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.methods.hooks import TrainHook
 from tensorslim.methods.registry import Method, MethodContext, register_method
 from tensorslim.options import option
@@ -55,6 +55,7 @@ class PELTOptions:
     from_layer: int = option(0, "adapt only layers from this index on (the layer-wise variant)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.rank is not None:
             require_int("rank", self.rank)
         scale = self.prompt_lr_scale

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.methods.registry import Method, register_method
 from tensorslim.options import option
 
@@ -24,6 +24,7 @@ class GaLoreOptions:
     scale: float = option(0.25, "GaLore: update scale alpha", flag="galore-scale")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.rank is not None:
             require_int("rank", self.rank)
         require_int("galore_update_proj_gap", self.update_proj_gap)

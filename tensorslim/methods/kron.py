@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.convert import convert_
 from tensorslim.layers.kron import KronConfig
 from tensorslim.methods.registry import Method, MethodContext, register_method
@@ -22,6 +22,7 @@ class KronOptions:
     rank: int | None = option(None, "Kronecker terms per layer (default: 1)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.rank is not None:
             require_int("rank", self.rank)
 

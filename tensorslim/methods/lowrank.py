@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.convert import convert_
 from tensorslim.layers.cola_m import CoLAMConfig
 from tensorslim.layers.lax import CROSSINGS, LaXCoLAConfig, LaXSVDConfig
@@ -42,6 +42,7 @@ class RankOptions:
     rank: int | None = option(None, "latent rank (default: the model's recipe, else a quarter of min(d_in, d_out))")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.rank is not None:
             require_int("rank", self.rank)
 

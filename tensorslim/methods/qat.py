@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.convert import convert_
 from tensorslim.layers.tt import TTConfig
 from tensorslim.layers.tt_embedding import TTEmbeddingConfig
@@ -40,6 +40,7 @@ class TTQATOptions:
     bits_intermediate: int = option(8, "intermediate bits (weight+activation mode)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("rank", self.rank)
         require_int("n_cores", self.n_cores, minimum=2)
         require_int("embedding_rank", self.embedding_rank)

@@ -62,4 +62,5 @@ def factor_vocabulary_(model: nn.Module, rank: int, *, init: str = "random") -> 
     if init not in ("svd", "random"):
         raise ValueError(f"init={init!r} is invalid; allowed: 'svd' or 'random'")
     conversions = _conversions(model, rank, init=init)
-    return [convert_(model, config, filter_fn=keep) for config, keep in conversions]
+    # The rank is the caller's; a full-rank factorization (larger than dense) is a supported reference point.
+    return [convert_(model, config, filter_fn=keep, allow_larger=True) for config, keep in conversions]

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.functional.dropout import Dropout, attention
 from tensorslim.models.projections import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
@@ -47,6 +47,7 @@ class BertConfig:
     pooling: str = "cls"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "n_classes"):
             require_int(name, getattr(self, name))
         if self.d_model % self.n_heads:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.functional.attention import causal_attention
 from tensorslim.models.projections import linear_many
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
@@ -36,6 +36,7 @@ class LlamaConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        check_fields(self)
         for name in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "max_seq_len"):
             require_int(name, getattr(self, name))
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:

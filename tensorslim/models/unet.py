@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tensorslim._checks import check_fields
 from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
 
 
@@ -35,6 +36,7 @@ class UNetConfig:
     norm: str = "batch"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.in_channels not in (1, 2):
             raise ValueError(f"in_channels={self.in_channels!r} is invalid; allowed: 1 or 2")
         if len(self.channels) < 2 or any(not isinstance(c, int) or c < 1 for c in self.channels):

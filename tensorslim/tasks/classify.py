@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task, special_id
 from tensorslim.tasks.mlm import padded_vocab
@@ -37,6 +37,7 @@ class ClassifyOptions:
     dev_size: int = option(0, "development examples drawn per seed from the training split (0: none, validate on test)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("train_size", self.train_size, minimum=0)
         require_int("dev_size", self.dev_size, minimum=0)
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
 from tensorslim.quant.distill import distill_loss, embedding_loss, layers_in_use, mean_pooled
 from tensorslim.tasks.base import Autocast, Task, TaskData, model_tokenizer, register_task
@@ -37,6 +37,7 @@ class DistillOptions:
     steps_per_layer: int = option(20, "steps before one more encoder layer joins the loss (release: 2000)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("steps_per_layer", self.steps_per_layer)
 
 

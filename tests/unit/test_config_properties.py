@@ -17,8 +17,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tensorslim.bench.harness import BenchConfig
 from tensorslim.budget import Budget
 from tensorslim.convert import convert_
+from tensorslim.data.longctx.reader_config import ReaderConfig
 from tensorslim.layers.adapters import BottleneckConfig, GatedLoRAConfig, PELTConfig, PrefixConfig, PromptConfig
 from tensorslim.layers.cola_m import CoLAMConfig
 from tensorslim.layers.kron import KronConfig
@@ -29,7 +31,19 @@ from tensorslim.layers.lowrank import CoLAConfig, SVDConfig
 from tensorslim.layers.memory import MemoryConfig
 from tensorslim.layers.tt import TTConfig
 from tensorslim.layers.tt_embedding import TTEmbeddingConfig
+from tensorslim.methods.comera.objective import CoMERAConfig
+from tensorslim.methods.dense import GaLoreOptions
+from tensorslim.methods.kron import KronOptions
+from tensorslim.methods.lowrank import RankOptions
+from tensorslim.methods.qat import TTQATOptions
+from tensorslim.models.bert import BertConfig
+from tensorslim.models.unet import UNetConfig
 from tensorslim.quant import COMQConfig, GPTQConfig, QATConfig, RTNConfig, prepare_qat_, quantize_
+from tensorslim.tasks.classify import ClassifyOptions
+from tensorslim.tasks.distill import DistillOptions
+from tensorslim.tasks.longctx.lm import LongContextOptions
+from tensorslim.tasks.longctx.lookahead import LookaheadOptions
+from tensorslim.tasks.segment.task import SegmentOptions
 from tests.contracts import D_MODEL, ROWS, assert_unchanged, dense_model, sample_inputs, snapshot
 
 CHEAP = settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -54,6 +68,20 @@ CONFIGS = [
     GPTQConfig,
     COMQConfig,
     QATConfig,
+    CoMERAConfig,
+    BertConfig,
+    UNetConfig,
+    ReaderConfig,
+    BenchConfig,
+    RankOptions,
+    KronOptions,
+    TTQATOptions,
+    GaLoreOptions,
+    ClassifyOptions,
+    DistillOptions,
+    SegmentOptions,
+    LookaheadOptions,
+    LongContextOptions,
 ]
 
 
@@ -128,21 +156,26 @@ def _check_forward(model: torch.nn.Module, row_index: int = 0) -> None:
     assert out.shape == (2, 3, D_MODEL) and torch.isfinite(out).all()
 
 
+def _converts_or_refuses(config: object, *, fits: bool, match: str | None = None) -> None:
+    """A config that fits the toy converts it to a finite forward; one that does not leaves it bit-identical."""
+    model = dense_model(ROWS[0])
+    if fits:
+        convert_(model, config, allow_larger=True)
+        _check_forward(model)
+        return
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=match):
+        convert_(model, config, allow_larger=True)
+    assert_unchanged(before, snapshot(model))
+
+
 @CHEAP
 @given(cls=st.sampled_from(LOW_RANK), rank=st.integers(1, 40), random_init=st.booleans())
 def test_low_rank_families_convert_every_fitting_rank_and_refuse_the_rest(
     cls: type, rank: int, random_init: bool
 ) -> None:
-    model = dense_model(ROWS[0])
     config = cls(rank=rank, init="random" if random_init else "svd")
-    if rank <= D_MODEL:  # the toy's layers are 8 -> 12 and 12 -> 8
-        convert_(model, config, allow_larger=True)
-        _check_forward(model)
-        return
-    before = snapshot(model)
-    with pytest.raises(ValueError, match="rank="):
-        convert_(model, config, allow_larger=True)
-    assert_unchanged(before, snapshot(model))
+    _converts_or_refuses(config, fits=rank <= D_MODEL, match="rank=")  # the toy's layers are 8 -> 12 and 12 -> 8
 
 
 @CHEAP
@@ -154,33 +187,16 @@ def test_low_rank_families_convert_every_fitting_rank_and_refuse_the_rest(
 def test_tt_families_convert_every_splittable_core_count_and_refuse_the_rest(
     cls: type, rank: int, n_cores: int
 ) -> None:
-    model = dense_model(ROWS[0])
-    config = cls(rank=rank, n_cores=n_cores)
     # 8 = 2·2·2 carries at most 3 input modes > 1; half the cores carry input modes
-    if n_cores // 2 <= 3 and n_cores - n_cores // 2 <= 3:
-        convert_(model, config, allow_larger=True)
-        _check_forward(model)
-        return
-    before = snapshot(model)
-    with pytest.raises(ValueError):
-        convert_(model, config, allow_larger=True)
-    assert_unchanged(before, snapshot(model))
+    fits = n_cores // 2 <= 3 and n_cores - n_cores // 2 <= 3
+    _converts_or_refuses(cls(rank=rank, n_cores=n_cores), fits=fits)
 
 
 @CHEAP
 @given(rank=st.integers(1, 9))
-def test_kron_converts_every_fitting_rank_and_refuses_the_rest(rank: int) -> None:
-    model = dense_model(ROWS[0])
-    config = KronConfig(rank=rank)
-    limit = 6  # 8 -> 12 splits as (2, 4) x (3, 4): at most min(2·3, 4·4) = 6 terms
-    if rank <= limit:
-        convert_(model, config, allow_larger=True)
-        _check_forward(model)
-        return
-    before = snapshot(model)
-    with pytest.raises(ValueError, match="rank="):
-        convert_(model, config, allow_larger=True)
-    assert_unchanged(before, snapshot(model))
+def test_kron_converts_every_fitting_rank_and_refuse_the_rest(rank: int) -> None:
+    # 8 -> 12 splits as (2, 4) x (3, 4): at most min(2·3, 4·4) = 6 terms
+    _converts_or_refuses(KronConfig(rank=rank), fits=rank <= 6, match="rank=")
 
 
 # --- the verbs ----------------------------------------------------------------------------------------------------

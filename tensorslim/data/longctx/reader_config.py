@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
 
 READERS = ("sequential", "random-access", "random-skip")
@@ -41,6 +41,7 @@ class ReaderConfig:
     skip_lengths: str = option("", "random-skip: comma-separated skip lengths (tokens) to draw from")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.reader not in READERS:
             raise ValueError(f"reader={self.reader!r} is invalid; allowed: {list(READERS)}")
         require_int("skip_k", self.skip_k)

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.convert import convert_
 from tensorslim.layers.tt import TTConfig
 from tensorslim.methods.comera.gates import (
@@ -79,6 +79,7 @@ class CoMERAOptions:
     )
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.rank is not None:
             require_int("rank", self.rank)
         if not 0 < self.target_ratio <= 1:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tensorslim._checks import check_fields
 from tensorslim.methods.comera.gates import gate_penalty, model_size
 
 
@@ -52,6 +53,7 @@ class CoMERAConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name}={value!r} is invalid; allowed: a number >= 0")
+        check_fields(self)  # after the range checks above, whose messages say more
 
 
 class CoMERAObjective:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, register_task
 from tensorslim.tasks.lm import causal_lm_loss
@@ -37,6 +37,7 @@ class LongContextOptions:
     )
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if isinstance(self.needles, bool) or not isinstance(self.needles, int | float) or not 0 <= self.needles <= 1:
             raise ValueError(f"needles={self.needles!r} is invalid; allowed: a share in [0, 1]")
         require_int("needle_keys", self.needle_keys)

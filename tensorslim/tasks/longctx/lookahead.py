@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
 from tensorslim.tasks.base import TaskData, model_tokenizer, register_task
 from tensorslim.tasks.classify import Classification, ExampleStream, _special_ids
@@ -31,6 +31,7 @@ class LookaheadOptions:
     examples: int = option(2000, "training documents (validation: --eval-blocks documents)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         require_int("max_distance", self.max_distance)
         require_int("examples", self.examples)
 

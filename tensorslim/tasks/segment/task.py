@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim._checks import require_int
+from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
 from tensorslim.tasks.base import Autocast, Task, TaskData, register_task
 
@@ -41,6 +41,7 @@ class SegmentOptions:
     mask_dropout: float = option(0.0, "probability of blanking the mask channel of an image+mask training sample")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         from tensorslim.data.segment.sets import check_dataset, check_inputs
 
         require_int("train_pool", self.train_pool, minimum=0)
