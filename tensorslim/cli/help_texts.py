@@ -5,13 +5,13 @@ tensorslim.cli.help_cache``; do not edit by hand)."""
 
 TEXTS: dict[str, str] = {
     "": """usage: tensorslim [-h] [--version]
-                  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment,predict,export}
+                  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment,predict,export,compress}
                   ...
 
 Low-rank and tensor-network training and compression for transformers.
 
 positional arguments:
-  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment,predict,export}
+  {train,bench,convert,quantize,distill,generate,finetune,longeval,segment,predict,export,compress}
     train                       train a registered model with a method on a task (default: tiny CoLA
                                 on the stdlib corpus)
     bench                       measure params, FLOPs, step time and memory of methods vs dense
@@ -33,6 +33,8 @@ positional arguments:
                                 continuations (lm), masks (segment)
     export                      write a run's model as a folder to ship (tensorslim format, and
                                 Hugging Face format where it is plain)
+    compress                    compress a pretrained model to a params/bytes/FLOPs budget, choosing
+                                the family and size of every layer
 
 options:
   -h, --help                    show this help message and exit
@@ -683,5 +685,37 @@ options:
   --format {tensorslim,gguf}    tensorslim folder, or GGUF (llama.cpp)
   --gguf-type {f16,q8_0,q4_0,f32}
                                 weight type of --format gguf
+""",
+    "compress": """usage: tensorslim compress [-h] [--model STR] [--out STR] [--overwrite | --no-overwrite]
+                           [--params FLOAT] [--bytes FLOAT] [--flops FLOAT] [--families STR]
+                           [--data STR] [--calibration INT] [--held-out INT] [--seq-len INT]
+                           [--heal-steps INT] [--lr FLOAT]
+
+compress a pretrained model to a params/bytes/FLOPs budget, choosing the family and size of every layer
+
+options:
+  -h, --help                   show this help message and exit
+  --model STR                  a local Hugging Face model folder or a registered pretrained model
+                               (default: minilm)
+  --out STR                    the folder to write (must be new or empty, unless --overwrite)
+                               (default: None)
+  --overwrite, --no-overwrite  write into a non-empty --out folder, replacing the files it writes
+                               (default: False)
+  --params FLOAT               budget: a fraction of the linear layers' parameters (or a count)
+                               (default: None)
+  --bytes FLOAT                budget: a fraction of the linear layers' bytes (or a count) (default:
+                               None)
+  --flops FLOAT                budget: a fraction of the linear layers' FLOPs per token (or a count)
+                               (default: None)
+  --families STR               comma-separated families to choose from (also: tt) (default:
+                               lowrank,kron,int8,int4)
+  --data STR                   corpus: calibration from its training split, held-out from its
+                               validation split (default: bbcnews)
+  --calibration INT            calibration texts (default: 32)
+  --held-out INT               held-out texts that each stage is scored on (default: 16)
+  --seq-len INT                tokens per text (default: 128)
+  --heal-steps INT             distillation steps from the original model (layer by layer, then end
+                               to end) (default: 0)
+  --lr FLOAT                   learning rate of the healing (default: 0.0001)
 """,
 }

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "segment": "tensorslim.cli.segment",
     "predict": "tensorslim.cli.predict",
     "export": "tensorslim.cli.export",
+    "compress": "tensorslim.cli.compress",
 }
 DESCRIPTION = "Low-rank and tensor-network training and compression for transformers."
 HELP_WIDTH = 100  # help is rendered once, in advance, at this width

