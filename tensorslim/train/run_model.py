@@ -46,7 +46,7 @@ def _rebuilds(model: nn.Module, base: MethodBase | RegisteredBase) -> bool:
         )
         if isinstance(base, RegisteredBase):
             rebuild_layers(built, describe_layers(model))
-    except (ValueError, TypeError, KeyError):
+    except Exception:  # a recipe that cannot even be built does not describe the model
         return False
     return _shapes(built) == _shapes(model)
 
@@ -56,13 +56,14 @@ def _save_tokenizer(tokenizer: Any, folder: Path) -> str | None:
     if tokenizer is None:
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    backend = tokenizer.backend
-    if hasattr(backend, "to_str"):  # a `tokenizers.Tokenizer`
+    backend = getattr(tokenizer, "backend", None)
+    if hasattr(backend, "to_str"):  # our TextTokenizer over a `tokenizers.Tokenizer`
         backend.save(str(folder / TOKENIZER))
         eos = backend.id_to_token(tokenizer.eos_id)
         (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos}) + "\n")
         return TOKENIZER
-    backend.save_pretrained(str(folder))  # a transformers tokenizer: its own files
+    # A transformers tokenizer, bare or in our TextTokenizer: its own files.
+    (tokenizer if hasattr(tokenizer, "save_pretrained") else backend).save_pretrained(str(folder))
     return "."
 
 

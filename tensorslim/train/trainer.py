@@ -539,8 +539,8 @@ class Trainer:
                 tokenizer=self.data.tokenizer,
                 labels=self.data.labels,
             )
-        except ValueError as error:
-            return None, str(error)
+        except Exception as error:  # the run is done and checkpointed: its summary must still be written
+            return None, f"{type(error).__name__}: {error}"
         return str(folder), None
 
     def _report(self, result: TrainResult, records: list[dict[str, Any]]) -> None:
