@@ -1,13 +1,14 @@
 """Where does a mask-only heart U-Net put the heart? Its centre-of-mass error beside the silhouette yardsticks.
 
-Reads runs kept by ``tensorslim segment --keep-runs`` (heart, ``--inputs mask``), predicts the validation and/or
+Reads runs kept by ``segment_scenarios.py --keep-runs`` (heart, ``--inputs mask``), predicts the validation and/or
 test cases again from each run's last checkpoint, and reports per split the U-Net's mean centre-of-mass error, its
 mean signed error (row = anterior→posterior, column = right→left of the patient, mm), its error on bodies the field
 of view cuts and on the others, and the two yardsticks of ``experiments/segment_com_floor.py`` on the same cases:
 ``ellipse`` (the silhouette's moment-matched ellipse + the phantom's placement rule) and ``oracle`` (the true body +
 the rule). Use it to compare settings on the validation cases before running them on the test cases.
 
-    tensorslim segment --dataset heart --inputs mask --train-cases 12 --seeds 1 --preset unet-deep --steps 400 \
+    python experiments/segment_scenarios.py --dataset heart --inputs mask --train-cases 12 --seeds 1 \
+        --preset unet-deep --steps 400 \
         --batch-size 8 --keep-runs --out-dir runs/heart_deep400
     python experiments/segment_com_runs.py runs/heart_deep400 --splits val --out experiments/results/segment_com_runs.md
 """
@@ -56,7 +57,7 @@ def split_row(model: torch.nn.Module, split: str, size: int) -> dict[str, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dirs", nargs="+", help="--out-dir folders of tensorslim segment --keep-runs")
+    parser.add_argument("out_dirs", nargs="+", help="--out-dir folders of segment_scenarios.py --keep-runs")
     parser.add_argument("--splits", default="val", help="val, test or val,test")
     parser.add_argument("--out", required=True, help="the markdown file to write")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""Image + mask against image alone, seed by seed: the paired view of a ``tensorslim segment`` result file.
+"""Image + mask against image alone, seed by seed: the paired view of a ``segment_scenarios.py`` result file.
 
 With one training case, each seed draws its own case from the pool (``np.random.default_rng(seed)``), and the
 image and image + mask runs of a seed train on that same case, so their difference is paired. This script lists the
@@ -67,7 +67,7 @@ def paired_lines(runs: list[dict], dataset: str, cases: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("result", help="a segment_<dataset>.json written by tensorslim segment")
+    parser.add_argument("result", help="a segment_<dataset>.json written by segment_scenarios.py")
     parser.add_argument("--out", required=True, help="the markdown file to write")
     args = parser.parse_args()
     data = json.loads(Path(args.result).read_text())

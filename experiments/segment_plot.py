@@ -1,4 +1,4 @@
-"""One Dice-vs-training-cases figure from several ``tensorslim segment`` result files (e.g. the image/image+mask grid
+"""One Dice-vs-training-cases figure from several ``segment_scenarios.py`` result files (e.g. the image/image+mask grid
 and the mask-only grid of the same data set, run as separate commands).
 
     python experiments/segment_plot.py experiments/results/segment_brain_lowdata/segment_brain.json \
@@ -17,7 +17,7 @@ from tensorslim.tasks.segment.plots import plot_dice_curves
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+", help="segment_<dataset>.json files written by tensorslim segment")
+    parser.add_argument("results", nargs="+", help="segment_<dataset>.json files written by segment_scenarios.py")
     parser.add_argument("--out", required=True, help="the PNG to write")
     args = parser.parse_args()
     rows, datasets = [], set()

@@ -1,6 +1,6 @@
 """Which channel carries the test-time intensity shift's damage? Kept runs scored on the test cases three ways.
 
-``tensorslim segment`` scores every run on test cases whose image carries the intensity shift and whose global mask
+``segment_scenarios.py`` scores every run on test cases whose image carries the intensity shift and whose global mask
 is built from that shifted image. This script takes runs kept with ``--keep-runs`` and scores them on the same test
 cases (the same anatomy) three ways: ``clean`` (no shift at all), ``image shifted`` (the shifted image, the mask
 built from the clean image) and ``both shifted`` (the usual test). For an image + mask network, ``clean`` against
@@ -8,7 +8,8 @@ built from the clean image) and ``both shifted`` (the usual test). For an image 
 the mask builder's few noise-flipped pixels add. Three more columns apply one part of the shift at a time (gamma,
 bias field, noise; same draws per case, mask from the clean image) to say which part does the damage.
 
-    tensorslim segment --dataset brain --inputs image,image+mask --train-cases 2 --seeds 5 --steps 200 \
+    python experiments/segment_scenarios.py --dataset brain --inputs image,image+mask --train-cases 2 --seeds 5 \
+        --steps 200 \
         --batch-size 4 --keep-runs --out-dir runs/brain_n2
     python experiments/segment_shift_probe.py runs/brain_n2 --out experiments/results/segment_shift_probe_brain.md
 """
@@ -43,7 +44,7 @@ def mean_dice(model: torch.nn.Module, images: np.ndarray, masks: np.ndarray | No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", help="the --out-dir of tensorslim segment --keep-runs")
+    parser.add_argument("out_dir", help="the --out-dir of segment_scenarios.py --keep-runs")
     parser.add_argument("--out", required=True, help="the markdown file to write")
     args = parser.parse_args()
     rows: dict[tuple[str, int], list[tuple[float, ...]]] = {}

@@ -27,8 +27,8 @@ positional arguments:
                                 UniPELT, peft) of a pretrained classifier
     longeval                    perplexity / needle recall on long documents with a bounded
                                 attention memory (--memory lra --capacity N)
-    segment                     U-Net segmentation from image / global binary mask / both (arXiv
-                                2205.09107), tables and figures
+    segment                     train and evaluate one U-Net segmentation setting: image, global
+                                binary mask or both (arXiv 2205.09107)
     predict                     predict with a trained run: labels (classify), filled masks (mlm),
                                 continuations (lm), masks (segment)
     export                      write a run's model as a folder to ship (tensorslim format, and
@@ -622,34 +622,32 @@ memory (tensorslim.layers.memory.MemoryConfig):
   --memory POLICY               same as --policy
 """,
     "segment": """usage: tensorslim segment [-h] [--dataset DATASET] [--inputs INPUTS] [--train-cases TRAIN_CASES]
-                          [--train-pool TRAIN_POOL] [--seeds SEEDS] [--preset PRESET]
-                          [--image-size IMAGE_SIZE] [--steps STEPS] [--batch-size BATCH_SIZE]
-                          [--lr LR] [--augment | --no-augment] [--intensity INTENSITY]
-                          [--mask-dropout MASK_DROPOUT] [--overlay-cases OVERLAY_CASES]
-                          [--out-dir OUT_DIR] [--keep-runs] [--device DEVICE]
+                          [--train-pool TRAIN_POOL] [--preset PRESET] [--image-size IMAGE_SIZE]
+                          [--steps STEPS] [--batch-size BATCH_SIZE] [--lr LR]
+                          [--augment | --no-augment] [--intensity INTENSITY]
+                          [--mask-dropout MASK_DROPOUT] [--seed SEED] [--out-dir OUT_DIR]
+                          [--overwrite] [--device DEVICE]
 
-U-Net segmentation from image / global binary mask / both (arXiv 2205.09107), tables and figures
+train and evaluate one U-Net segmentation setting: image, global binary mask or both (arXiv 2205.09107)
 
 options:
-  -h, --help                    show this help message and exit
-  --dataset DATASET             brain (warped MNI152, ventricles) or heart (phantoms)
-  --inputs INPUTS               comma-separated input modes (also: prior, image+prior)
-  --train-cases TRAIN_CASES     comma-separated training-set sizes
-  --train-pool TRAIN_POOL       training pool size; 0: the paper's (brain 26, heart 12)
-  --seeds SEEDS                 seeds per setting (0, 1, ...)
-  --preset PRESET               U-Net preset: unet-small (8-64 ch), unet (16-128), unet-deep (8-128)
-  --image-size IMAGE_SIZE       image side in pixels
-  --steps STEPS                 optimizer steps per run
-  --batch-size BATCH_SIZE       images per step
-  --lr LR                       peak learning rate (AdamW, warm-up then cosine)
-  --augment, --no-augment       random affine moves
-  --intensity INTENSITY         image-channel intensity augmentation: none, nnunet (default), strong
-  --mask-dropout MASK_DROPOUT   probability of blanking the mask channel of a training sample
-  --overlay-cases OVERLAY_CASES
-                                test cases shown in the overlay figure
-  --out-dir OUT_DIR             where results go (default: runs/segment-<dataset>)
-  --keep-runs                   keep each run's folder (checkpoint, metrics)
-  --device DEVICE               cpu or cuda
+  -h, --help                   show this help message and exit
+  --dataset DATASET            brain (warped MNI152, ventricles) or heart (phantoms)
+  --inputs INPUTS              mask, image, image+mask, prior or image+prior
+  --train-cases TRAIN_CASES    training cases drawn from the pool (default: 4)
+  --train-pool TRAIN_POOL      training pool size; 0: the paper's (brain 26, heart 12)
+  --preset PRESET              U-Net preset: unet-small (8-64 ch), unet (16-128), unet-deep (8-128)
+  --image-size IMAGE_SIZE      image side in pixels
+  --steps STEPS                optimizer steps
+  --batch-size BATCH_SIZE      images per step
+  --lr LR                      peak learning rate (AdamW, warm-up then cosine)
+  --augment, --no-augment      random affine moves
+  --intensity INTENSITY        image-channel intensity augmentation: none, nnunet (default), strong
+  --mask-dropout MASK_DROPOUT  probability of blanking the mask channel of a training sample
+  --seed SEED                  seed of the training cases, the init and the data order
+  --out-dir OUT_DIR            run folder (default: runs/segment-<dataset>-<inputs>)
+  --overwrite                  replace the run's own outputs in a used folder
+  --device DEVICE              cpu or cuda
 """,
     "predict": """usage: tensorslim predict [-h] --run DIR [--file FILE] [--out OUT] [--max-new-tokens MAX_NEW_TOKENS]
                           [--greedy] [--temperature TEMPERATURE] [--seed SEED] [--device DEVICE]
