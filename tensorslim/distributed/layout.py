@@ -38,7 +38,7 @@ from tensorslim.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from tensorslim.distributed import fsdp
+from tensorslim.distributed import fsdp, teardown
 from tensorslim.distributed.chunks import Holding, prepare_adamw_state, sharded_state
 from tensorslim.distributed.comm import CommLog, TPGroup
 from tensorslim.distributed.parallelize import (
@@ -463,13 +463,16 @@ class TensorParallel:
 
     def close(self, *, ok: bool) -> None:
         """Leave the process group: after a barrier when the run finished, so no rank tears down while a peer
-        still talks to it (a peer gone mid-collective aborts the interpreter at exit)."""
+        still talks to it, then release every group so its gloo threads end here, not at interpreter shutdown
+        (:mod:`tensorslim.distributed.teardown`)."""
         if not dist.is_initialized():
             return
         if ok:
             with exit_on_peer_failure(self.rank):
                 dist.barrier()
-        dist.destroy_process_group()
+        groups = [dist.group.WORLD, *self.mesh.get_all_groups()]
+        self.runner = self.dp_group = None  # DDP's reducer holds the dp group from C++
+        teardown.leave(groups, meshes=[self.mesh, self.mesh["dp"], self.mesh["tp"]])
 
 
 class DataParallel(TensorParallel):

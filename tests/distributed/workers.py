@@ -404,3 +404,40 @@ def methods_worker(rank: int, world: int, port: int, path: str) -> None:
     }
     _write(path, out)
     dist.destroy_process_group()
+
+
+TEARDOWN_LAYOUTS = {
+    "dp": {"tp": 1},
+    "tp": {"tp": 2},
+    "dp-shard": {"tp": 1, "dp_shard": 2},
+    "tp-overlap": {"tp": 2, "tp_overlap": "full"},
+}
+
+
+def teardown_main(rank: str, port: str, corpus: str, out_dir: str, layout: str) -> None:
+    """Two steps of the Trainer on rank ``rank`` of 2 in ``layout`` (a key of :data:`TEARDOWN_LAYOUTS`), as torchrun
+    starts it; then the names of the gloo threads still alive in this process go to ``threads_<rank>.json``."""
+    from tensorslim.distributed.teardown import gloo_threads
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import train
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, LOCAL_RANK=rank, WORLD_SIZE="2")
+    os.environ["TENSORSLIM_DIST_TIMEOUT"] = "120"  # a slow peer on a loaded machine is not a dead one
+    torch.set_num_threads(1)
+    config = TrainConfig(
+        preset="tiny",
+        steps=2,
+        batch_size=4,
+        seq_len=32,
+        vocab_size=512,
+        data=corpus,
+        eval_every=2,
+        eval_blocks=4,
+        checkpoint_every=2,
+        out_dir=out_dir,
+        progress=False,
+        tensorboard=False,
+        **TEARDOWN_LAYOUTS[layout],
+    )
+    train(config)
+    (Path(out_dir) / f"threads_{rank}.json").write_text(json.dumps({"gloo_threads": gloo_threads()}))
