@@ -246,7 +246,8 @@ def _build_base(record: dict[str, Any], folder: Path, model: nn.Module | None) -
     if kind == "huggingface":
         import transformers
 
-        config = transformers.AutoConfig.from_pretrained(folder / record["config"], local_files_only=True)
+        config_file = file_inside(folder, record["config"], what="base.config")
+        config = transformers.AutoConfig.from_pretrained(config_file, local_files_only=True)
         architecture = getattr(transformers, record["architecture"], None)
         if not isinstance(architecture, type) or not issubclass(architecture, transformers.PreTrainedModel):
             raise ValueError(f"architecture={record['architecture']!r} is not a transformers model class")
@@ -498,11 +499,13 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     """
     path = Path(folder) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(file_inside(folder, MANIFEST, what="manifest").read_text())
     except (OSError, ValueError) as error:
         raise ValueError(
             f"{folder} holds no readable {MANIFEST} ({error}); was it written by save_pretrained?"
         ) from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} holds a JSON {type(manifest).__name__}; allowed: an object")
     if (
         manifest.get("format") != FORMAT
         or not isinstance(manifest.get("version"), int)
@@ -512,7 +515,67 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
             f"{path} has format {manifest.get('format')!r} version {manifest.get('version')!r}; "
             f"allowed: {FORMAT!r} up to version {VERSION}"
         )
+    _check_manifest(manifest, Path(folder), path)
     return manifest
+
+
+def file_inside(folder: str | os.PathLike, name: object, *, what: str) -> Path:
+    """The file ``name`` of ``folder``, refusing any way out of it: not a relative path string, ``..``, an absolute
+    path, or a symbolic link that resolves outside the folder.
+
+    Raises:
+        ValueError: ``name`` leads outside ``folder`` (nothing is opened).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what}={name!r} is invalid; allowed: the name of a file inside {folder}")
+    relative, root = Path(name), Path(folder).resolve()
+    target = (root / relative).resolve()
+    if relative.is_absolute() or ".." in relative.parts or not target.is_relative_to(root):
+        raise ValueError(f"{what}={name!r} leads outside {folder}; allowed: a file inside the folder")
+    return target
+
+
+_BASE_FIELDS = {
+    "tensorslim": {
+        "name": str,
+        "task": str,
+        "vocab_size": int | None,
+        "max_seq_len": int | None,
+        "n_classes": int | None,
+    },
+    "huggingface": {"architecture": str, "config": str},
+    "method": {"name": str, "method": str, "task": str, "options": dict, "overrides": dict},
+    "custom": {"class": str},
+}
+
+
+def _check_manifest(manifest: dict[str, Any], folder: Path, path: Path) -> None:
+    """One-line errors for a manifest whose entries have the wrong JSON types or lead outside ``folder``, before
+    anything is built, imported or read."""
+    base = manifest.get("base")
+    kinds = {**dict.fromkeys(BASE_BUILDERS, {}), **_BASE_FIELDS}  # a registered builder checks its own record
+    if not isinstance(base, dict) or base.get("kind") not in kinds:
+        raise ValueError(f"{path}: base={base!r} is invalid; allowed: an object whose kind is one of {sorted(kinds)}")
+    for field, kind in kinds[base["kind"]].items():
+        value = base.get(field)
+        if field not in base or isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{path}: base.{field}={value!r} is invalid for kind {base['kind']!r}")
+    if base["kind"] == "tensorslim":  # the overrides' ranges, as RegisteredBase checks them
+        try:
+            RegisteredBase(**{field: base[field] for field in _BASE_FIELDS["tensorslim"]})
+        except ValueError as error:
+            raise ValueError(f"{path}: base.{error}") from None
+    if base["kind"] == "huggingface":
+        if not base["architecture"].isidentifier():
+            raise ValueError(f"{path}: base.architecture={base['architecture']!r} is invalid; allowed: a class name")
+        file_inside(folder, base["config"], what=f"{path}: base.config")
+    file_inside(folder, manifest.get("weights"), what=f"{path}: weights")
+    aliases = manifest.get("aliases")
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise ValueError(f"{path}: aliases={aliases!r} is invalid; allowed: an object of tensor names")
+    layers = manifest.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(entry, dict) for entry in layers):
+        raise ValueError(f"{path}: layers={layers!r} is invalid; allowed: a list of objects")
 
 
 def load_pretrained(
@@ -561,7 +624,7 @@ def locate_model(path: str | os.PathLike) -> tuple[dict[str, Any], Path, Path, d
     folder = Path(path)
     if (folder / MANIFEST).is_file():
         manifest = read_manifest(folder)
-        return manifest, folder, folder / manifest["weights"], manifest["aliases"]
+        return manifest, folder, file_inside(folder, manifest["weights"], what="weights"), manifest["aliases"]
     if (folder / RUN_MODEL / MANIFEST).is_file():
         return locate_model(folder / RUN_MODEL)
     if (folder / "checkpoints").is_dir():
