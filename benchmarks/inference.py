@@ -1,16 +1,18 @@
 """Inference speed as users see it: prefill latency and decode tokens/s with the KV cache, side by side in one run.
 
-Methods: dense, CoLA (arXiv 2502.10940, §3), SVD, CoMERA (arXiv 2405.14377; its tensor-train layers), W4 (the
-dense model with 4-bit round-to-nearest weights, :class:`tensorslim.quant.RTNConfig`, with the default cache of the
-dequantized weights) and W4-packed (the same with the cache off: only packed codes held, dequantized per call). Every
+Methods: dense, CoLA (arXiv 2502.10940, §3), SVD, CoMERA (arXiv 2405.14377; its tensor-train layers), and the
+weight-only quantized arms, all round-to-nearest with the token embeddings and output head quantized too
+(:class:`tensorslim.quant.RTNConfig` ``(bits, embeddings=True)``, as llama.cpp's formats do): W8 and W4 (the dense
+model on PyTorch's packed int8/int4 CPU kernels, the default), W4-float-cache (W4 multiplying by a cached
+dequantized float weight, :func:`tensorslim.quant.set_weight_cache`) and CoLA+W4 (CoLA's factors at 4 bits). Every
 model is built at random init: speed does not depend on the weights' values. For each batch size the same random
 prompt is prefilled (one forward over ``--prompt-len`` tokens filling the cache) and then ``--new-tokens`` tokens
 are decoded greedily one at a time through the cache, as :func:`tensorslim.generation.generate_ids` does. Methods
 alternate within each repeat so that the shared machine's noise hits them alike; min/median/max are reported.
 
-Memory is the state decoding holds: weights (packed codes for W4, plus its cached dequantized weights) plus the KV
-cache at the end of decoding; the transient activations of one step (and W4-packed's dequantized matrix of the layer
-running) come on top.
+Memory is the state decoding holds: the bytes of every tensor the model holds (parameters, buffers, and the tensors
+quantized layers derive and keep between calls: kernel scale tables, cached float weights) plus the KV cache at the
+end of decoding; the transient activations of one step come on top.
 
 Usage:
     python benchmarks/inference.py --presets 60m,350m --batch-sizes 1,8 --out benchmarks/results/inference
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,27 +37,31 @@ from tensorslim.bench.harness import machine_description
 from tensorslim.books import count_params
 from tensorslim.methods import build_for_method
 from tensorslim.models.registry import model_config
-from tensorslim.train.precision import autocast, resolve_dtype
+from tensorslim.quant.kernels import kernel_dtype
+from tensorslim.train.precision import autocast, cpu_flags, resolve_dtype
 
-METHODS = ("dense", "cola", "svd", "comera", "w4", "w4-packed")
+METHODS = ("dense", "cola", "svd", "comera", "w8", "w4", "w4-float-cache", "cola+w4")
+QUANTIZED = {"w8": ("dense", 8), "w4": ("dense", 4), "w4-float-cache": ("dense", 4), "cola+w4": ("cola", 4)}
 
 
-def build_model(preset: str, method: str, *, max_seq_len: int) -> nn.Module:
-    """``method``'s model of ``preset`` in eval mode (W4: the dense model with 4-bit RTN weights)."""
+def build_model(preset: str, method: str, *, max_seq_len: int) -> tuple[nn.Module, int]:
+    """``method``'s model of ``preset`` in eval mode (a quantized arm: its base method, then RTN with the
+    embeddings and head) and its parameter count (a quantized arm: its base's, as codes)."""
     from tensorslim.quant import RTNConfig, quantize_, set_weight_cache
 
     torch.manual_seed(0)
-    quantized = method in ("w4", "w4-packed")
-    model, _, _ = build_for_method(preset, "dense" if quantized else method, max_seq_len=max_seq_len)
-    if quantized:
-        quantize_(model, RTNConfig(bits=4), None)
-        set_weight_cache(model, method == "w4")
-    return model.eval()
+    base, bits = QUANTIZED.get(method, (method, None))
+    model, _, _ = build_for_method(preset, base, max_seq_len=max_seq_len)
+    params = count_params(model).total
+    if bits is not None:
+        quantize_(model, RTNConfig(bits=bits, embeddings=True), None)
+        set_weight_cache(model, method == "w4-float-cache")
+    return model.eval(), params
 
 
 def state_bytes(model: nn.Module, cache: Any) -> dict[str, int]:
-    """Bytes of the weights (parameters and buffers, so W4's packed codes, plus W4's cached dequantized weights) and
-    of the KV cache."""
+    """Bytes of the weights (parameters and buffers, so the packed codes, plus what quantized layers derive and keep:
+    kernel scale tables, cached float weights) and of the KV cache."""
     from tensorslim.quant import QuantLinear
 
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
@@ -81,7 +88,8 @@ def prefill_and_decode(model: nn.Module, prompt: torch.Tensor, new_tokens: int, 
 def measure_preset(preset: str, args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     max_seq_len = args.prompt_len + args.new_tokens
-    models = {m: build_model(preset, m, max_seq_len=max_seq_len) for m in methods}
+    built = {m: build_model(preset, m, max_seq_len=max_seq_len) for m in methods}
+    models = {m: model for m, (model, _) in built.items()}
     vocab = model_config(preset).vocab_size
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
@@ -100,7 +108,7 @@ def measure_preset(preset: str, args: argparse.Namespace, dtype: str) -> list[di
                     "preset": preset,
                     "method": method,
                     "batch_size": batch_size,
-                    "params": count_params(models[method]).total,
+                    "params": built[method][1],
                     "prefill_s": {"min": min(prefill), "median": statistics.median(prefill), "max": max(prefill)},
                     "decode_tokens_per_s": {
                         "min": min(decode_tps),
@@ -138,6 +146,35 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Decode speed-up and memory against dense, per preset and batch size, with the command in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    groups = sorted({(r["preset"], r["batch_size"]) for r in rows}, key=lambda g: (g[0], g[1]))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(groups)
+    for k, (preset, batch) in enumerate(groups):
+        chosen = {r["method"]: r for r in rows if r["preset"] == preset and r["batch_size"] == batch}
+        x = [i + k * width for i in range(len(methods))]
+        axes[0].bar(x, [chosen[m]["vs_dense"]["decode_speedup"] for m in methods], width, label=f"{preset} b{batch}")
+        axes[1].bar(x, [chosen[m]["vs_dense"]["memory"] for m in methods], width, label=f"{preset} b{batch}")
+    titles = ("decode tokens/s ×dense (higher is better)", "weights + KV ×dense (lower is better)")
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(methods))], methods, rotation=30)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result['command']}\n{result['machine']['cpu']}, {result['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="60m,350m")
@@ -163,6 +200,9 @@ def main() -> None:
         "dtype": dtype,
         "precision_probe": probe and probe.to_dict(),
         "seconds": time.perf_counter() - started,
+        "cpu_flags": sorted({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"} & cpu_flags()),
+        "kernel_activations": str(kernel_dtype()).removeprefix("torch."),
+        "load_average_end": os.getloadavg(),
         "rows": rows,
     }
     table = markdown(result)
@@ -173,12 +213,16 @@ def main() -> None:
             f"# Inference: prefill and KV-cache decode\n\n- command: `{result['command']}`\n- date: {result['date']}\n"
             f"- machine: {machine['cpu']}, {machine['cores']} cores shared with other engineers' jobs, torch "
             f"{machine['torch']} ({machine['torch_threads']} threads), load average at start "
-            f"{tuple(round(x, 1) for x in machine['load_average'])}\n"
+            f"{tuple(round(x, 1) for x in machine['load_average'])}, at the end "
+            f"{tuple(round(x, 1) for x in result['load_average_end'])}\n"
+            f"- CPU flags: {', '.join(result['cpu_flags'])}; packed kernels' activations: "
+            f"{result['kernel_activations']}\n"
             f"- precision: {dtype}; prompt {args.prompt_len} tokens, {args.new_tokens} decoded tokens, "
             f"{args.warmup} warm-up + {args.repeats} timed repeats, methods alternating; wall clock\n\n"
         )
         Path(args.out).with_suffix(".md").write_text(header + table)
         Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        plot(result, Path(args.out).with_suffix(".png"))
 
 
 if __name__ == "__main__":
