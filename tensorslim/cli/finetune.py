@@ -85,19 +85,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("dev_size", "steps", "batch_size"):
         require_int(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_int("--seq-len", args.seq_len, minimum=2)  # [CLS] and at least one token
+    run_flags = ("model", "method", "data", "train_size", "dev_size", "steps", "batch_size", "seq_len", "lr", "seed")
     config = finetune_config(
-        model=args.model,
-        method=args.method,
-        data=args.data,
-        train_size=args.train_size,
-        dev_size=args.dev_size,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        lr=args.lr,
-        seed=args.seed,
-        out_dir=args.out_dir,
-        overwrite=args.overwrite,
+        out_dir=args.out_dir, overwrite=args.overwrite, **{name: getattr(args, name) for name in run_flags}
     )
     from tensorslim.layers.adapters import trainable_parameters
     from tensorslim.train.trainer import Trainer

@@ -10,6 +10,7 @@ The paper's scenarios (every mode × size × seed, with tables and figures) are 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -121,28 +122,10 @@ def run(args: argparse.Namespace) -> int:
     from tensorslim._checks import require_output
     from tensorslim.tasks.segment import SegmentOptions
 
-    options = SegmentOptions(
-        dataset=args.dataset,
-        inputs=args.inputs,
-        train_cases=args.train_cases,
-        train_pool=args.train_pool,
-        image_size=args.image_size,
-        augment=args.augment,
-        intensity=args.intensity,
-        mask_dropout=args.mask_dropout,
-    )
+    options = SegmentOptions(**{field.name: getattr(args, field.name) for field in dataclasses.fields(SegmentOptions)})
+    run_flags = ("preset", "steps", "batch_size", "lr", "seed", "device", "overwrite")
     out_dir = args.out_dir or f"runs/segment-{args.dataset}-{args.inputs}"
-    config = segment_config(
-        options,
-        preset=args.preset,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        device=args.device,
-        out_dir=out_dir,
-        overwrite=args.overwrite,
-    )
+    config = segment_config(options, out_dir=out_dir, **{name: getattr(args, name) for name in run_flags})
     require_output("out_dir", config.run_dir, folder=True)
     row, _, _ = train_and_score(config)
     print(
