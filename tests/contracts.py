@@ -229,6 +229,7 @@ def _refusals() -> list[Refusal]:
             lambda: dense_model(ROWS[0]),
             lambda m: convert_(m, LaXSVDConfig(rank=4, crossing="dense")),
         ),
+        Refusal("convert-gptq-needs-calibration", lambda: dense_model(ROWS[0]), lambda m: convert_(m, GPTQConfig())),
         Refusal("quant-gptq-no-calibration", lambda: dense_model(ROWS[0]), lambda m: quantize_(m, GPTQConfig(), None)),
         Refusal("quant-comq-no-calibration", lambda: dense_model(ROWS[0]), lambda m: quantize_(m, COMQConfig(), None)),
         Refusal(

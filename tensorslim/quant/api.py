@@ -44,7 +44,14 @@ from tensorslim.quant.qlinear import (
 )
 from tensorslim.quant.quantizer import QuantConfig, QuantResult
 from tensorslim.quant.rtn import RTNConfig, rtn_quantize
-from tensorslim.registry import registered_for, set_submodule, unchanged_on_error
+from tensorslim.registry import (
+    LayerReport,
+    Transform,
+    register_transform,
+    registered_for,
+    set_submodule,
+    unchanged_on_error,
+)
 
 FilterFn = Callable[[nn.Module, str], bool]
 Solver = Callable[[torch.Tensor, torch.Tensor | None, QuantConfig], QuantResult]
@@ -391,3 +398,60 @@ def load_quantized(model: nn.Module, path: str | Path) -> nn.Module:
         set_submodule(model, name, quant_shell(spec, dtype))
     load_model(model, str(path))
     return model
+
+
+# --- the registry family: convert_(model, RTNConfig(bits=4)) ------------------------------------------------------
+
+
+def _convertible(module: nn.Module) -> bool:
+    """What ``convert_`` quantizes: the quantizable layers but token tables (``quantize_`` with ``embeddings=True``)."""
+    return is_quantizable(module) and not isinstance(module, nn.Embedding)
+
+
+def _plan_quant_layer(name: str, module: nn.Module, config: QuantConfig) -> LayerReport:
+    """The books of one layer quantized in place of its float weights; nothing is solved yet.
+
+    Only round to nearest runs layer by layer without data: GPTQ and COMQ need the calibration inputs of
+    :func:`quantize_`, which this path refuses with a one-line error before the model is touched.
+    """
+    if config.needs_calibration:
+        raise ValueError(
+            f"{type(config).__name__} needs calibration data; allowed: RTNConfig with convert_, or "
+            "quantize_(model, config, calibration)"
+        )
+    if config.embeddings:
+        raise ValueError("embeddings=True is for quantize_; allowed with convert_: embeddings=False")
+    targets = quant_targets(name, module)
+    bias = getattr(module, "bias", None)
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(targets[0].weight.shape[1], targets[-1].weight.shape[0]),
+        new_shape=f"{config.bits}-bit codes",
+        rank=0,
+        params_before=sum(p.numel() for p in module.parameters()),
+        params_after=bias.numel() if isinstance(bias, nn.Parameter) else 0,  # codes and scales are buffers
+    )
+
+
+def _build_quant_layer(module: nn.Module, config: QuantConfig) -> nn.Module:
+    rtn = RTNConfig(bits=config.bits, granularity=config.granularity)
+    return _build(module, [rtn_quantize(target.weight, None, rtn) for target in quant_targets("", module)])
+
+
+def _describe_quant_layer(model: nn.Module, name: str, layer: QuantLinear) -> tuple[RTNConfig, dict[str, object]]:
+    """Codes carry no trace of their solver: the config names the width, the state the layout."""
+    del model, name
+    return RTNConfig(bits=layer.bits), layer_spec(layer)
+
+
+register_transform(
+    QuantConfig,
+    Transform(
+        accepts=_convertible,
+        plan_layer=_plan_quant_layer,
+        build=_build_quant_layer,
+        layer_type=QuantLinear,
+        describe=_describe_quant_layer,
+    ),
+)

@@ -7,14 +7,15 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from tensorslim.convert import convert_
+from tensorslim.convert import convert_, plan
 from tensorslim.layers.lora import LoRAConfig, LoRALinear, apply_lora_
 from tensorslim.layers.lowrank import CoLAConfig, LowRankLinear, SVDConfig
 from tensorslim.pretrained import load_pretrained, save_pretrained
-from tensorslim.quant import RTNConfig, quantize_
+from tensorslim.quant import GPTQConfig, RTNConfig, quantize_
 from tensorslim.quant.qlinear import QuantLowRankLinear
 from tests.contracts import ROWS, dense_model, sample_inputs
 
@@ -111,3 +112,37 @@ def test_a_quantized_layer_recorded_in_the_first_manifest_layout_still_loads(tmp
     loaded = load_pretrained(folder, model=dense_model(ROWS[0]).float())
     x = sample_inputs(ROWS[0]).float()
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def test_convert_with_rtn_is_quantize_without_calibration_and_composes_after_low_rank() -> None:
+    """Quantization as a registry family: ``plan`` books what ``convert_`` builds, the layers equal ``quantize_``'s
+    bit for bit, and low rank then 4-bit is two ``convert_`` calls."""
+    x = sample_inputs(ROWS[0])
+    by_verb, by_registry = dense_model(ROWS[0]), dense_model(ROWS[0])
+    for model in (by_verb, by_registry):
+        convert_(model, SVDConfig(rank=4))
+    quantize_(by_verb, RTNConfig(bits=4), None)
+    planned = plan(by_registry, RTNConfig(bits=4))
+    report = convert_(by_registry, RTNConfig(bits=4))
+    assert (
+        [layer.name for layer in planned.layers]
+        == [layer.name for layer in report.layers]
+        == list(name for name, m in by_verb.named_modules() if isinstance(m, QuantLowRankLinear))
+    )
+    for layer in report.layers:
+        built = by_registry.get_submodule(layer.name)
+        assert layer.params_after == sum(p.numel() for p in built.parameters())
+    assert by_registry.state_dict().keys() == by_verb.state_dict().keys()
+    for key, value in by_verb.state_dict().items():
+        assert torch.equal(by_registry.state_dict()[key], value), key
+    torch.testing.assert_close(by_registry(x), by_verb(x), rtol=0, atol=0)
+
+
+def test_convert_refuses_a_quantizer_that_needs_calibration_before_touching_the_model() -> None:
+    model = dense_model(ROWS[0])
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match="GPTQConfig needs calibration data"):
+        convert_(model, GPTQConfig(bits=4))
+    assert all(type(m) is not QuantLowRankLinear for m in model.modules())
+    for key, value in before.items():
+        assert torch.equal(model.state_dict()[key], value)
