@@ -26,16 +26,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _results import table, write
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tensorslim.functional.attention import causal_attention, matmul_causal_attention
@@ -132,16 +130,20 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], variants: list[str]) -> str:
-    lines = [
-        "| dtype | T | pass | " + " | ".join(f"{v} (ms)" for v in variants) + " | sdpa / model |",
-        "|---" * (len(variants) + 4) + "|",
+def times_table(rows: list[dict], variants: list[str]) -> list[str]:
+    """Milliseconds per call of each variant by dtype, length and pass, with SDPA's time over the model's."""
+    columns = ["dtype", "T", "pass", *(f"{v} (ms)" for v in variants), "sdpa / model"]
+    cells = [
+        [
+            row["dtype"],
+            row["seq"],
+            row["pass"],
+            *(f"{row[v]:.2f}" for v in variants),
+            f"{row['sdpa'] / row['model']:.2f}×" if "sdpa" in row and "model" in row else "",
+        ]
+        for row in rows
     ]
-    for row in rows:
-        cells = " | ".join(f"{row[v]:.2f}" for v in variants)
-        ratio = f"{row['sdpa'] / row['model']:.2f}×" if "sdpa" in row and "model" in row else ""
-        lines.append(f"| {row['dtype']} | {row['seq']} | {row['pass']} | {cells} | {ratio} |")
-    return "\n".join(lines) + "\n"
+    return table(columns, cells)
 
 
 def main() -> None:
@@ -158,21 +160,16 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rows = measure(args)
-    text = table(rows, args.variants.split(","))
-    print(text)
+    lines = times_table(rows, args.variants.split(","))
+    print("\n".join(lines))
     if args.out:
-        header = (
-            "# Causal attention on the CPU, SDPA vs matmul attention\n\n"
-            f"- command: `python {' '.join(sys.argv)}`\n"
-            f"- {args.timer} clock, {args.threads} thread(s), median of {args.repeats} calls after {args.warmup}, "
-            f"variants alternating; shape B=1, H={args.heads}, hd={args.head_dim}; torch {torch.__version__}, CPU "
-            f"capability {torch.backends.cpu.get_cpu_capability()}\n"
-            f"- load average at start {load}; a shared machine, so thread CPU time is a diagnostic\n\n"
+        note = (
+            f"{args.timer} clock, {args.threads} thread(s), median of {args.repeats} calls after {args.warmup}, "
+            f"variants alternating; shape B=1, H={args.heads}, hd={args.head_dim}; CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}"
         )
-        Path(args.out).with_suffix(".md").write_text(header + text)
-        Path(args.out).with_suffix(".json").write_text(json.dumps({"command": sys.argv, "load": load, "rows": rows}))
+        write(Path(args.out), "Causal attention on the CPU, SDPA vs matmul attention", lines, data=rows, notes=[note])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -26,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _results import table, write
 
 # name -> (preset, method, dtype, batch size, sequence length); tiny-cola is `make demo`'s step
 WORKLOADS = {
@@ -112,8 +113,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
     return rows
 
 
-def table(rows: list[dict[str, object]], policies: list[str]) -> list[str]:
-    lines = ["| workload | other busy processes | " + " | ".join(policies) + " |", "|---|---|" + "---|" * len(policies)]
+def policy_table(rows: list[dict[str, object]], policies: list[str]) -> list[str]:
+    """Median step time per workload and load, one column per policy, with passive's median over each."""
+    cells = []
     keys = dict.fromkeys((r["workload"], r["load"]) for r in rows)
     for workload, load in keys:
         median = {
@@ -123,9 +125,9 @@ def table(rows: list[dict[str, object]], policies: list[str]) -> list[str]:
             for p in policies
         }
         base = median.get("passive")
-        cells = [f"{median[p]:.3f} s" + (f" ({base / median[p]:.2f}×)" if base else "") for p in policies]
-        lines.append(f"| {workload} | {load} | " + " | ".join(cells) + " |")
-    return lines
+        shown = [f"{median[p]:.3f} s" + (f" ({base / median[p]:.2f}×)" if base else "") for p in policies]
+        cells.append([workload, load, *shown])
+    return table(["workload", "other busy processes", *policies], cells)
 
 
 def main() -> None:
@@ -147,31 +149,13 @@ def main() -> None:
             parser.error(f"workload {name!r}; allowed: {', '.join(WORKLOADS)}")
     for policy in args.policies:
         policy_env(policy)
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    load_at_start = os.getloadavg()
     rows = measure(args)
-    with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    command = "python " + " ".join(sys.argv)
-    text = "\n".join(
-        [
-            "# Train-step time per OpenMP wait policy, quiet and with busy processes beside it",
-            "",
-            f"- command: `{command}`",
-            f"- date: {started}; CPU: {cpu}, {os.cpu_count()} cores; load average at start: {load_at_start[0]:.2f}",
-            "- figure: median wall-clock step (s) at torch's thread count; in brackets, passive's median / this one's",
-            "",
-            *table(rows, args.policies),
-            "",
-        ]
-    )
-    print(text)
+    lines = policy_table(rows, args.policies)
+    print("\n".join(lines))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(
-            json.dumps({"command": command, "date": started, "cpu": cpu, "rows": rows}, indent=1)
-        )
+        note = "figure: median wall-clock step (s) at torch's thread count; in brackets, passive's median / this one's"
+        title = "Train-step time per OpenMP wait policy, quiet and with busy processes beside it"
+        write(args.out, title, lines, data=rows, notes=[note])
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import resource
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+from _results import table, write
 from torch.profiler import ProfilerActivity, profile
 
 from tensorslim.methods import build_for_method
@@ -94,38 +93,26 @@ def main() -> None:
         keep_freed_memory()
     vocab = get_model(args.preset).config.vocab_size
     batch = torch.randint(vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     result = {method: profile_method(args.preset, method, batch, args.dtype) for method in ("dense", "cola")}
-    print(table := markdown_table(result))
+    lines = markdown_table(result)
+    print("\n".join(lines))
     if args.out:
-        flags = [_flag(k, v) for k, v in vars(args).items() if v is not None]
-        command = "python benchmarks/profile_step.py " + " ".join(flags)
-        Path(args.out).with_suffix(".md").write_text(
-            f"# Train-step profile\n\n- command: `{command}`\n- load average at start: {load}\n\n{table}"
-        )
-        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        write(Path(args.out), "Train-step profile", lines, data=result)
 
 
-def _flag(name: str, value: object) -> str:
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return flag if value else "--no-" + flag[2:]
-    return f"{flag} {value}"
-
-
-def markdown_table(result: dict[str, dict[str, float]]) -> str:
+def markdown_table(result: dict[str, dict[str, float]]) -> list[str]:
     """Operator families by dense's time, their total, then the step's page faults and system time."""
     kernel = ("minor page faults", "system time (s)")
     labels = sorted({k for r in result.values() for k in r} - set(kernel), key=lambda k: -result["dense"].get(k, 0))
-    lines = ["| operator family | dense (s) | cola (s) | dense / cola |", "|---|---|---|---|"]
+    rows = []
     for label in [*labels, "total", *kernel]:
         if label == "total":
             d, c = (sum(v for k, v in result[m].items() if k not in kernel) for m in ("dense", "cola"))
         else:
             d, c = result["dense"].get(label, 0.0), result["cola"].get(label, 0.0)
         shown = (f"{d:,.0f}", f"{c:,.0f}") if label == "minor page faults" else (f"{d:.3f}", f"{c:.3f}")
-        lines.append(f"| {label} | {shown[0]} | {shown[1]} | {d / c if c else float('inf'):.2f} |")
-    return "\n".join(lines) + "\n"
+        rows.append([label, *shown, f"{d / c if c else float('inf'):.2f}"])
+    return table(["operator family", "dense (s)", "cola (s)", "dense / cola"], rows)
 
 
 if __name__ == "__main__":
