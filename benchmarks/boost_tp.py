@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _results import cpu_kind
 
 from tensorslim.distributed import build_mesh, parallelize
 from tensorslim.distributed.layout import clip_grad_norm_tp
@@ -169,7 +170,7 @@ def main() -> None:
             "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py "
             + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "memory"),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "machine": f"{cpu_kind()}, {os.cpu_count()} cores",
             "torch": torch.__version__,
             "world_size": dist.get_world_size(),
             "loadavg_before": load_before,

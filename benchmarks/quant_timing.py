@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
 
 import torch
+from _results import cpu_kind
 
 from tensorslim.quant import COMQConfig, GPTQConfig, comq_quantize, gptq_quantize
 from tensorslim.quant.calibration import collect_grams, weight_matrix
@@ -63,7 +63,7 @@ def main() -> None:
     meta = {
         "command": "python " + " ".join(sys.argv),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}, torch {torch.__version__}, threads {args.threads}",
+        "machine": f"{cpu_kind()}, torch {torch.__version__}, threads {args.threads}",
         "loadavg_at_end": os.getloadavg(),
     }
     with open(args.out, "w") as f:

@@ -19,10 +19,8 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _results import cpu_kind
 
 LINES: list[str] = []
 
@@ -394,14 +393,6 @@ def summarize_cpcheck(records: list[dict[str, object]]) -> list[str]:
     return out + [""]
 
 
-def machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()[:10]
-    except (OSError, subprocess.CalledProcessError):
-        lscpu = [platform.processor() or platform.machine()]
-    return "\n".join(lscpu)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["cp", "gmm", "cpcheck", "all"])
@@ -430,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "command": "python " + shlex.join(["benchmarks/tensor_methods.py", *(argv or sys.argv[1:])]),
         "date_utc": started,
-        "machine": machine(),
+        "machine": f"{cpu_kind()}, {os.cpu_count()} cores",
         "threads": args.threads,
         "versions": _versions(),
         "load_average_before": load_before,
