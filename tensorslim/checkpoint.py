@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
@@ -273,8 +274,11 @@ def latest_checkpoint(root: Path) -> Path | None:
     pointer = root / "latest"
     if not pointer.exists():
         return None
-    path = root / pointer.read_text().strip()
-    if not path.is_dir():
+    name = pointer.read_text().strip()
+    if not re.fullmatch(r"step_\d+", name):  # an edited pointer never leads out of the folder
+        raise ValueError(f"checkpoint pointer {pointer} names {name[:80]!r}; allowed: a step_N folder beside it")
+    path = root / name
+    if not path.is_dir() or path.is_symlink():
         raise ValueError(f"checkpoint pointer {pointer} names {path.name}, which does not exist")
     return path
 

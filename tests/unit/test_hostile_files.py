@@ -207,3 +207,19 @@ def test_nothing_in_the_package_unpickles_or_evaluates_file_contents() -> None:
             report[name] = hits
     assert report == {}
     assert len(list(PACKAGE.rglob("*.py"))) > 50
+
+
+@pytest.mark.parametrize("name", ["../../outside", "/etc", "step_0000002/../../x", "linked"])
+def test_an_edited_checkpoint_pointer_never_leads_out(name: str, tmp_path: Path) -> None:
+    from tensorslim.checkpoint import latest_checkpoint
+
+    root = tmp_path / "run" / "checkpoints"
+    (root / "step_0000002").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "linked").symlink_to(tmp_path / "outside")
+    (root / "latest").write_text(name)
+    with pytest.raises(ValueError, match="checkpoint pointer") as error:
+        latest_checkpoint(root)
+    assert "\n" not in str(error.value)
+    (root / "latest").write_text("step_0000002\n")
+    assert latest_checkpoint(root) == root / "step_0000002"
