@@ -55,7 +55,8 @@ def main() -> None:
     args = parser.parse_args()
     layouts = list(TEARDOWN_LAYOUTS)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    rows, loads = [], []
+    rows: list[tuple[int, str, float, list[str]]] = []
+    loads: list[float] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             data = corpus(Path(tmp) / "corpus")
@@ -66,10 +67,15 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 rows.append((i + 1, layout, time.monotonic() - start, failures))
                 print(f"run {i + 1} {layout}: {failures or 'ok'}", flush=True)
+                write(args, rows, loads)  # after every run, so an interrupted loop still leaves its record
     finally:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+    sys.exit(0 if all(not failures for *_, failures in rows) else 1)
+
+
+def write(args: argparse.Namespace, rows: list[tuple[int, str, float, list[str]]], loads: list[float]) -> None:
     passed = sum(not failures for *_, failures in rows)
     lines = [
         "# Finished parallel runs beside busy processes: exit code, abort, gloo threads left",
@@ -78,7 +84,8 @@ def main() -> None:
         f"- machine: {machine()}; shared with other jobs",
         f"- 1-minute load average during the loop: {min(loads):.1f} to {max(loads):.1f}",
         f"- command: `python benchmarks/teardown_under_load.py --runs {args.runs} --busy {args.busy} --out {args.out}`",
-        f"- result: **{passed} of {len(rows)} runs clean** (exit 0, no abort, no gloo thread alive after the run)",
+        f"- result: **{passed} of {len(rows)} runs clean** ({args.runs} planned; clean: exit 0, no abort, no gloo "
+        "thread alive after the run)",
         "",
         "| run | layout | seconds | result |",
         "|---:|---|---:|---|",
@@ -87,7 +94,6 @@ def main() -> None:
         result = "; ".join(failures)[:300] if failures else "clean"
         lines.append(f"| {number} | {layout} | {seconds:.0f} | {result} |")
     args.out.write_text("\n".join(lines) + "\n")
-    sys.exit(0 if passed == len(rows) else 1)
 
 
 if __name__ == "__main__":
