@@ -104,6 +104,22 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def mean_over_batches(
+    tensors: tuple[torch.Tensor, ...],
+    summed: Callable[..., tuple[torch.Tensor, int]],
+    *,
+    batch_size: int,
+    device: torch.device,
+) -> float:
+    """A validation loss per element: ``tensors`` (aligned on their first dimension) go to ``device`` ``batch_size``
+    rows at a time, ``summed(*batch)`` returns the batch's summed loss and how many elements it sums."""
+    total, count = 0.0, 0
+    for start in range(0, len(tensors[0]), batch_size):
+        loss, elements = summed(*(tensor[start : start + batch_size].to(device) for tensor in tensors))
+        total, count = total + loss.item(), count + elements
+    return total / max(count, 1)
+
+
 def model_tokenizer(model_name: str) -> str | None:
     """The folder of ``model_name``'s own tokenizer (pretrained models), or None when the run trains one."""
     from tensorslim.models.registry import get_model

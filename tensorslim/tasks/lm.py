@@ -21,7 +21,7 @@ from torch import nn
 from tensorslim.functional.cross_entropy import linear_cross_entropy
 from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.models.llama import LlamaForCausalLM
-from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task
+from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches, model_tokenizer, register_task
 
 
 def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
@@ -116,12 +116,10 @@ class CausalLM(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
         blocks: torch.Tensor = data.validation  # (N, T)
-        device = next(model.parameters()).device
-        total, count = 0.0, 0
-        for start in range(0, len(blocks), batch_size):
-            batch = blocks[start : start + batch_size].to(device)
+
+        def summed(batch: torch.Tensor) -> tuple[torch.Tensor, int]:
             with autocast():
-                total += lm_loss(model, batch, reduction="sum").item()
-            count += batch.shape[0] * (batch.shape[1] - 1)
-        loss = total / count
+                return lm_loss(model, batch, reduction="sum"), batch.shape[0] * (batch.shape[1] - 1)
+
+        loss = mean_over_batches((blocks,), summed, batch_size=batch_size, device=next(model.parameters()).device)
         return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}

@@ -16,7 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task, special_id
+from tensorslim.tasks.base import (
+    Autocast,
+    Task,
+    TaskData,
+    logits_of,
+    mean_over_batches,
+    model_tokenizer,
+    register_task,
+    special_id,
+)
 
 MASK_FRACTION = 0.15
 
@@ -117,13 +126,13 @@ class MaskedLM(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
         inputs, labels = data.validation
-        device = next(model.parameters()).device
-        total, count = 0.0, 0
-        for start in range(0, len(inputs), batch_size):
-            batch_labels = labels[start : start + batch_size].to(device)
+
+        def summed(batch: torch.Tensor, batch_labels: torch.Tensor) -> tuple[torch.Tensor, int]:
             with autocast():
-                logits = logits_of(model(inputs[start : start + batch_size].to(device)))
-            total += mlm_loss(logits, batch_labels, reduction="sum").item()
-            count += int((batch_labels != -100).sum())
-        loss = total / max(count, 1)
+                logits = logits_of(model(batch))
+            return mlm_loss(logits, batch_labels, reduction="sum"), int((batch_labels != -100).sum())
+
+        loss = mean_over_batches(
+            (inputs, labels), summed, batch_size=batch_size, device=next(model.parameters()).device
+        )
         return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700.0))}

@@ -31,7 +31,7 @@ from torch import nn
 from tensorslim._checks import require_int
 from tensorslim.data.longctx import Reader, ReaderConfig, ReadingLog, ReadingStream, Span, pool_losses
 from tensorslim.options import option
-from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task
+from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches, model_tokenizer, register_task
 
 
 def _check_window(window: int, k: int) -> None:
@@ -122,15 +122,14 @@ class ReadLM(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
         docs, blocks = data.validation
-        device = next(model.parameters()).device
-        total, count = 0.0, 0
-        for start in range(0, len(blocks), batch_size):
-            ids = blocks[start : start + batch_size].to(device)
+
+        def summed(ids: torch.Tensor) -> tuple[torch.Tensor, int]:
             with autocast():
-                total += _token_losses(model, ids).sum().item()
-            count += ids.shape[0] * (ids.shape[1] - 1)
+                return _token_losses(model, ids).sum(), ids.shape[0] * (ids.shape[1] - 1)
+
+        loss = mean_over_batches((blocks,), summed, batch_size=batch_size, device=next(model.parameters()).device)
         read = self._read(model, docs, window=blocks.shape[1], batch_size=batch_size, autocast=autocast)
-        return {"val_loss": total / count, **{f"val_{k}": v for k, v in read.items()}}
+        return {"val_loss": loss, **{f"val_{k}": v for k, v in read.items()}}
 
     def _read(
         self, model: nn.Module, docs: list[np.ndarray], *, window: int, batch_size: int, autocast: Autocast
