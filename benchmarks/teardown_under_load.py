@@ -11,9 +11,7 @@ beside it for the whole loop. The result file records every run and the machine.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -25,18 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _results import table, write  # noqa: E402
+
 from tests.distributed.test_teardown import run_layout  # noqa: E402
 from tests.distributed.workers import TEARDOWN_LAYOUTS  # noqa: E402
 
 CORPUS = ["argparse", "ast", "calendar", "csv", "dataclasses", "difflib", "fractions", "functools", "heapq"]
-
-
-def machine() -> str:
-    """CPU kind, its bf16/AMX flags, and the load average now."""
-    flags = Path("/proc/cpuinfo").read_text()
-    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?")
-    extras = [flag for flag in ("avx512_bf16", "amx_tile") if flag in flags]
-    return f"{model}, {os.cpu_count()} CPUs, flags {extras or 'none of avx512_bf16/amx_tile'}, {platform.platform()}"
 
 
 def corpus(folder: Path) -> Path:
@@ -67,7 +59,7 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 rows.append((i + 1, layout, time.monotonic() - start, failures))
                 print(f"run {i + 1} {layout}: {failures or 'ok'}", flush=True)
-                write(args, rows, loads)  # after every run, so an interrupted loop still leaves its record
+                record(args, rows, loads)  # after every run, so an interrupted loop still leaves its record
     finally:
         for spinner in spinners:
             spinner.kill()
@@ -75,25 +67,19 @@ def main() -> None:
     sys.exit(0 if all(not failures for *_, failures in rows) else 1)
 
 
-def write(args: argparse.Namespace, rows: list[tuple[int, str, float, list[str]]], loads: list[float]) -> None:
+def record(args: argparse.Namespace, rows: list[tuple[int, str, float, list[str]]], loads: list[float]) -> None:
     passed = sum(not failures for *_, failures in rows)
-    lines = [
-        "# Finished parallel runs beside busy processes: exit code, abort, gloo threads left",
-        "",
-        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-        f"- machine: {machine()}; shared with other jobs",
-        f"- 1-minute load average during the loop: {min(loads):.1f} to {max(loads):.1f}",
-        f"- command: `python benchmarks/teardown_under_load.py --runs {args.runs} --busy {args.busy} --out {args.out}`",
-        f"- result: **{passed} of {len(rows)} runs clean** ({args.runs} planned; clean: exit 0, no abort, no gloo "
+    notes = [
+        f"1-minute load average during the loop: {min(loads):.1f} to {max(loads):.1f}, {args.busy} busy processes",
+        f"result: **{passed} of {len(rows)} runs clean** ({args.runs} planned; clean: exit 0, no abort, no gloo "
         "thread alive after the run)",
-        "",
-        "| run | layout | seconds | result |",
-        "|---:|---|---:|---|",
     ]
-    for number, layout, seconds, failures in rows:
-        result = "; ".join(failures)[:300] if failures else "clean"
-        lines.append(f"| {number} | {layout} | {seconds:.0f} | {result} |")
-    args.out.write_text("\n".join(lines) + "\n")
+    body = [
+        (number, layout, f"{seconds:.0f}", "; ".join(failures)[:300] if failures else "clean")
+        for number, layout, seconds, failures in rows
+    ]
+    title = "Finished parallel runs beside busy processes: exit code, abort, gloo threads left"
+    write(args.out, title, table(["run", "layout", "seconds", "result"], body), notes=notes)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def test_a_folder_in_use_is_refused_and_freed_when_its_run_is_killed(tmp_path: P
             sys.executable,
             "-c",
             "import sys, time; from tensorslim.train.run_folder import claim; "
-            "claim(sys.argv[1], resume=False, overwrite=False); print('held', flush=True); time.sleep(60)",
+            "claim(sys.argv[1], resume=False, overwrite=False); print('held', flush=True); time.sleep(3600)",
             str(folder),
         ],
         stdout=subprocess.PIPE,
