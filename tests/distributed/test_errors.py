@@ -126,7 +126,7 @@ def test_cli_reports_a_bad_mesh_in_one_line(monkeypatch: pytest.MonkeyPatch, cap
     )
 
 
-def test_a_dead_peer_makes_the_survivor_exit_nonzero_without_waiting_for_the_timeout(small_corpus: Path, tmp_path: Path) -> None:
+def test_a_dead_peer_ends_the_survivor_by_its_reset_not_a_timeout(small_corpus: Path, tmp_path: Path) -> None:
     port = workers.free_port()
     code = "import sys; from tests.distributed.workers import fault_main; fault_main(*sys.argv[1:])"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
