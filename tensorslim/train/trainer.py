@@ -415,7 +415,11 @@ class Trainer:
         bar = _validation_progress(self.config) if self.layout.is_main else None
         # A task may call a part of the model (a loss over hidden states): its first part runs once per batch.
         first = next(model.children(), model)
-        counting = first.register_forward_hook(lambda *_: bar.update(1)) if bar is not None else None
+
+        def count_batch(*_: object) -> None:  # returns None: a forward hook's return value replaces the output
+            bar.update(1)
+
+        counting = first.register_forward_hook(count_batch) if bar is not None else None
         try:
             return self.task.evaluate(model, self.data, batch_size=self.config.batch_size, autocast=self._autocast)
         finally:
