@@ -48,11 +48,12 @@ def logged_steps(run: Path) -> int:
 
 
 def checkpoint_moment(run: Path, known: set[str]) -> str | None:
-    """What a checkpoint write shows now: its temporary folder (``"during a checkpoint write"``), or a step folder
-    that was not there at the start (``"right after a checkpoint appeared"``: the rename is done, ``latest`` and the
-    pruning may not be). Neither can be missed: a new step folder stays."""
+    """What a checkpoint write shows now: a temporary folder not in ``known`` (``"during a checkpoint write"``; a
+    killed write leaves its own behind until the next commit), or a step folder not in ``known`` (``"right after a
+    checkpoint appeared"``: the rename is done, ``latest`` and the pruning may not be). The second cannot be
+    missed: a new step folder stays."""
     folder = run / "checkpoints"
-    if any(folder.glob(".tmp-*")):
+    if {path.name for path in folder.glob(".tmp-*")} - known:
         return "during a checkpoint write"
     if {path.name for path in folder.glob("step_*")} - known:
         return "right after a checkpoint appeared"
@@ -62,12 +63,12 @@ def checkpoint_moment(run: Path, known: set[str]) -> str | None:
 def kill_once(command: list[str], run: Path, *, mode: str, target: int, env: dict[str, str]) -> str:
     """Start ``command``; SIGKILL it at step ``target`` (``mode="step"``) or at the first checkpoint write from
     step ``target`` on (``mode="checkpoint"``). Returns what happened."""
-    known = {path.name for path in (run / "checkpoints").glob("step_*")}
+    known = {path.name for path in (run / "checkpoints").glob("*")}
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     while proc.poll() is None:
         at = logged_steps(run)
         if at < target:
-            known = {path.name for path in (run / "checkpoints").glob("step_*")}
+            known = {path.name for path in (run / "checkpoints").glob("*")}
         moment = checkpoint_moment(run, known) if mode == "checkpoint" and at >= target else None
         if (mode == "step" and at >= target) or moment:
             proc.send_signal(signal.SIGKILL)

@@ -164,6 +164,9 @@ def _commit(tmp: Path, final: Path, *, keep: int) -> None:
     _fsync_dir(root)
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    # Temporary folders of writes that a killed process left behind (the run folder has one writer: its lock).
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -264,9 +267,15 @@ def read_state(path: Path) -> dict[str, Any]:
         ValueError: ``state.json`` is missing or unreadable.
     """
     try:
-        return json.loads((path / "state.json").read_text())
+        state = json.loads((path / "state.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise ValueError(f"checkpoint {path} has a state.json without an integer step; it was edited or is not ours")
+    aliases = state.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise ValueError(f"checkpoint {path} has aliases={aliases!r}; allowed: an object of tensor names")
+    return state
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -301,9 +310,11 @@ def load_checkpoint(
     try:
         weights = load_file(path / "model.safetensors")
         tensors = load_file(path / "state.safetensors")
-        state = json.loads((path / "state.json").read_text())
-    except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (OSError, SafetensorError) as error:
         raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
+    state = read_state(path)
+    if "rng.torch" not in tensors:
+        raise ValueError(f"checkpoint {path} is corrupt or incomplete: state.safetensors holds no 'rng.torch'")
     if prepare is not None:
         prepare(state)
     weights.update({alias: weights[name] for alias, name in state.get("aliases", {}).items() if name in weights})
@@ -316,7 +327,7 @@ def load_checkpoint(
     model.load_state_dict(weights)
     try:
         optimizer.load_state_dict(_unflatten(state["optimizer"], tensors))
-    except (KeyError, ValueError, RuntimeError) as error:
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as error:  # an edited optimizer record
         raise ValueError(f"checkpoint {path} does not match the optimizer: {error}") from None
     torch.set_rng_state(tensors["rng.torch"])
     return state

@@ -54,6 +54,11 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path: Path, monkeypat
         checkpoint.save_checkpoint(tmp_path, step=2, model=model, optimizer=optimizer, state={})
     assert checkpoint.latest_checkpoint(tmp_path).name == "step_0000001"
     assert not (tmp_path / "step_0000002").exists()
+    # the killed write's temporary folder goes at the next commit, not to the disk for ever
+    assert [p.name for p in tmp_path.glob(".tmp-*")] != []
+    monkeypatch.undo()
+    checkpoint.save_checkpoint(tmp_path, step=3, model=model, optimizer=optimizer, state={})
+    assert list(tmp_path.glob(".tmp-*")) == []
 
 
 def test_keeps_only_the_newest(tmp_path: Path) -> None:

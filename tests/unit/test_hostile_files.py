@@ -223,3 +223,30 @@ def test_an_edited_checkpoint_pointer_never_leads_out(name: str, tmp_path: Path)
     assert "\n" not in str(error.value)
     (root / "latest").write_text("step_0000002\n")
     assert latest_checkpoint(root) == root / "step_0000002"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda state: [state], "without an integer step"),
+        (lambda state: {**state, "step": "2"}, "without an integer step"),
+        (lambda state: {**state, "aliases": ["x"]}, r"aliases=\['x'\]"),
+        (lambda state: {**state, "optimizer": "x"}, "does not match the optimizer"),
+        (lambda state: {**state, "optimizer": {"state": 5, "param_groups": []}}, "does not match the optimizer"),
+    ],
+)
+def test_an_edited_checkpoint_state_is_refused_in_one_line(edit: Callable, message: str, tmp_path: Path) -> None:
+    from tensorslim.checkpoint import load_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    path = save_checkpoint(tmp_path / "checkpoints", step=2, model=model, optimizer=optimizer, state={})
+    state = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps(edit(state)))
+    fresh = torch.nn.Linear(4, 3)
+    with pytest.raises(ValueError, match=message) as error:
+        load_checkpoint(path, model=fresh, optimizer=torch.optim.AdamW(fresh.parameters()))
+    assert "\n" not in str(error.value)
