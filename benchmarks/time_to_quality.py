@@ -37,11 +37,12 @@ from tensorslim.methods.recipes import recipe_for
 
 @dataclass(frozen=True)
 class Arm:
-    """One training run: a method and, optionally, the factored vocabulary at ``factor_vocab`` rank."""
+    """One training run: a method, optionally with the factored vocabulary and AdamW's moments in bf16."""
 
     name: str
     method: str
     factor_vocab: bool = False
+    optimizer_state: str = "fp32"
 
 
 ARMS = {
@@ -53,6 +54,7 @@ ARMS = {
         Arm("galore", "galore"),
         Arm("comera", "comera"),
         Arm("cola+vocab", "cola", factor_vocab=True),
+        Arm("cola+bf16-state", "cola", optimizer_state="bf16"),
     )
 }
 
@@ -99,6 +101,8 @@ def train_command(arm: Arm, args: argparse.Namespace, run_dir: Path, *, resume: 
     command += ["--no-tensorboard", "--device", args.device, "--dtype", args.dtype]
     if arm.factor_vocab:
         command += ["--factor-vocab", str(vocab_rank(args))]
+    if arm.optimizer_state != "fp32":
+        command += ["--optimizer-state", arm.optimizer_state]
     return command + (["--resume"] if resume else [])
 
 
@@ -156,6 +160,7 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
         arms[name] = {
             "method": arm.method,
             "factor_vocab": vocab_rank(args) if arm.factor_vocab else 0,
+            "optimizer_state": arm.optimizer_state,
             "params": summary["params_total"],
             "flops_per_token": summary["flops_per_token"],
             "final_val_loss": points[-1]["val_loss"],
