@@ -8,6 +8,11 @@ A folder holds three things:
   layer: its qualified name, the config that rebuilds it (type and fields) and the state a config cannot carry.
 * ``config.json`` for a Hugging Face base (``PretrainedConfig.save_pretrained``, with ``architectures`` set).
 
+A model trained on a pretrained base with adapters (LoRA, prompts, bottlenecks ...) can be saved against its base
+(``save_pretrained(..., reference=...)``): the file then holds only the tensors that differ from the base as its record
+rebuilds it (adapters, head), and the manifest's ``base_weights`` the shapes and SHA-256 of the rest, which loading
+checks on the rebuilt base before it takes them.
+
 The configs are read off the layers themselves by each layer family's ``describe`` (registered with its transform in
 :mod:`tensorslim.registry`, so a new family needs nothing here), with every shape explicit (ranks, mode factors,
 CoMERA-truncated TT ranks), so a folder does not depend on how the model was converted. Loading builds the base with its
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -405,23 +411,87 @@ def read_weights(path: Path, aliases: dict[str, str], *, device: torch.device | 
     return weights
 
 
-def load_weights_(model: nn.Module, path: Path, aliases: dict[str, str], *, device: torch.device | str = "cpu") -> None:
+def load_weights_(
+    model: nn.Module,
+    path: Path,
+    aliases: dict[str, str],
+    *,
+    device: torch.device | str = "cpu",
+    base_weights: dict[str, Any] | None = None,
+) -> None:
     """Materialize ``model`` (see :func:`materialize_`) and load the safetensors file ``path`` into it, strictly;
-    ``aliases`` name the tied keys the file holds once (``{alias: kept name}``).
+    ``aliases`` name the tied keys the file holds once (``{alias: kept name}``). With ``base_weights`` (a manifest's
+    record of the tensors a folder leaves to its base) a file without those tensors keeps the model's own, once
+    their shapes and SHA-256 match the record.
 
     Raises:
-        ValueError: the file is missing or corrupt, or its keys or shapes do not match the model.
+        ValueError: the file is missing or corrupt, its keys or shapes do not match the model, or the model's base
+            weights are not the recorded ones.
     """
     weights = read_weights(path, aliases, device=device)
+    from_base: set[str] = set()
+    if base_weights is not None and not model.state_dict().keys() <= weights.keys():  # a checkpoint holds them all
+        from_base = _check_base_weights(model, base_weights, path)
     materialize_(model, {key: tensor.dtype for key, tensor in weights.items()}, device=device)
-    expected = model.state_dict()
+    expected = {key: tensor for key, tensor in model.state_dict().items() if key not in from_base}
     missing, extra = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
     wrong = sorted(k for k in expected.keys() & weights.keys() if expected[k].shape != weights[k].shape)
     if missing or extra or wrong:
         raise ValueError(
             f"{path} does not match the model: missing {missing[:3]}, unexpected {extra[:3]}, wrong shape {wrong[:3]}"
         )
-    model.load_state_dict(weights, strict=True)
+    model.load_state_dict(weights, strict=not from_base)
+
+
+def weights_fingerprint(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of ``tensors``: their names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+def _left_to_base(state: dict[str, torch.Tensor], reference: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of ``state`` that ``reference`` holds bit for bit, when they are most of its bytes (else none: a
+    folder that depends on its base for little stands alone)."""
+    theirs = reference.state_dict()
+    same = {
+        name: tensor
+        for name, tensor in state.items()
+        if name in theirs
+        and theirs[name].device.type != "meta"
+        and theirs[name].dtype == tensor.dtype
+        and theirs[name].shape == tensor.shape
+        and torch.equal(theirs[name], tensor.detach().to(theirs[name].device))
+    }
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    return same if 2 * sum(t.numel() * t.element_size() for t in same.values()) >= size else {}
+
+
+def _check_base_weights(model: nn.Module, record: dict[str, Any], path: Path) -> set[str]:
+    """The names ``record`` (a manifest's ``base_weights``) leaves to the rebuilt ``model``, checked against it.
+
+    Raises:
+        ValueError: the rebuilt base lacks a tensor, has another shape, or other weights (another base, or another
+            version of its weights).
+    """
+    state, shapes = model.state_dict(), record["shapes"]
+    missing = sorted(name for name in shapes if name not in state or state[name].device.type == "meta")
+    wrong = sorted(name for name in shapes.keys() - set(missing) if list(state[name].shape) != shapes[name])
+    if missing or wrong:
+        raise ValueError(
+            f"{path} needs base weights its base does not build: missing {missing[:3]}, wrong shape {wrong[:3]}; "
+            "allowed: the base the folder was trained on"
+        )
+    found = weights_fingerprint({name: state[name] for name in shapes})
+    if found != record["sha256"]:
+        raise ValueError(
+            f"{path} was trained on base weights with SHA-256 {record['sha256'][:16]}…, the rebuilt base has "
+            f"{found[:16]}…; allowed: the base the folder was trained on (the same model and weights version)"
+        )
+    return set(shapes)
 
 
 # --- the two verbs -----------------------------------------------------------------------------------------------
@@ -439,6 +509,7 @@ def save_pretrained(
     *,
     base: RegisteredBase | MethodBase | str | None = None,
     run: dict[str, Any] | None = None,
+    reference: nn.Module | None = None,
 ) -> Path:
     """Write ``model`` (converted or not) to ``folder``: weights, the manifest of its conversions and its base.
 
@@ -453,6 +524,10 @@ def save_pretrained(
             whole structure, so no layer is described.
         run: what a predictor needs beside the model (task, label names, tokenizer file), saved as the manifest's
             ``run`` (see :mod:`tensorslim.predict`).
+        reference: the model as ``base`` rebuilds it with real weights (a pretrained base with fresh adapters). The
+            tensors of ``model`` equal to its own are left out of the file when they are at least half its bytes;
+            the manifest's ``base_weights`` records their shapes and SHA-256, and loading checks them on the rebuilt
+            base. None: every tensor is written.
 
     Returns:
         The folder.
@@ -468,7 +543,9 @@ def save_pretrained(
     folder = Path(folder)
     record = _base_record(model, base)
     layers = [] if isinstance(base, MethodBase) else describe_layers(model)
-    weights, aliases = unique_tensors(model.state_dict())
+    state = model.state_dict()
+    from_base = _left_to_base(state, reference) if reference is not None else {}
+    weights, aliases = unique_tensors({name: tensor for name, tensor in state.items() if name not in from_base})
     folder.mkdir(parents=True, exist_ok=True)
     if record["kind"] == "huggingface":
         config = copy.deepcopy(model.config)
@@ -485,6 +562,11 @@ def save_pretrained(
         "aliases": aliases,
         "layers": layers,
     }
+    if from_base:
+        manifest["base_weights"] = {
+            "shapes": {name: list(tensor.shape) for name, tensor in from_base.items()},
+            "sha256": weights_fingerprint(from_base),
+        }
     if run is not None:
         manifest["run"] = run
     _write_json(folder / MANIFEST, manifest)
@@ -576,6 +658,25 @@ def _check_manifest(manifest: dict[str, Any], folder: Path, path: Path) -> None:
     layers = manifest.get("layers")
     if not isinstance(layers, list) or not all(isinstance(entry, dict) for entry in layers):
         raise ValueError(f"{path}: layers={layers!r} is invalid; allowed: a list of objects")
+    if "base_weights" in manifest:
+        _check_base_weights_record(manifest["base_weights"], path)
+
+
+def _check_base_weights_record(record: object, path: Path) -> None:
+    shapes = record.get("shapes") if isinstance(record, dict) else None
+    valid = (
+        isinstance(shapes, dict)
+        and isinstance(record.get("sha256"), str)
+        and all(
+            isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in shape)
+            for shape in shapes.values()
+        )
+    )
+    if not valid:
+        raise ValueError(
+            f"{path}: base_weights={str(record)[:80]!r} is invalid; allowed: an object with shapes (name: list of "
+            "ints) and sha256 (a string)"
+        )
 
 
 def load_pretrained(
@@ -604,7 +705,7 @@ def load_pretrained(
     manifest, structure, weights, aliases = locate_model(folder)
     built = _build_base(manifest["base"], structure, model)
     rebuild_layers(built, manifest["layers"])
-    load_weights_(built, weights, aliases, device=device)
+    load_weights_(built, weights, aliases, device=device, base_weights=manifest.get("base_weights"))
     return built.to(device).eval()  # .to: the buffers the base built for itself
 
 

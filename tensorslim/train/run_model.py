@@ -6,6 +6,10 @@ Most runs are saved as their training method builds them (:class:`~tensorslim.pr
 prompts, memory and converted layers alike); a method that reshapes the model while it trains (CoMERA's rank
 truncation) is saved as a registered base plus a description of every converted layer. Each candidate is checked
 by building it on ``meta``: the folder is written only in a form whose parameters match the trained model's.
+
+On a pretrained base, the folder holds what training changed (adapters, prompts, the new head) and names the base
+(the registered model and the method that builds it); the base's own tensors are left to it, with their SHA-256, when
+they are most of the model. A base initialised at random is part of what the run made: its folder holds every tensor.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from tensorslim.methods.build import build_from_record
@@ -115,4 +120,15 @@ def save_run_model(
         "tokenizer": _save_tokenizer(tokenizer, folder),
         "task_options": dataclasses.asdict(config.task_options),
     }
-    return save_pretrained(model, folder, base=base, run=run)
+    return save_pretrained(model, folder, base=base, run=run, reference=_pretrained_reference(base))
+
+
+def _pretrained_reference(base: MethodBase | RegisteredBase) -> nn.Module | None:
+    """The model as ``load_pretrained`` rebuilds it from ``base``, pretrained weights included; None for a base that
+    rebuilds no weights (a preset initialised at random, or a structure rebuilt on ``meta``)."""
+    from tensorslim.models.registry import get_model
+
+    if not isinstance(base, MethodBase) or not get_model(base.name).pretrained:
+        return None
+    with torch.random.fork_rng(devices=[]):  # the adapters' fresh init leaves the run's random stream alone
+        return build_from_record(_base_record(nn.Module(), base))

@@ -629,13 +629,15 @@ def _base_state(path: str) -> dict[str, torch.Tensor]:
         ValueError: a path that holds none of these, or a corrupt weights file.
     """
     from tensorslim.checkpoint import latest_checkpoint, read_state
-    from tensorslim.pretrained import MANIFEST, read_manifest, read_weights
+    from tensorslim.pretrained import MANIFEST, load_pretrained, read_manifest, read_weights
 
     folder = Path(path)
     if (folder / "checkpoints").is_dir():
         folder = latest_checkpoint(folder / "checkpoints") or folder
     if (folder / MANIFEST).is_file():
         manifest = read_manifest(folder)
+        if "base_weights" in manifest:  # the file holds the adapters only; the base supplies the rest
+            return load_pretrained(folder).state_dict()
         return read_weights(folder / manifest["weights"], manifest["aliases"])
     if (folder / "model.safetensors").is_file() and (folder / "state.json").is_file():
         return read_weights(folder / "model.safetensors", read_state(folder).get("aliases", {}))

