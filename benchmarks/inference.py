@@ -191,12 +191,12 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     dtype, probe = resolve_dtype(args.dtype, "cpu")
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), os.getloadavg()
     rows = [row for preset in args.presets.split(",") for row in measure_preset(preset.strip(), args, dtype)]
     result = {
         "command": "python benchmarks/inference.py " + " ".join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        "machine": {**machine_description(), "load_average": load_at_start},
         "dtype": dtype,
         "precision_probe": probe and probe.to_dict(),
         "seconds": time.perf_counter() - started,

@@ -72,7 +72,7 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(padded, 1).reshape(-1)
 
 
-@lru_cache(maxsize=8)  # one entry per weight shape of a model; 4 bytes per weight each
+@lru_cache(maxsize=4)  # a few weight shapes of a model (4 bytes per weight each): reading codes back is rare
 def _int4_positions(n_pad: int, k_pad: int) -> torch.Tensor:
     """For each nibble of the packed layout (byte-major, low nibble first), the flat index ``n·K' + k`` it holds.
 
