@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModel, AutoTokenizer
 
     from tensorslim import Budget, SVDConfig, convert_
-    from tensorslim.compress import calibrate, compress, heal
-    from tensorslim.compress.api import agreement, model_size
+    from tensorslim.compression import calibrate, compress, heal
+    from tensorslim.compression.api import agreement, model_size
     from tensorslim.data import load_corpus
     from tensorslim.quant import COMQConfig, RTNConfig, quantize_
 

@@ -36,7 +36,7 @@ class Budget:
             whole number > 1 (``5_000_000`` or ``5e6``) is an absolute parameter count.
         flops: the same for forward FLOPs per token of the converted layers (as ``torch.utils.flop_counter``
             counts them).
-        bytes: the same for the bytes of the converted layers' weights (what :func:`tensorslim.compress.compress`
+        bytes: the same for the bytes of the converted layers' weights (what :func:`tensorslim.compression.compress`
             spends on a mix of low rank and quantized layers).
         allocation: ``"spectrum"`` water-fills the singular-value spectra of the dense weights; ``"uniform"``
             gives every layer the one rank that fits; ``"auto"`` takes ``"spectrum"`` when the layers are

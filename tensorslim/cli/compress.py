@@ -1,5 +1,5 @@
 """``tensorslim compress``: a pretrained model to one budget (params, bytes or FLOPs), calibrated and healed on text,
-written as a folder that :func:`tensorslim.load_pretrained` reads (see :func:`tensorslim.compress.compress`)."""
+written as a folder that :func:`tensorslim.load_pretrained` reads (see :func:`tensorslim.compression.compress`)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def _check_out(config: CompressCommand) -> None:
 def run(args: argparse.Namespace) -> int:
     from tensorslim.budget import Budget
     from tensorslim.cli.flags import config_from_args
-    from tensorslim.compress.choose import FAMILIES
+    from tensorslim.compression.choose import FAMILIES
 
     config = config_from_args(CompressCommand, args)
     budget = Budget(**{k: getattr(config, k) for k in ("params", "bytes", "flops") if getattr(config, k) is not None})
@@ -92,7 +92,7 @@ def _load(name: str):  # noqa: ANN202 - a transformers model and its tokenizer
 
 def compress_model(config: CompressCommand, budget: object, families: tuple[str, ...]) -> None:
     """Load, compress and write the model; print the per-layer choices and each stage's size and quality."""
-    from tensorslim.compress import compress
+    from tensorslim.compression import compress
     from tensorslim.data import load_corpus
     from tensorslim.pretrained import RegisteredBase, save_pretrained
 

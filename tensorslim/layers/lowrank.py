@@ -30,7 +30,7 @@ from tensorslim.layers.tt import GATE_THRESHOLD
 from tensorslim.registry import Allocation, ConversionReport, LayerReport, Transform, register_transform
 
 if TYPE_CHECKING:
-    from tensorslim.compress.calibration import Calibration
+    from tensorslim.compression.calibration import Calibration
 
 Init = Literal["svd", "random"]
 # A conversion whose relative error ‖W − W'‖/‖W‖ (with calibration: ‖(W − W')X‖/‖WX‖), pooled over its layers,
@@ -58,8 +58,8 @@ class LowRankConfig:
         rank_gates: attach a rank gate to the latent at construction (CoMERA's rank controls, arXiv 2405.14377 §3,
             on CoLA's latent; see :meth:`LowRankLinear.enable_gates`). Only :class:`LowRankConfig`,
             :class:`CoLAConfig` and :class:`SVDConfig` build gated layers.
-        calibration: a :class:`~tensorslim.compress.calibration.Calibration` of the model (from
-            :func:`tensorslim.compress.calibrate`): ``init="svd"`` then truncates the input-whitened SVD (SVD-LLM,
+        calibration: a :class:`~tensorslim.compression.calibration.Calibration` of the model (from
+            :func:`tensorslim.compression.calibrate`): ``init="svd"`` then truncates the input-whitened SVD (SVD-LLM,
             arXiv 2403.07378, §3.1), which minimizes each layer's output error on the calibration inputs, and a
             budget water-fills those output errors instead of the weight spectra. Only :class:`LowRankConfig`,
             :class:`CoLAConfig` and :class:`SVDConfig` use it.
@@ -92,7 +92,7 @@ class LowRankConfig:
             raise ValueError(f"rank_gates={self.rank_gates!r} is invalid; allowed: True or False")
         if self.calibration is not None and not hasattr(self.calibration, "whitener"):
             raise ValueError(
-                f"calibration={self.calibration!r} is invalid; allowed: None or tensorslim.compress.calibrate(...)"
+                f"calibration={self.calibration!r} is invalid; allowed: None or tensorslim.compression.calibrate(...)"
             )
         if self.calibration is not None and (type(self) not in _GATEABLE_CONFIGS or self.init != "svd"):
             raise ValueError(

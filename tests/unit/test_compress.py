@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tensorslim import Budget
-from tensorslim.compress import compress
-from tensorslim.compress.choose import Candidate, choose
+from tensorslim.compression import compress
+from tensorslim.compression.choose import Candidate, choose
 
 transformers = pytest.importorskip("transformers")
 

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("quant",),  # quantized layers and post-training quantization
     ("checkpoint",),  # training-state files
     ("pretrained",),  # saved models
-    ("compress", "export"),  # compression of a trained model; export formats
+    ("compression", "export"),  # compression of a trained model; export formats
     ("methods",),  # training methods: conversion + optimizer + optional hook
     ("tasks",),  # what is learned: data stream + loss + metrics
     ("generation", "distributed"),  # decoding; parallel layouts applied outside the model

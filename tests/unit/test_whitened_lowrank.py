@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tensorslim import Budget, SVDConfig, convert_
-from tensorslim.compress.calibration import calibrate
+from tensorslim.compression.calibration import calibrate
 from tensorslim.decomp.svd import whitened_truncation, whitening_factor
 from tensorslim.layers.lowrank import LossyConversionWarning, LowRankLinear
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tensorslim.compress.calibration import Calibration
+from tensorslim.compression.calibration import Calibration
 from tensorslim.decomp.svd import whitened_svd
 from tensorslim.layers._source import linear_shape, linear_weight
 from tensorslim.layers.kron import KronConfig, KronLinear

@@ -1,9 +1,9 @@
 """``compress(model, budget, calibration)``: one budget, the best family and size per layer, then healing.
 
-1. Calibrate: the input Gram matrix of every dense linear layer (:func:`~tensorslim.compress.calibration.calibrate`).
+1. Calibrate: the input Gram matrix of every dense linear layer (:func:`~tensorslim.compression.calibration.calibrate`).
 2. Choose: per layer, keep dense or take low rank (input-whitened, SVD-LLM arXiv 2403.07378 §3.1), Kronecker, TT,
    8- or 4-bit, whichever minimises the summed relative calibration output error under the budget
-   (:mod:`tensorslim.compress.choose`).
+   (:mod:`tensorslim.compression.choose`).
 3. Build the structured layers (``convert_``), heal them by distillation from the original model, then quantize the
    layers chosen for 8/4 bits with COMQ (arXiv 2403.07134) on the calibration inputs (``quantize_``).
 
@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.budget import Budget
-from tensorslim.compress.calibration import Batch, calibrate
-from tensorslim.compress.choose import FAMILIES, Candidate, choose, layer_candidates
+from tensorslim.compression.calibration import Batch, calibrate
+from tensorslim.compression.choose import FAMILIES, Candidate, choose, layer_candidates
 from tensorslim.convert import convert_, output_head_ids
 from tensorslim.functional.threads import one_thread
 from tensorslim.layers._source import is_dense_linear
@@ -199,7 +199,7 @@ def compress(
             layers' dense cost, or an absolute number. Quantization saves bytes only, so under a params or FLOPs
             budget the 8/4-bit families are not candidates.
         calibration: model inputs (tensors, or dicts with ``input_ids`` and ``attention_mask`` for healing).
-        families: among :data:`~tensorslim.compress.choose.FAMILIES`; keeping a layer dense is always a candidate.
+        families: among :data:`~tensorslim.compression.choose.FAMILIES`; keeping a layer dense is always a candidate.
         held_out: inputs on which each stage's agreement with the original is measured (never calibrated on).
         heal_steps: distillation steps after the structured layers are built (0: none; needs a HF encoder).
         lr: AdamW learning rate of the healing.

@@ -25,7 +25,7 @@ class Calibration:
     """Per-layer input Gram matrices of one model, keyed by the layer modules themselves.
 
     Build it with :func:`calibrate`. Give it to a low-rank config (``SVDConfig(calibration=cal)``) to initialise
-    from the input-whitened SVD, or to :func:`tensorslim.compress.compress`.
+    from the input-whitened SVD, or to :func:`tensorslim.compression.compress`.
 
     Attributes:
         damping: the relative ridge of :func:`~tensorslim.decomp.svd.whitening_factor`.
