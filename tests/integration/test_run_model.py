@@ -168,3 +168,36 @@ def test_a_comera_run_says_whether_it_reached_its_size_target(tmp_path: Path) ->
     assert target["ok"] == (abs(target["reached"] - target["target"]) <= 0.05 * target["target"])
     line = next(line for line in summary_lines(TrainResult(**summary)) if line.startswith("target"))
     assert ("reached" in line) if target["ok"] else ("missed" in line and "--prune-at-end" in line)
+
+
+def test_a_longctx_run_loads_and_reads_through_the_same_memory_as_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``longctx`` run trains a plain causal LM (the memory is equipped to read long inputs): its folder's model,
+    equipped with a memory, streams the logits its final checkpoint streams through the same memory."""
+    from tensorslim.layers.memory import MemoryConfig, equip_memory_, memory_stores
+    from tensorslim.layers.memory.equip import LlamaMemoryAttention
+    from tensorslim.tasks.longctx.streaming import stream_logits
+
+    run = tmp_path / "run"
+    flags = ["--task", "longctx", "--preset", "tiny", "--method", "dense", "--seq-len", "64"]
+    tiny = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    assert main(["train", *flags, *tiny, "--no-progress", "--no-tensorboard", "--out-dir", str(run)]) == 0
+    checkpoint = sorted((run / "checkpoints").glob("step_*"))[-1]
+    memory = MemoryConfig(capacity=16, policy="lra", sinks=2, chunk=8)
+    loaded, own = load_pretrained(run).eval(), load_pretrained(checkpoint).eval()
+    reports = [equip_memory_(model, memory) for model in (loaded, own)]
+    assert reports[0] == reports[1] and len(reports[0].layers) == 4  # the tiny preset's 4 attention layers
+    for model in (loaded, own):
+        stores = memory_stores(model)
+        assert len(stores) == 4 and all(store.config == memory for store in stores)
+        assert all(isinstance(model.get_submodule(name), LlamaMemoryAttention) for name in reports[0].layers)
+    ids = torch.randint(1, loaded.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(stream_logits(loaded, ids), stream_logits(own, ids))
+    assert max(store.size for store in memory_stores(loaded)) <= memory.capacity  # the memory bounded the read
+
+    capsys.readouterr()
+    prompt = "The market"
+    assert main(["predict", "--run", str(run), prompt, "--max-new-tokens", "6", "--greedy"]) == 0
+    expected = prompt + predictor(checkpoint).generate(prompt, max_new_tokens=6, greedy=True)
+    assert capsys.readouterr().out.strip() == expected.strip()
