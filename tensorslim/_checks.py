@@ -23,10 +23,13 @@ def check_fields(config: object) -> None:
     and class-typed fields (a ``Budget``) are checked as written; what an annotation cannot say (``Any``, a
     callable) is left to the config's own checks.
     """
+    flags = {field.name: field.metadata.get("flag") for field in dataclasses.fields(config)}
     for name, hint in _field_hints(type(config)).items():
         value = getattr(config, name)
         if not _matches(value, hint):
-            raise ValueError(f"{name}={value!r} is invalid; allowed: {_describe(hint)}")
+            # an option with a command-line flag of its own (``--galore-scale`` for GaLore's ``scale``) is named by it
+            shown = (flags[name] or name).replace("-", "_")
+            raise ValueError(f"{shown}={value!r} is invalid; allowed: {_describe(hint)}")
 
 
 @functools.cache

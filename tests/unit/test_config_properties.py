@@ -125,7 +125,8 @@ def test_every_config_builds_with_its_defaults_and_refuses_wrong_types_in_one_li
             with pytest.raises(ValueError) as caught:
                 cls(**{name: value})
             message = str(caught.value)
-            assert message.startswith(f"{name}=") and "allowed" in message and "\n" not in message, message
+            shown = (cls.__dataclass_fields__[name].metadata.get("flag") or name).replace("-", "_")  # as on the CLI
+            assert message.startswith(f"{shown}=") and "allowed" in message and "\n" not in message, message
 
 
 @CHEAP

@@ -118,7 +118,7 @@ def test_lm_loss_takes_the_fused_path_with_the_plain_losses_and_grads(cola: bool
 
 def test_other_heads_take_the_logits_path() -> None:
     model = _llama()
-    model.lm_head = LowRankLinear(32, 97, rank=8, bias=False, activation="identity").double()
+    model.lm_head = LowRankLinear(32, 97, rank=8, bias=False, activation="silu").double()  # a CoLA head: B·σ(A·h)
     assert fused_head(model) is None
     hooked = _llama()
     hooked.lm_head.register_forward_hook(lambda *_: None)

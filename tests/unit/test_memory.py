@@ -401,8 +401,9 @@ def test_key_weight_weights_the_prediction_after_a_key() -> None:
     expected = (per_token * weights).sum() / weights.sum()  # a dense reference on the sliced logits
     assert torch.allclose(weighted_lm_loss(logits, ids, torch.tensor([7]), 3.0), expected)
     assert torch.allclose(weighted_lm_loss(logits, ids, torch.tensor([7]), 1.0), per_token.mean())
-    for bad in (0.5, math.inf, True):
-        with pytest.raises(ValueError, match=rf"key_weight={bad!r} is invalid; allowed: a finite number >= 1"):
+    # the range check names the bound; a value that is no finite float at all is refused by its type first
+    for bad, allowed in ((0.5, "a finite number >= 1"), (math.inf, "a finite number"), (True, "a finite number")):
+        with pytest.raises(ValueError, match=rf"^key_weight={bad!r} is invalid; allowed: {allowed}$"):
             LongContextOptions(key_weight=bad)
 
 
