@@ -7,10 +7,7 @@
 3. Build the structured layers (``convert_``), heal them by distillation from the original model, then quantize the
    layers chosen for 8/4 bits with COMQ (arXiv 2403.07134) on the calibration inputs (``quantize_``).
 
-Healing follows QAT-TT's layer-by-layer curriculum (arXiv 2306.01076, :mod:`tensorslim.quant.distill`): the hidden
-states of the first encoder layers are matched first, one more layer joins every ``steps_per_layer`` steps, and once
-all are on, the sentence-embedding loss is added (end-to-end): the losses of the ``distill`` task, with AdamW on the
-calibration batches.
+Healing is :func:`tensorslim.compression.heal.heal`.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from torch import nn
 from tensorslim.budget import Budget
 from tensorslim.compression.calibration import Batch, calibrate
 from tensorslim.compression.choose import FAMILIES, Candidate, choose, layer_candidates
+from tensorslim.compression.heal import heal
 from tensorslim.convert import convert_, output_head_ids
 from tensorslim.functional.threads import one_thread
 from tensorslim.layers._source import is_dense_linear
@@ -36,7 +34,7 @@ from tensorslim.layers.kron import KronConfig
 from tensorslim.layers.lowrank import LossyConversionWarning, SVDConfig
 from tensorslim.layers.tt import TTConfig
 from tensorslim.quant import COMQConfig, quantize_
-from tensorslim.quant.distill import distill_loss, embedding_loss, layers_in_use, mean_pooled
+from tensorslim.quant.distill import mean_pooled
 
 
 @dataclass
@@ -132,51 +130,6 @@ def _build(model: nn.Module, choices: dict[str, Candidate], calibration: Any) ->
         }.get(choice.family)
         if config is not None:
             convert_(model, config(choice.setting), filter_fn=lambda m, n, target=name: n == target)
-
-
-def heal(
-    model: nn.Module,
-    teacher: nn.Module,
-    batches: Sequence[Batch],
-    *,
-    steps: int,
-    lr: float = 1e-4,
-    steps_per_layer: int | None = None,
-    progress: bool = True,
-) -> None:
-    """Distill ``model`` from ``teacher`` for ``steps`` AdamW steps on ``batches`` (cycled), layer by layer then end
-    to end (QAT-TT's curriculum, arXiv 2306.01076, the loss of :mod:`tensorslim.quant.distill`).
-
-    Args:
-        steps_per_layer: steps before one more encoder layer joins the loss; default: the first half of ``steps``
-            walks through the layers, the second half trains end to end.
-    """
-    from tqdm.auto import tqdm
-
-    n_layers = teacher.config.num_hidden_layers
-    per_layer = steps_per_layer or max(1, steps // (2 * (n_layers + 1)))
-    for net in (model, teacher):  # only eager attention returns attention probabilities
-        if net.config._attn_implementation != "eager":
-            net.set_attn_implementation("eager")
-    teacher.eval().requires_grad_(False)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    for step in tqdm(range(steps), desc="healing", unit="step", disable=not progress):
-        layer_use = layers_in_use(step, steps_per_layer=per_layer, n_layers=n_layers)
-        batch = batches[step % len(batches)]
-        student = model(**batch, output_hidden_states=True, output_attentions=True)
-        with torch.no_grad():
-            target = teacher(**batch, output_hidden_states=True, output_attentions=True)
-        loss = distill_loss(
-            student.hidden_states, target.hidden_states, student.attentions, target.attentions, layer_use=layer_use
-        )
-        if layer_use > n_layers:
-            loss = loss + embedding_loss(student.hidden_states[-1], target.hidden_states[-1], batch["attention_mask"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    model.eval()
 
 
 def compress(
