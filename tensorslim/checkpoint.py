@@ -4,7 +4,9 @@ Layout of ``<run>/checkpoints/step_000123/``: ``model.safetensors`` (the model a
 reader), ``state.safetensors`` (optimizer tensors and RNG state) and ``state.json`` (step, config, data position and
 the optimizer's non-tensor state). A checkpoint is written to a temporary folder and renamed into place, and the
 ``latest`` pointer is replaced atomically afterwards, so an interruption never leaves a half-written checkpoint
-behind. Nothing is unpickled on load.
+behind. Nothing is unpickled on load. Each safetensors file records the SHA-256 of its tensors in its own metadata
+(:func:`save_tensors`), and reading it (:func:`load_tensors`) refuses a file whose bytes changed since: a flipped bit
+in the weights is an error, not a silently different model.
 
 Optimizer tensors come back with the strides they were saved with, not just their values: a resumed run must do the
 same arithmetic as an uninterrupted one, and BLAS picks its kernel by layout. GaLore's projector is a strided view of
@@ -21,6 +23,7 @@ other layout's rectangles back, so a run resumes at another world size, TP degre
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -32,13 +35,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 _TENSOR = "__tensor__"
 _DCP_METADATA = ".metadata"  # what torch.distributed.checkpoint's coordinator writes last
 _PROJECTOR = "__galore_projector__"
+_DIGEST = "tensorslim.sha256"  # safetensors metadata key: the weights_fingerprint of the file's tensors
 
 
 def _flatten(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -99,6 +103,43 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def weights_fingerprint(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of ``tensors``: their names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, *, metadata: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` (contiguous, no shared storage) to the safetensors file ``path``, their
+    :func:`weights_fingerprint` in its metadata beside ``metadata``, for :func:`load_tensors` to check."""
+    save_file(tensors, path, metadata={**(metadata or {}), _DIGEST: weights_fingerprint(tensors)})
+
+
+def load_tensors(path: Path, *, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path``, checked against the SHA-256 its metadata records (a file written
+    without one, by an older version or another tool, is read unchecked). Read once; never unpickled.
+
+    Raises:
+        ValueError: the file is missing, unreadable or truncated, or its tensors are not the ones it was written with.
+    """
+    try:
+        with safe_open(path, framework="pt") as handle:
+            expected = (handle.metadata() or {}).get(_DIGEST)
+            tensors = handle.get_tensors()
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"{path} is missing or corrupt: {error}") from None
+    if expected is not None and (found := weights_fingerprint(tensors)) != expected:
+        raise ValueError(
+            f"{path} is corrupt: its tensors have SHA-256 {found[:16]}…, the file was written with {expected[:16]}…; "
+            "allowed: the file as saved (it was damaged or edited since)"
+        )
+    return {name: tensor.to(device) for name, tensor in tensors.items()}
+
+
 def unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``state`` with each shared tensor (tied weights, e.g. GPT-2's ``lm_head`` and ``wte``) kept once, as
     contiguous CPU copies, plus ``{alias: kept name}`` for the others (safetensors refuses shared storage)."""
@@ -142,8 +183,8 @@ def save_checkpoint(
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     optimizer_tree = _flatten(optimizer.state_dict(), "optim", tensors)
     weights, aliases = unique_tensors(model.state_dict())
-    save_file(weights, tmp / "model.safetensors")
-    save_file(tensors, tmp / "state.safetensors")
+    save_tensors(weights, tmp / "model.safetensors")
+    save_tensors(tensors, tmp / "state.safetensors")
     with open(tmp / "state.json", "w") as f:
         json.dump({"format": 1, "step": step, "optimizer": optimizer_tree, "aliases": aliases, **state}, f)
         f.flush()
@@ -308,9 +349,9 @@ def load_checkpoint(
         ValueError: the checkpoint is corrupt or does not fit the model/optimizer.
     """
     try:
-        weights = load_file(path / "model.safetensors")
-        tensors = load_file(path / "state.safetensors")
-    except (OSError, SafetensorError) as error:
+        weights = load_tensors(path / "model.safetensors")
+        tensors = load_tensors(path / "state.safetensors")
+    except ValueError as error:
         raise ValueError(f"checkpoint {path} is corrupt or incomplete: {error}") from None
     state = read_state(path)
     if "rng.torch" not in tensors:

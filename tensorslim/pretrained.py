@@ -2,7 +2,8 @@
 
 A folder holds three things:
 
-* ``model.safetensors``: the state dict, each shared tensor (tied weights) once; never unpickled.
+* ``model.safetensors``: the state dict, each shared tensor (tied weights) once; never unpickled. Its metadata
+  records the SHA-256 of its tensors, and loading refuses a file whose tensors changed since (a flipped bit).
 * ``tensorslim.json``: the manifest, i.e. the base model (a registered tensorslim model with its overrides, a Hugging
   Face model whose ``config.json`` lies beside it, or a custom model the caller rebuilds) and one entry per converted
   layer: its qualified name, the config that rebuilds it (type and fields) and the state a config cannot carry.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 import sys
@@ -398,15 +398,11 @@ def read_weights(path: Path, aliases: dict[str, str], *, device: torch.device | 
     in the file) under its own name too.
 
     Raises:
-        ValueError: the file is missing or corrupt.
+        ValueError: the file is missing or corrupt (see :func:`tensorslim.checkpoint.load_tensors`).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from tensorslim.checkpoint import load_tensors
 
-    try:
-        weights = load_file(path, device=str(device))
-    except (OSError, SafetensorError) as error:
-        raise ValueError(f"{path} is missing or corrupt: {error}") from None
+    weights = load_tensors(path, device=device)
     weights.update({alias: weights[kept] for alias, kept in aliases.items() if kept in weights})
     return weights
 
@@ -443,16 +439,6 @@ def load_weights_(
     model.load_state_dict(weights, strict=not from_base)
 
 
-def weights_fingerprint(tensors: dict[str, torch.Tensor]) -> str:
-    """SHA-256 of ``tensors``: their names, dtypes, shapes and bytes, in name order."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().cpu().contiguous()
-        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
-    return digest.hexdigest()
-
-
 def _left_to_base(state: dict[str, torch.Tensor], reference: nn.Module) -> dict[str, torch.Tensor]:
     """The tensors of ``state`` that ``reference`` holds bit for bit, when they are most of its bytes (else none: a
     folder that depends on its base for little stands alone)."""
@@ -485,6 +471,8 @@ def _check_base_weights(model: nn.Module, record: dict[str, Any], path: Path) ->
             f"{path} needs base weights its base does not build: missing {missing[:3]}, wrong shape {wrong[:3]}; "
             "allowed: the base the folder was trained on"
         )
+    from tensorslim.checkpoint import weights_fingerprint
+
     found = weights_fingerprint({name: state[name] for name in shapes})
     if found != record["sha256"]:
         raise ValueError(
@@ -535,9 +523,7 @@ def save_pretrained(
     Raises:
         ValueError: a layer cannot be described (e.g. LoRA adapters of different ranks), or ``base`` is unknown.
     """
-    from safetensors.torch import save_file
-
-    from tensorslim.checkpoint import unique_tensors
+    from tensorslim.checkpoint import save_tensors, unique_tensors, weights_fingerprint
 
     require_module(model)
     folder = Path(folder)
@@ -552,7 +538,7 @@ def save_pretrained(
         config.architectures = [type(model).__name__]
         config.save_pretrained(folder)
     tmp = folder / f".{WEIGHTS}.tmp"
-    save_file(weights, tmp, metadata={"format": "pt"})
+    save_tensors(weights, tmp, metadata={"format": "pt"})
     os.replace(tmp, folder / WEIGHTS)
     manifest = {
         "format": FORMAT,

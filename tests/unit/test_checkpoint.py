@@ -44,10 +44,10 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path: Path, monkeypat
     checkpoint.save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state={})
     real_save = checkpoint.save_file
 
-    def crash_on_state(tensors: dict, path: Path) -> None:
+    def crash_on_state(tensors: dict, path: Path, **options: object) -> None:
         if Path(path).name == "state.safetensors":
             raise OSError("disk full")
-        real_save(tensors, path)
+        real_save(tensors, path, **options)
 
     monkeypatch.setattr(checkpoint, "save_file", crash_on_state)
     with pytest.raises(OSError, match="disk full"):

@@ -128,6 +128,21 @@ def _flip_header(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _flip_data(path: Path) -> None:
+    """One bit flipped in the middle of the tensor data (after the 8-byte length and the JSON header)."""
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[(start + len(data)) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _recorded_digest(path: Path) -> str:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as handle:
+        return handle.metadata()["tensorslim.sha256"]
+
+
 def _other_shapes(path: Path) -> None:
     torch.manual_seed(1)
     save_file(build_model("tiny", vocab_size=32, max_seq_len=16).state_dict(), path)
@@ -135,7 +150,12 @@ def _other_shapes(path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("damage", "message"),
-    [(_truncate, "missing or corrupt"), (_flip_header, "missing or corrupt"), (_other_shapes, "does not match")],
+    [
+        (_truncate, "missing or corrupt"),
+        (_flip_header, "missing or corrupt"),
+        (_flip_data, "is corrupt: its tensors have SHA-256"),
+        (_other_shapes, "does not match"),
+    ],
 )
 def test_a_damaged_weights_file_is_refused_in_one_line(
     damage: Callable[[Path], None], message: str, saved: Path, tmp_path: Path
@@ -145,6 +165,75 @@ def test_a_damaged_weights_file_is_refused_in_one_line(
     with pytest.raises(ValueError, match=message) as error:
         load_pretrained(folder)
     assert "\n" not in str(error.value)
+
+
+def _saved_run(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
+    """A run folder as training leaves it: ``model/`` (save_pretrained) and one checkpoint of the same model."""
+    from tensorslim.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=64, max_seq_len=16)
+    convert_(model, CoLAConfig(rank=8, init="random"))
+    run = tmp_path / "run"
+    save_pretrained(model, run / "model", base="tiny")
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_checkpoint(run / "checkpoints", step=2, model=model, optimizer=optimizer, state={})
+    return run, model
+
+
+@pytest.mark.parametrize("damage", [_flip_data, _truncate])
+@pytest.mark.parametrize("where", ["model", "checkpoints/step_0000002"])
+def test_a_damaged_run_folder_is_refused_naming_the_file(damage: Callable, where: str, tmp_path: Path) -> None:
+    run, model = _saved_run(tmp_path)
+    path = run / where / WEIGHTS
+    expected = _recorded_digest(path)
+    damage(path)
+    with pytest.raises(ValueError) as error:
+        load_pretrained(run / where)
+    message = str(error.value)
+    assert str(path) in message and "\n" not in message
+    if damage is _flip_data:  # the recorded digest and the one found, by prefix
+        assert f"written with {expected[:16]}…" in message and "have SHA-256 " in message
+    else:
+        assert "missing or corrupt" in message
+    if where == "model":  # the run folder itself loads its model/ folder: refused the same way
+        with pytest.raises(ValueError, match="corrupt") as error:
+            load_pretrained(run)
+        assert str(error.value) == message
+
+
+@pytest.mark.parametrize("damage", [_flip_data, _truncate])
+@pytest.mark.parametrize("file", ["model.safetensors", "state.safetensors"])
+def test_a_damaged_checkpoint_is_refused_and_nothing_is_loaded(damage: Callable, file: str, tmp_path: Path) -> None:
+    from tensorslim.checkpoint import load_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 64)).sum().backward()
+    optimizer.step()
+    path = save_checkpoint(tmp_path / "checkpoints", step=1, model=model, optimizer=optimizer, state={})
+    damage(path / file)
+    fresh = torch.nn.Linear(64, 32)
+    before = {name: tensor.clone() for name, tensor in fresh.state_dict().items()}
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters())
+    rng = torch.get_rng_state()
+    with pytest.raises(ValueError, match=f"checkpoint {path} is corrupt or incomplete: {path / file} ") as error:
+        load_checkpoint(path, model=fresh, optimizer=fresh_optimizer)
+    assert "\n" not in str(error.value)
+    assert all(torch.equal(fresh.state_dict()[name], tensor) for name, tensor in before.items())
+    assert fresh_optimizer.state_dict()["state"] == {} and torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_weights_file_without_a_recorded_digest_still_loads(saved: Path, tmp_path: Path) -> None:
+    """Folders written before digests were recorded (or by another safetensors writer) load unchecked."""
+    from safetensors.torch import load_file
+
+    folder = _copy(saved, tmp_path)
+    tensors = load_file(folder / WEIGHTS)
+    save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
+    loaded = load_pretrained(folder).state_dict()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
 
 
 # --- no unpickling, no evaluation of file contents ------------------------------------------------------------------
