@@ -1,10 +1,96 @@
 """Every ``--help`` text of the command line, rendered in advance (written by ``python -m
-tensorslim.cli.help_cache``; do not edit by hand)."""
+tensorslim.cli.help_cache``; do not edit by hand).
+
+A help text is its sections (the blocks between blank lines); a section that several commands print (the method
+options of ``train`` and ``convert``) is written once, as a constant, and named in each of them.
+"""
 
 # ruff: noqa: E501
 
-TEXTS: dict[str, str] = {
-    "": """usage: tensorslim [-h] [--version]
+METHOD_OPTIONS = """method options (each applies to the methods named):
+  --rank INT                    LoRA rank (default: 8) [lora, prefix, adapter, prompt, unipelt,
+                                unipelt-prompt, peft-lora, peft-prompt]; latent rank (default: the
+                                model's recipe, else a quarter of min(d_in, d_out)) [cola, svd,
+                                cola-m, lax-cola, lax-svd]; TT max rank (default: CoMERA's 30) [tt,
+                                lax-tt, comera]; starting latent rank (default: the model's CoLA
+                                recipe, else d/4) [cola-adaptive]; projection rank (default: the
+                                model's CoLA rank, else 128) [galore]; Kronecker terms per layer
+                                (default: 1) [kron]; max TT rank of the encoder's linear layers
+                                (default: 16) [tt-qat]
+  --lora-alpha FLOAT            LoRA scale numerator, the update is (alpha/rank)·B·A·x when ungated
+                                (default: 16.0) [lora, prefix, adapter, prompt, unipelt, unipelt-
+                                prompt, peft-lora, peft-prompt]
+  --prefix-length INT           prefix vectors per layer (default: 10) [lora, prefix, adapter,
+                                prompt, unipelt, unipelt-prompt, peft-lora, peft-prompt]
+  --prefix-mlp INT              width of the prefix reparametrization MLP (0: train the prefixes
+                                directly) (default: 512) [lora, prefix, adapter, prompt, unipelt,
+                                unipelt-prompt, peft-lora, peft-prompt]
+  --reduction INT               bottleneck adapter: hidden size / bottleneck size (default: 16)
+                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
+                                peft-prompt]
+  --prompt-length INT           soft prompt tokens (default: 10) [lora, prefix, adapter, prompt,
+                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
+  --prompt-init-text STR        initialize the prompt from this text's word embeddings (e.g. the
+                                class names; default: random) [lora, prefix, adapter, prompt,
+                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
+  --prompt-init-vocab INT       initialize the prompt from the word embeddings of tokens drawn from
+                                the N most frequent of the model's vocabulary (Lester et al. 2021
+                                sampled 5000; 0: off) (default: 0) [lora, prefix, adapter, prompt,
+                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
+  --prompt-combine STR          where the prompt goes: 'prefix' (before the input) or
+                                'prefix_after_bos' (after [CLS]) (default: after [CLS] for prompt
+                                and unipelt-prompt) [lora, prefix, adapter, prompt, unipelt,
+                                unipelt-prompt, peft-lora, peft-prompt]
+  --prompt-lr-scale FLOAT       the soft prompt's learning rate as a multiple of the run's (default:
+                                10 for unipelt-prompt, 1 for prompt) [lora, prefix, adapter, prompt,
+                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
+  --gates, --no-gates           gate each module (default: on for unipelt*, off for single methods)
+                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
+                                peft-prompt]
+  --train-pooler, --no-train-pooler
+                                train the base model's pooler (Linear + tanh on [CLS]) with the
+                                classifier head (peft's methods keep it frozen) (default: False)
+                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
+                                peft-prompt]
+  --from-layer INT              adapt only layers from this index on (the layer-wise variant)
+                                (default: 0) [lora, prefix, adapter, prompt, unipelt, unipelt-
+                                prompt, peft-lora, peft-prompt]
+  --lax-crossing STR            LaX crossing G: one of identity, dense, kronecker, zero (default:
+                                kronecker) [lax-tt]
+  --comera-target-ratio FLOAT   CoMERA: late-stage target size S*/S, in (0, 1] (default: 0.5)
+                                [comera, cola-adaptive]
+  --comera-late-fraction FLOAT  CoMERA: share of steps in the late stage (default: 0.5) [comera,
+                                cola-adaptive]
+  --comera-gamma FLOAT          CoMERA: weight of the rank penalty (early stage) (default: 0.01)
+                                [comera, cola-adaptive]
+  --comera-target-loss FLOAT    CoMERA: late-stage loss target L* (default: mean task loss of the
+                                last tenth of the early stage) [comera, cola-adaptive]
+  --comera-freeze-at-target, --no-comera-freeze-at-target
+                                CoMERA: freeze the rank gates once the late stage reaches S*
+                                (default: True) [comera, cola-adaptive]
+  --comera-truncate-every INT   CoMERA: also slice dead ranks out every this many steps (0: stage
+                                ends only) (default: 0) [comera, cola-adaptive]
+  --prune-at-end, --no-prune-at-end
+                                kill the smallest gates at the end of the late stage until the size
+                                target is met (default: True) [cola-adaptive]
+  --galore-update-proj-gap INT  GaLore: steps between projector SVDs (default: 200) [galore]
+  --galore-scale FLOAT          GaLore: update scale alpha (default: 0.25) [galore]
+  --n-cores INT                 TT cores per linear layer (half input, half output modes) (default:
+                                4) [tt-qat]
+  --tt-init STR                 one of ('tt_svd', 'random'): TT-SVD of the trained weights, or
+                                random cores (release) (default: tt_svd) [tt-qat]
+  --tt-embedding, --no-tt-embedding
+                                also put the word embedding in TTM format (default: False) [tt-qat]
+  --embedding-rank INT          TTM rank of the word embedding (default: 32) [tt-qat]
+  --qat STR                     one of ('none', 'weight', 'weight+activation'): what is fake-
+                                quantized (default: weight) [tt-qat]
+  --bits INT                    core (and input) bits (default: 4) [tt-qat]
+  --bits-intermediate INT       intermediate bits (weight+activation mode) (default: 8) [tt-qat]"""
+
+
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "": (
+        """usage: tensorslim [-h] [--version]
                   {train,bench,convert,quantize,distill,generate,finetune,longeval,segment,predict,export,compress}
                   ...
 
@@ -38,9 +124,10 @@ positional arguments:
 
 options:
   -h, --help                    show this help message and exit
-  --version                     show program's version number and exit
-""",
-    "train": """usage: tensorslim train [-h] [--preset STR] [--task STR] [--method STR] [--factor-vocab INT]
+  --version                     show program's version number and exit""",
+    ),
+    "train": (
+        """usage: tensorslim train [-h] [--preset STR] [--task STR] [--method STR] [--factor-vocab INT]
                         [--steps INT] [--batch-size INT] [--seq-len INT] [--grad-accum INT]
                         [--lr FLOAT] [--weight-decay FLOAT] [--optimizer-state STR]
                         [--grad-clip FLOAT] [--warmup-fraction FLOAT] [--min-lr-ratio FLOAT]
@@ -187,89 +274,9 @@ options:
   --dp-shard INT                FSDP2 over the data-parallel axis: its size (world / tp); 1 keeps
                                 DDP (default: 1)
   --tp-overlap STR              btp: overlap latent all-reduces with computation: none, backward or
-                                full (docs/scale_out.md) (default: none)
-
-method options (each applies to the methods named):
-  --rank INT                    LoRA rank (default: 8) [lora, prefix, adapter, prompt, unipelt,
-                                unipelt-prompt, peft-lora, peft-prompt]; latent rank (default: the
-                                model's recipe, else a quarter of min(d_in, d_out)) [cola, svd,
-                                cola-m, lax-cola, lax-svd]; TT max rank (default: CoMERA's 30) [tt,
-                                lax-tt, comera]; starting latent rank (default: the model's CoLA
-                                recipe, else d/4) [cola-adaptive]; projection rank (default: the
-                                model's CoLA rank, else 128) [galore]; Kronecker terms per layer
-                                (default: 1) [kron]; max TT rank of the encoder's linear layers
-                                (default: 16) [tt-qat]
-  --lora-alpha FLOAT            LoRA scale numerator, the update is (alpha/rank)·B·A·x when ungated
-                                (default: 16.0) [lora, prefix, adapter, prompt, unipelt, unipelt-
-                                prompt, peft-lora, peft-prompt]
-  --prefix-length INT           prefix vectors per layer (default: 10) [lora, prefix, adapter,
-                                prompt, unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prefix-mlp INT              width of the prefix reparametrization MLP (0: train the prefixes
-                                directly) (default: 512) [lora, prefix, adapter, prompt, unipelt,
-                                unipelt-prompt, peft-lora, peft-prompt]
-  --reduction INT               bottleneck adapter: hidden size / bottleneck size (default: 16)
-                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
-                                peft-prompt]
-  --prompt-length INT           soft prompt tokens (default: 10) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-init-text STR        initialize the prompt from this text's word embeddings (e.g. the
-                                class names; default: random) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-init-vocab INT       initialize the prompt from the word embeddings of tokens drawn from
-                                the N most frequent of the model's vocabulary (Lester et al. 2021
-                                sampled 5000; 0: off) (default: 0) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-combine STR          where the prompt goes: 'prefix' (before the input) or
-                                'prefix_after_bos' (after [CLS]) (default: after [CLS] for prompt
-                                and unipelt-prompt) [lora, prefix, adapter, prompt, unipelt,
-                                unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-lr-scale FLOAT       the soft prompt's learning rate as a multiple of the run's (default:
-                                10 for unipelt-prompt, 1 for prompt) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --gates, --no-gates           gate each module (default: on for unipelt*, off for single methods)
-                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
-                                peft-prompt]
-  --train-pooler, --no-train-pooler
-                                train the base model's pooler (Linear + tanh on [CLS]) with the
-                                classifier head (peft's methods keep it frozen) (default: False)
-                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
-                                peft-prompt]
-  --from-layer INT              adapt only layers from this index on (the layer-wise variant)
-                                (default: 0) [lora, prefix, adapter, prompt, unipelt, unipelt-
-                                prompt, peft-lora, peft-prompt]
-  --lax-crossing STR            LaX crossing G: one of identity, dense, kronecker, zero (default:
-                                kronecker) [lax-tt]
-  --comera-target-ratio FLOAT   CoMERA: late-stage target size S*/S, in (0, 1] (default: 0.5)
-                                [comera, cola-adaptive]
-  --comera-late-fraction FLOAT  CoMERA: share of steps in the late stage (default: 0.5) [comera,
-                                cola-adaptive]
-  --comera-gamma FLOAT          CoMERA: weight of the rank penalty (early stage) (default: 0.01)
-                                [comera, cola-adaptive]
-  --comera-target-loss FLOAT    CoMERA: late-stage loss target L* (default: mean task loss of the
-                                last tenth of the early stage) [comera, cola-adaptive]
-  --comera-freeze-at-target, --no-comera-freeze-at-target
-                                CoMERA: freeze the rank gates once the late stage reaches S*
-                                (default: True) [comera, cola-adaptive]
-  --comera-truncate-every INT   CoMERA: also slice dead ranks out every this many steps (0: stage
-                                ends only) (default: 0) [comera, cola-adaptive]
-  --prune-at-end, --no-prune-at-end
-                                kill the smallest gates at the end of the late stage until the size
-                                target is met (default: True) [cola-adaptive]
-  --galore-update-proj-gap INT  GaLore: steps between projector SVDs (default: 200) [galore]
-  --galore-scale FLOAT          GaLore: update scale alpha (default: 0.25) [galore]
-  --n-cores INT                 TT cores per linear layer (half input, half output modes) (default:
-                                4) [tt-qat]
-  --tt-init STR                 one of ('tt_svd', 'random'): TT-SVD of the trained weights, or
-                                random cores (release) (default: tt_svd) [tt-qat]
-  --tt-embedding, --no-tt-embedding
-                                also put the word embedding in TTM format (default: False) [tt-qat]
-  --embedding-rank INT          TTM rank of the word embedding (default: 32) [tt-qat]
-  --qat STR                     one of ('none', 'weight', 'weight+activation'): what is fake-
-                                quantized (default: weight) [tt-qat]
-  --bits INT                    core (and input) bits (default: 4) [tt-qat]
-  --bits-intermediate INT       intermediate bits (weight+activation mode) (default: 8) [tt-qat]
-
-task options (each applies to the tasks named):
+                                full (docs/scale_out.md) (default: none)""",
+        METHOD_OPTIONS,
+        """task options (each applies to the tasks named):
   --train-size INT              training examples drawn per seed (0: the whole training split)
                                 (default: 0) [classify]
   --dev-size INT                development examples drawn per seed from the training split (0:
@@ -331,9 +338,10 @@ task options (each applies to the tasks named):
   --intensity STR               image-channel intensity augmentation: none, nnunet or strong
                                 (default: nnunet) [segment]
   --mask-dropout FLOAT          probability of blanking the mask channel of an image+mask training
-                                sample (default: 0.0) [segment]
-""",
-    "bench": """usage: tensorslim bench [-h] [--preset STR] [--task STR] [--methods STR] [--batch-size INT]
+                                sample (default: 0.0) [segment]""",
+    ),
+    "bench": (
+        """usage: tensorslim bench [-h] [--preset STR] [--task STR] [--methods STR] [--batch-size INT]
                         [--seq-len INT] [--warmup INT] [--repeats INT] [--rank INT] [--seed INT]
                         [--device STR] [--threads INT] [--timer STR] [--dtype STR]
                         [--compile | --no-compile] [--keep-freed-memory | --no-keep-freed-memory]
@@ -365,9 +373,10 @@ options:
   --keep-freed-memory, --no-keep-freed-memory
                                 CPU: keep freed memory in the process, as training does (no page
                                 faults each step) (default: True)
-  --out STR                     output stem for .md/.json/.png (default: print only)
-""",
-    "convert": """usage: tensorslim convert [-h] [--preset STR] [--model STR] [--method STR] [--save STR] [--rank INT]
+  --out STR                     output stem for .md/.json/.png (default: print only)""",
+    ),
+    "convert": (
+        """usage: tensorslim convert [-h] [--preset STR] [--model STR] [--method STR] [--save STR] [--rank INT]
                           [--lora-alpha FLOAT] [--prefix-length INT] [--prefix-mlp INT]
                           [--reduction INT] [--prompt-length INT] [--prompt-init-text STR]
                           [--prompt-init-vocab INT] [--prompt-combine STR] [--prompt-lr-scale FLOAT]
@@ -392,89 +401,11 @@ options:
   --method STR                  a method that converts layers (see `tensorslim train -h`) (default:
                                 cola)
   --save STR                    write the converted model to this folder (see docs/save_load.md)
-                                (default: None)
-
-method options (each applies to the methods named):
-  --rank INT                    LoRA rank (default: 8) [lora, prefix, adapter, prompt, unipelt,
-                                unipelt-prompt, peft-lora, peft-prompt]; latent rank (default: the
-                                model's recipe, else a quarter of min(d_in, d_out)) [cola, svd,
-                                cola-m, lax-cola, lax-svd]; TT max rank (default: CoMERA's 30) [tt,
-                                lax-tt, comera]; starting latent rank (default: the model's CoLA
-                                recipe, else d/4) [cola-adaptive]; projection rank (default: the
-                                model's CoLA rank, else 128) [galore]; Kronecker terms per layer
-                                (default: 1) [kron]; max TT rank of the encoder's linear layers
-                                (default: 16) [tt-qat]
-  --lora-alpha FLOAT            LoRA scale numerator, the update is (alpha/rank)·B·A·x when ungated
-                                (default: 16.0) [lora, prefix, adapter, prompt, unipelt, unipelt-
-                                prompt, peft-lora, peft-prompt]
-  --prefix-length INT           prefix vectors per layer (default: 10) [lora, prefix, adapter,
-                                prompt, unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prefix-mlp INT              width of the prefix reparametrization MLP (0: train the prefixes
-                                directly) (default: 512) [lora, prefix, adapter, prompt, unipelt,
-                                unipelt-prompt, peft-lora, peft-prompt]
-  --reduction INT               bottleneck adapter: hidden size / bottleneck size (default: 16)
-                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
-                                peft-prompt]
-  --prompt-length INT           soft prompt tokens (default: 10) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-init-text STR        initialize the prompt from this text's word embeddings (e.g. the
-                                class names; default: random) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-init-vocab INT       initialize the prompt from the word embeddings of tokens drawn from
-                                the N most frequent of the model's vocabulary (Lester et al. 2021
-                                sampled 5000; 0: off) (default: 0) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-combine STR          where the prompt goes: 'prefix' (before the input) or
-                                'prefix_after_bos' (after [CLS]) (default: after [CLS] for prompt
-                                and unipelt-prompt) [lora, prefix, adapter, prompt, unipelt,
-                                unipelt-prompt, peft-lora, peft-prompt]
-  --prompt-lr-scale FLOAT       the soft prompt's learning rate as a multiple of the run's (default:
-                                10 for unipelt-prompt, 1 for prompt) [lora, prefix, adapter, prompt,
-                                unipelt, unipelt-prompt, peft-lora, peft-prompt]
-  --gates, --no-gates           gate each module (default: on for unipelt*, off for single methods)
-                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
-                                peft-prompt]
-  --train-pooler, --no-train-pooler
-                                train the base model's pooler (Linear + tanh on [CLS]) with the
-                                classifier head (peft's methods keep it frozen) (default: False)
-                                [lora, prefix, adapter, prompt, unipelt, unipelt-prompt, peft-lora,
-                                peft-prompt]
-  --from-layer INT              adapt only layers from this index on (the layer-wise variant)
-                                (default: 0) [lora, prefix, adapter, prompt, unipelt, unipelt-
-                                prompt, peft-lora, peft-prompt]
-  --lax-crossing STR            LaX crossing G: one of identity, dense, kronecker, zero (default:
-                                kronecker) [lax-tt]
-  --comera-target-ratio FLOAT   CoMERA: late-stage target size S*/S, in (0, 1] (default: 0.5)
-                                [comera, cola-adaptive]
-  --comera-late-fraction FLOAT  CoMERA: share of steps in the late stage (default: 0.5) [comera,
-                                cola-adaptive]
-  --comera-gamma FLOAT          CoMERA: weight of the rank penalty (early stage) (default: 0.01)
-                                [comera, cola-adaptive]
-  --comera-target-loss FLOAT    CoMERA: late-stage loss target L* (default: mean task loss of the
-                                last tenth of the early stage) [comera, cola-adaptive]
-  --comera-freeze-at-target, --no-comera-freeze-at-target
-                                CoMERA: freeze the rank gates once the late stage reaches S*
-                                (default: True) [comera, cola-adaptive]
-  --comera-truncate-every INT   CoMERA: also slice dead ranks out every this many steps (0: stage
-                                ends only) (default: 0) [comera, cola-adaptive]
-  --prune-at-end, --no-prune-at-end
-                                kill the smallest gates at the end of the late stage until the size
-                                target is met (default: True) [cola-adaptive]
-  --galore-update-proj-gap INT  GaLore: steps between projector SVDs (default: 200) [galore]
-  --galore-scale FLOAT          GaLore: update scale alpha (default: 0.25) [galore]
-  --n-cores INT                 TT cores per linear layer (half input, half output modes) (default:
-                                4) [tt-qat]
-  --tt-init STR                 one of ('tt_svd', 'random'): TT-SVD of the trained weights, or
-                                random cores (release) (default: tt_svd) [tt-qat]
-  --tt-embedding, --no-tt-embedding
-                                also put the word embedding in TTM format (default: False) [tt-qat]
-  --embedding-rank INT          TTM rank of the word embedding (default: 32) [tt-qat]
-  --qat STR                     one of ('none', 'weight', 'weight+activation'): what is fake-
-                                quantized (default: weight) [tt-qat]
-  --bits INT                    core (and input) bits (default: 4) [tt-qat]
-  --bits-intermediate INT       intermediate bits (weight+activation mode) (default: 8) [tt-qat]
-""",
-    "quantize": """usage: tensorslim quantize [-h] [--model STR] [--method STR] [--bits INT] [--granularity STR]
+                                (default: None)""",
+        METHOD_OPTIONS,
+    ),
+    "quantize": (
+        """usage: tensorslim quantize [-h] [--model STR] [--method STR] [--bits INT] [--granularity STR]
                            [--init STR] [--order STR] [--sweeps INT]
                            [--update-scale | --no-update-scale] [--act-order | --no-act-order]
                            [--data STR] [--calib-docs INT] [--seq-len INT] [--out STR]
@@ -498,9 +429,10 @@ options:
   --data STR                    calibration corpus: 'bbcnews', 'stdlib' or a path (default: bbcnews)
   --calib-docs INT              calibration documents (first seq-len tokens of each) (default: 128)
   --seq-len INT                 tokens per calibration document (default: 128)
-  --out STR                     write the quantized model to this .safetensors file (default: None)
-""",
-    "distill": """usage: tensorslim distill [-h] [--rank INT] [--n-cores INT] [--init STR]
+  --out STR                     write the quantized model to this .safetensors file (default: None)""",
+    ),
+    "distill": (
+        """usage: tensorslim distill [-h] [--rank INT] [--n-cores INT] [--init STR]
                           [--tt-embedding | --no-tt-embedding] [--embedding-rank INT] [--qat STR]
                           [--bits INT] [--bits-intermediate INT] [--steps-per-layer INT]
                           [--task-steps INT] [--lr FLOAT] [--final-lr FLOAT] [--batch-size INT]
@@ -541,9 +473,10 @@ options:
   --seed INT                    seed of student init and data order (default: 0)
   --out-dir STR                 run folder (default: runs/minilm-distill-tt-qat)
   --resume, --no-resume         continue from the run folder's latest checkpoint (default: False)
-  --out STR                     write the JSON report here (default: None)
-""",
-    "generate": """usage: tensorslim generate [-h] --run DIR [--prompt STR] [--max-new-tokens INT]
+  --out STR                     write the JSON report here (default: None)""",
+    ),
+    "generate": (
+        """usage: tensorslim generate [-h] --run DIR [--prompt STR] [--max-new-tokens INT]
                            [--temperature FLOAT] [--top-k INT] [--top-p FLOAT]
                            [--greedy | --no-greedy] [--seed INT] [--device STR]
 
@@ -559,9 +492,10 @@ options:
   --top-p FLOAT          sample within the top-p probability nucleus (default: None)
   --greedy, --no-greedy  take the most likely token at each step (default: False)
   --seed INT             sampling seed (default: 0)
-  --device STR           cpu or cuda (default: cpu)
-""",
-    "finetune": """usage: tensorslim finetune [-h] [--model MODEL] [--method METHOD] [--data DATA]
+  --device STR           cpu or cuda (default: cpu)""",
+    ),
+    "finetune": (
+        """usage: tensorslim finetune [-h] [--model MODEL] [--method METHOD] [--data DATA]
                            [--train-size TRAIN_SIZE] [--dev-size DEV_SIZE] [--steps STEPS] [--lr LR]
                            [--batch-size BATCH_SIZE] [--seq-len SEQ_LEN] [--seed SEED]
                            [--out-dir OUT_DIR] [--overwrite]
@@ -581,9 +515,10 @@ options:
   --seq-len SEQ_LEN        tokens per example ([CLS] included)
   --seed SEED              seed of the K examples, the init and the data order
   --out-dir OUT_DIR        run folder (default: runs/<model>-<method>)
-  --overwrite              replace the run's own outputs in a used folder
-""",
-    "longeval": """usage: tensorslim longeval [-h] [--run DIR | --preset PRESET] [--data DATA] [--length LENGTH]
+  --overwrite              replace the run's own outputs in a used folder""",
+    ),
+    "longeval": (
+        """usage: tensorslim longeval [-h] [--run DIR | --preset PRESET] [--data DATA] [--length LENGTH]
                            [--docs DOCS] [--compare] [--json PATH] [--capacity INT] [--policy STR]
                            [--sinks INT] [--chunk INT] [--wait INT] [--tau FLOAT] [--recent INT]
                            [--lra-insert | --no-lra-insert] [--memory POLICY]
@@ -619,9 +554,10 @@ memory (tensorslim.layers.memory.MemoryConfig):
   --lra-insert, --no-lra-insert
                                 lra: a new entry counts as attended when inserted (else only once
                                 attended) (default: True)
-  --memory POLICY               same as --policy
-""",
-    "segment": """usage: tensorslim segment [-h] [--dataset DATASET] [--inputs INPUTS] [--train-cases TRAIN_CASES]
+  --memory POLICY               same as --policy""",
+    ),
+    "segment": (
+        """usage: tensorslim segment [-h] [--dataset DATASET] [--inputs INPUTS] [--train-cases TRAIN_CASES]
                           [--train-pool TRAIN_POOL] [--preset PRESET] [--image-size IMAGE_SIZE]
                           [--steps STEPS] [--batch-size BATCH_SIZE] [--lr LR]
                           [--augment | --no-augment] [--intensity INTENSITY]
@@ -647,9 +583,10 @@ options:
   --seed SEED                  seed of the training cases, the init and the data order
   --out-dir OUT_DIR            run folder (default: runs/segment-<dataset>-<inputs>)
   --overwrite                  replace the run's own outputs in a used folder
-  --device DEVICE              cpu or cuda
-""",
-    "predict": """usage: tensorslim predict [-h] --run DIR [--file FILE] [--out OUT] [--max-new-tokens MAX_NEW_TOKENS]
+  --device DEVICE              cpu or cuda""",
+    ),
+    "predict": (
+        """usage: tensorslim predict [-h] --run DIR [--file FILE] [--out OUT] [--max-new-tokens MAX_NEW_TOKENS]
                           [--greedy] [--temperature TEMPERATURE] [--seed SEED] [--device DEVICE]
                           [inputs ...]
 
@@ -668,9 +605,10 @@ options:
   --greedy                      lm: take the most likely token at each step
   --temperature TEMPERATURE     lm: divides the logits (default: 1.0)
   --seed SEED                   lm: sampling seed (default: 0)
-  --device DEVICE               cpu or cuda (default: cpu)
-""",
-    "export": """usage: tensorslim export [-h] --run DIR --out OUT [--merge-lora] [--format {tensorslim,gguf}]
+  --device DEVICE               cpu or cuda (default: cpu)""",
+    ),
+    "export": (
+        """usage: tensorslim export [-h] --run DIR --out OUT [--merge-lora] [--format {tensorslim,gguf}]
                          [--gguf-type {f16,q8_0,q4_0,f32}]
 
 write a run's model as a folder to ship (tensorslim format, and Hugging Face format where it is plain)
@@ -682,9 +620,10 @@ options:
   --merge-lora                  fold LoRA updates into their weights (exact)
   --format {tensorslim,gguf}    tensorslim folder, or GGUF (llama.cpp)
   --gguf-type {f16,q8_0,q4_0,f32}
-                                weight type of --format gguf
-""",
-    "compress": """usage: tensorslim compress [-h] [--model STR] [--out STR] [--overwrite | --no-overwrite]
+                                weight type of --format gguf""",
+    ),
+    "compress": (
+        """usage: tensorslim compress [-h] [--model STR] [--out STR] [--overwrite | --no-overwrite]
                            [--params FLOAT] [--bytes FLOAT] [--flops FLOAT] [--families STR]
                            [--data STR] [--calibration INT] [--held-out INT] [--seq-len INT]
                            [--heal-steps INT] [--lr FLOAT]
@@ -714,6 +653,8 @@ options:
   --seq-len INT                tokens per text (default: 128)
   --heal-steps INT             distillation steps from the original model (layer by layer, then end
                                to end) (default: 0)
-  --lr FLOAT                   learning rate of the healing (default: 0.0001)
-""",
+  --lr FLOAT                   learning rate of the healing (default: 0.0001)""",
+    ),
 }
+
+TEXTS: dict[str, str] = {command: "\n\n".join(parts) + "\n" for command, parts in _SECTIONS.items()}

@@ -69,3 +69,13 @@ def test_transformers_load_reports_are_silenced_unless_asked_for() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "LOAD REPORT" not in done.stderr and "Loading weights" not in done.stderr, done.stderr
+
+
+def test_a_section_several_commands_print_is_written_once() -> None:
+    shared = "method options (each applies):\n  --rank INT    rank\n  --bits INT    bits"
+    texts = {"": "usage: top\n\nintro\n", "a": f"usage: a\n\n{shared}\n", "b": f"usage: b\n\nmine\n\n{shared}\n"}
+    code = help_cache.source(texts)
+    assert code.count("--rank INT") == 1 and "METHOD_OPTIONS = " in code
+    namespace: dict = {}
+    exec(compile(code, "help_texts", "exec"), namespace)  # noqa: S102 - the module just generated
+    assert namespace["TEXTS"] == texts
