@@ -11,6 +11,9 @@ import sys
 import types
 import typing
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def check_fields(config: object) -> None:
@@ -89,6 +92,23 @@ def _describe(hint: object) -> str:
     if hint in names:
         return names[hint]
     return getattr(hint, "__name__", str(hint))
+
+
+def register_once(table: dict[str, T], entry: T, *, what: str) -> T:
+    """Add ``entry`` to the registry ``table`` under its ``name`` and return it; a name may be registered once."""
+    name = entry.name  # type: ignore[attr-defined]
+    if name in table:
+        raise ValueError(f"{what} {name!r} is registered twice")
+    table[name] = entry
+    return entry
+
+
+def look_up(table: dict[str, T], name: str, *, what: str) -> T:
+    """The entry of the registry ``table`` called ``name``, or a one-line ``ValueError`` listing the registered
+    ones (``what`` names the argument: ``method``, ``model``, ``task``)."""
+    if name not in table:
+        raise ValueError(f"{what}={name!r} is unknown; allowed: {list(table)}")
+    return table[name]
 
 
 def require_int(name: str, value: object, *, minimum: int = 1) -> None:

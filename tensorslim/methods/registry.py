@@ -15,6 +15,8 @@ from typing import Any
 
 from torch import nn
 
+from tensorslim._checks import look_up, register_once
+
 OPTIMIZERS = ("adamw", "galore")
 DATA_PARALLEL = ("ddp", "fsdp")
 
@@ -104,14 +106,9 @@ LINEAR_FAMILIES = ("llama", "bert", "gpt2", "hf-bert")
 
 def register_method(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS`; a name may be registered once."""
-    if method.name in METHODS:
-        raise ValueError(f"method {method.name!r} is registered twice")
-    METHODS[method.name] = method
-    return method
+    return register_once(METHODS, method, what="method")
 
 
 def get_method(name: str) -> Method:
     """The method called ``name``, or a one-line ``ValueError`` listing the registered ones."""
-    if name not in METHODS:
-        raise ValueError(f"method={name!r} is unknown; allowed: {list(METHODS)}")
-    return METHODS[name]
+    return look_up(METHODS, name, what="method")

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensorslim._checks import look_up, register_once
+
 # What a model can be built for: causal LM (logits (B, T, V)), masked LM (logits (B, T, V)), sequence
 # classification (logits (B, n_classes)), sentence embedding (the bare encoder's hidden states) and image
 # segmentation (logits (B, 1, H, W)).
@@ -93,17 +95,12 @@ MODELS: dict[str, ModelPreset] = {}
 
 def register_model(preset: ModelPreset) -> ModelPreset:
     """Add ``preset`` to :data:`MODELS`; a name may be registered once."""
-    if preset.name in MODELS:
-        raise ValueError(f"model {preset.name!r} is registered twice")
-    MODELS[preset.name] = preset
-    return preset
+    return register_once(MODELS, preset, what="model")
 
 
 def get_model(name: str) -> ModelPreset:
     """The model called ``name``, or a one-line ``ValueError`` listing the registered ones."""
-    if name not in MODELS:
-        raise ValueError(f"model={name!r} is unknown; allowed: {list(MODELS)}")
-    return MODELS[name]
+    return look_up(MODELS, name, what="model")
 
 
 def model_names(task: str | None = None) -> list[str]:

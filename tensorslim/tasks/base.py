@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from tensorslim._checks import look_up, register_once
 from tensorslim.options import resolve_options
 
 
@@ -142,14 +143,9 @@ TASKS: dict[str, type[Task]] = {}
 
 def register_task(task: type[Task]) -> type[Task]:
     """Add the task class ``task`` to :data:`TASKS` under its name (usable as a class decorator)."""
-    if task.name in TASKS:
-        raise ValueError(f"task {task.name!r} is registered twice")
-    TASKS[task.name] = task
-    return task
+    return register_once(TASKS, task, what="task")
 
 
 def get_task(name: str) -> type[Task]:
     """The task called ``name``, or a one-line ``ValueError`` listing the registered ones."""
-    if name not in TASKS:
-        raise ValueError(f"task={name!r} is unknown; allowed: {list(TASKS)}")
-    return TASKS[name]
+    return look_up(TASKS, name, what="task")

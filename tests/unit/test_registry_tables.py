@@ -1,0 +1,41 @@
+"""The registries of methods, models and tasks share one lookup and one registration rule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tensorslim.methods import registry as methods
+from tensorslim.models import registry as models
+from tensorslim.tasks import base as tasks
+
+TABLES = [
+    (methods, "METHODS", methods.register_method, methods.get_method, "method", "cola"),
+    (models, "MODELS", models.register_model, models.get_model, "model", "tiny"),
+    (tasks, "TASKS", tasks.register_task, tasks.get_task, "task", "lm"),
+]
+
+
+@pytest.mark.parametrize(("module", "table", "register", "get", "what", "known"), TABLES)
+def test_a_registry_finds_its_entries_refuses_unknown_names_and_second_registrations(
+    monkeypatch: pytest.MonkeyPatch,
+    module: Any,
+    table: str,
+    register: Callable[[Any], Any],
+    get: Callable[[str], Any],
+    what: str,
+    known: str,
+) -> None:
+    entries = dict(getattr(module, table))
+    monkeypatch.setattr(module, table, entries)
+    entry = get(known)
+    assert entry is entries[known] and entry.name == known
+    with pytest.raises(ValueError, match=rf"^{what}='nope' is unknown; allowed: \[.*'{known}'"):
+        get("nope")
+    with pytest.raises(ValueError, match=rf"^{what} '{known}' is registered twice$"):
+        register(entry)
+    assert entries == dict(getattr(module, table)) and list(entries).count(known) == 1
+    del entries[known]
+    assert register(entry) is entry and get(known) is entry
