@@ -11,12 +11,26 @@ step. Any other causal LM (our GPT-2, a Hugging Face model) re-runs its forward 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
 
 from tensorslim.tasks.base import logits_of
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class Sampling(TypedDict, total=False):
+    """How :func:`generate` chooses tokens: the keyword arguments it passes on to :func:`generate_ids`."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    greedy: bool
+    seed: int
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -82,6 +96,18 @@ def generate_ids(
     model's context (``config.max_seq_len``, ``n_positions`` or ``max_position_embeddings``). The model runs in eval
     mode and gets its own mode back.
 
+    Args:
+        model: a causal LM returning logits ``(B, T, V)`` (or an output with ``.logits``); with ``new_cache()`` it
+            decodes with its KV cache.
+        prompt_ids: the token ids to continue.
+        max_new_tokens: at most this many tokens (fewer when the context fills up).
+        temperature: divides the logits before sampling.
+        top_k: sample only among the ``top_k`` most likely tokens (see :func:`filter_logits`).
+        top_p: sample only within the top-p nucleus (see :func:`filter_logits`).
+        greedy: take the most likely token (temperature, top-k and top-p are then irrelevant).
+        seed: seed of the sampling generator, so a call is reproducible.
+        eos_id: stop after generating this token.
+
     Raises:
         ValueError: invalid settings, an empty prompt, or a prompt that fills the context already.
     """
@@ -121,32 +147,17 @@ def generate_ids(
 
 
 def generate(
-    model: nn.Module,
-    tokenizer: Any,
-    prompt: str,
-    *,
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    greedy: bool = False,
-    seed: int = 0,
-    stop_at_eos: bool = True,
+    model: nn.Module, tokenizer: Any, prompt: str, *, stop_at_eos: bool = True, **sampling: Unpack[Sampling]
 ) -> str:
     """The text ``model`` writes after ``prompt`` (the continuation only, without the end-of-text token).
 
     Args:
-        model: a causal LM returning logits ``(B, T, V)`` (or an output with ``.logits``); with ``new_cache()`` it
-            decodes with its KV cache.
+        model: a causal LM (see :func:`generate_ids`).
         tokenizer: a :class:`tensorslim.data.TextTokenizer` (e.g. a training run's BPE) or a Hugging Face tokenizer.
         prompt: the text to continue; an empty prompt starts from the end-of-text token (a document boundary).
-        max_new_tokens: at most this many tokens (fewer when the context fills up).
-        temperature: divides the logits before sampling.
-        top_k: sample only among the ``top_k`` most likely tokens (see :func:`filter_logits`).
-        top_p: sample only within the top-p nucleus (see :func:`filter_logits`).
-        greedy: take the most likely token (temperature, top-k and top-p are then irrelevant).
-        seed: seed of the sampling generator, so a call is reproducible.
         stop_at_eos: stop at the tokenizer's end-of-text token.
+        sampling: ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``greedy``, ``seed``, as
+            :func:`generate_ids` takes them (:class:`Sampling`).
     """
     from tensorslim.data.tokenizer import TextTokenizer
 
@@ -156,17 +167,7 @@ def generate(
         ids, eos_id = tokenizer.encode(prompt, add_special_tokens=False), tokenizer.eos_token_id
     if not ids and eos_id is None:
         raise ValueError("prompt='' needs a tokenizer with an end-of-text token to start from")
-    new = generate_ids(
-        model,
-        ids or [eos_id],
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        greedy=greedy,
-        seed=seed,
-        eos_id=eos_id if stop_at_eos else None,
-    )
+    new = generate_ids(model, ids or [eos_id], eos_id=eos_id if stop_at_eos else None, **sampling)
     if stop_at_eos and new and new[-1] == eos_id:
         new = new[:-1]
     return tokenizer.decode(new)
