@@ -37,7 +37,15 @@ from torch import nn
 
 from tensorslim.functional.lowrank import activation_fn
 from tensorslim.layers._source import is_dense_linear
-from tensorslim.layers.lowrank import LowRankConfig, LowRankLinear, drop_glu_activation, low_rank_fields, plan_low_rank
+from tensorslim.layers.lowrank import (
+    CoLAConfig,
+    LowRankConfig,
+    LowRankLinear,
+    SVDConfig,
+    drop_glu_activation,
+    low_rank_fields,
+    plan_low_rank,
+)
 from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
 
 CROSSINGS: tuple[str, ...] = ("identity", "dense", "kronecker")
@@ -64,17 +72,13 @@ class LaXConfig(LowRankConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LaXCoLAConfig(LaXConfig):
+class LaXCoLAConfig(CoLAConfig, LaXConfig):
     """LaX-CoLA: CoLA's latent SiLU after the crossing (LaX §3, "Variants of LaX")."""
-
-    activation: str = "silu"
 
 
 @dataclass(frozen=True, kw_only=True)
-class LaXSVDConfig(LaXConfig):
+class LaXSVDConfig(SVDConfig, LaXConfig):
     """LaX-SVD: no latent activation."""
-
-    activation: str = "identity"
 
 
 def balanced_factors(rank: int) -> tuple[int, int]:
@@ -263,18 +267,8 @@ class LaXLinear(LowRankLinear):
         """Factors as :meth:`LowRankLinear.from_dense` (SVD or CoLA init); the crossing comes later."""
         config = config or LaXSVDConfig()
         base = LowRankLinear.from_dense(module, config)
-        layer = cls(
-            base.in_features,
-            base.out_features,
-            base.rank,
-            bias=base.bias is not None,
-            activation=base.activation,
-            crossing=getattr(config, "crossing", "kronecker"),
-            norm_eps=getattr(config, "norm_eps", 1e-6),
-            device="meta",
-        )
-        layer.weight_a, layer.weight_b, layer.bias = base.weight_a, base.weight_b, base.bias
-        return layer
+        shape = (base.in_features, base.out_features, base.rank)
+        return crossing_layer(cls, base, shape, config, activation=base.activation, take=("weight_a", "weight_b"))
 
     def to_dense(self) -> nn.Linear:
         if self.crosses:
@@ -292,6 +286,31 @@ class LaXLinear(LowRankLinear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, crossing={self.crossing_kind!r}, crosses={self.crosses}"
+
+
+def crossing_layer(
+    cls: type[nn.Module],
+    base: nn.Module,
+    shape: tuple[Any, ...],
+    config: object,
+    *,
+    activation: str,
+    take: tuple[str, ...],
+) -> nn.Module:
+    """A LaX layer ``cls(*shape)`` on the meta device that takes over ``base``'s factors (the attributes ``take``
+    and the bias): the factorization is ``base``'s own; the crossing, from ``config``'s kind and epsilon (LaX's
+    defaults where the config has none), is switched on later by :func:`attach_crossings`."""
+    layer = cls(
+        *shape,
+        bias=base.bias is not None,
+        activation=activation,
+        crossing=getattr(config, "crossing", "kronecker"),
+        norm_eps=getattr(config, "norm_eps", 1e-6),
+        device="meta",
+    )
+    for name in (*take, "bias"):
+        setattr(layer, name, getattr(base, name))
+    return layer
 
 
 def attach_crossings(model: nn.Module, layer_type: type[nn.Module] = LaXLinear) -> dict[str, int]:

@@ -47,6 +47,7 @@ from tensorslim.layers.lax import (
     LatentStore,
     attach_crossings,
     crossing_flops,
+    crossing_layer,
     crossing_params,
     make_crossing,
     split_block_path,
@@ -163,31 +164,27 @@ class LaXTTLinear(TTLinear):
     :func:`~tensorslim.layers.lax.attach_crossings` (``convert_`` does it).
 
     Args:
-        in_factors, out_factors, ranks, bias: as :class:`TTLinear`.
+        shape: ``in_factors, out_factors, ranks`` as :class:`TTLinear`.
         activation: latent activation σ (official LaX-TT: identity).
         crossing: the kind of crossing G used when the layer crosses.
         norm_eps: epsilon of LN_r.
         intra_res: add the intra-layer residuals (needs mirrored halves, see :func:`intra_pairs`).
+        tt_args: ``bias``, ``device``, ``dtype`` as :class:`TTLinear`.
     """
 
     def __init__(
         self,
-        in_factors: tuple[int, ...],
-        out_factors: tuple[int, ...],
-        ranks: tuple[int, ...],
-        *,
-        bias: bool = True,
+        *shape: tuple[int, ...],
         activation: str = "identity",
         crossing: str = "kronecker",
         norm_eps: float = 1e-6,
         intra_res: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **tt_args: Any,
     ) -> None:
         if crossing not in CROSSINGS:
             raise ValueError(f"crossing={crossing!r} is unknown; allowed: {list(CROSSINGS)}")
         activation_fn(activation)  # validates the name
-        super().__init__(in_factors, out_factors, ranks, bias=bias, device=device, dtype=dtype)
+        super().__init__(*shape, **tt_args)
         self.activation, self.crossing_kind, self.norm_eps = activation, crossing, norm_eps
         self.intra_res = False
         if intra_res:
@@ -249,19 +246,10 @@ class LaXTTLinear(TTLinear):
         """Cores as :meth:`TTLinear.from_dense` (TT-SVD or CoMERA's random init); crossings come later."""
         config = config or LaXTTConfig()
         base = TTLinear.from_dense(module, config)
-        layer = cls(
-            base.in_factors,
-            base.out_factors,
-            base.ranks,
-            bias=base.bias is not None,
-            activation=getattr(config, "activation", "identity"),
-            crossing=getattr(config, "crossing", "kronecker"),
-            norm_eps=getattr(config, "norm_eps", 1e-6),
-            device="meta",
-        )
-        layer.cores, layer.gates, layer.bias = base.cores, base.gates, base.bias
-        layer.gate_threshold = base.gate_threshold
-        return layer
+        shape = (base.in_factors, base.out_factors, base.ranks)
+        activation = getattr(config, "activation", "identity")
+        take = ("cores", "gates", "gate_threshold")
+        return crossing_layer(cls, base, shape, config, activation=activation, take=take)
 
     def to_dense(self) -> nn.Linear:
         if self.crosses or self.intra_res or self.activation != "identity":
