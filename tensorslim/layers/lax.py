@@ -51,6 +51,12 @@ from tensorslim.registry import ConversionReport, LayerReport, Transform, regist
 CROSSINGS: tuple[str, ...] = ("identity", "dense", "kronecker")
 
 
+def check_crossing(crossing: str) -> None:
+    """Raise a one-line ``ValueError`` unless ``crossing`` is one of :data:`CROSSINGS`."""
+    if crossing not in CROSSINGS:
+        raise ValueError(f"crossing={crossing!r} is unknown; allowed: {list(CROSSINGS)}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaXConfig(LowRankConfig):
     """Low-rank layers with latent crossing (LaX §3).
@@ -65,8 +71,7 @@ class LaXConfig(LowRankConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.crossing not in CROSSINGS:
-            raise ValueError(f"crossing={self.crossing!r} is unknown; allowed: {list(CROSSINGS)}")
+        check_crossing(self.crossing)
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} is invalid; allowed: a number > 0")
 
@@ -134,8 +139,7 @@ def make_crossing(kind: str, rank: int, *, device: Any = None, dtype: torch.dtyp
 def crossing_params(kind: str, rank: int, *, norm: bool = True) -> int:
     """Parameters LaX adds to a crossing layer: the crossing G (0, r² + r, or a² + b²) plus, with ``norm``, the
     LayerNorm's 2r."""
-    if kind not in CROSSINGS:
-        raise ValueError(f"crossing={kind!r} is unknown; allowed: {list(CROSSINGS)}")
+    check_crossing(kind)
     if kind == "kronecker":
         a, b = balanced_factors(rank)
         mixing = a * a + b * b
@@ -200,45 +204,22 @@ def split_block_path(name: str) -> tuple[int, str] | None:
     return None
 
 
-class LaXLinear(LowRankLinear):
-    """``y = B σ(LN_r(A x + G(h_prev))) + b`` (crossing) or ``B σ(A x) + b`` (first block); LaX §3.
+class LatentCrossing:
+    """What every LaX layer adds to its factorization: the crossing ``σ(LN_r(z + G(h_prev)))`` of its latent ``z``
+    (LaX §3), wired by :func:`attach_crossings` through a shared :class:`LatentStore`.
 
-    Same ``weight_a``/``weight_b``/``bias`` as :class:`LowRankLinear`; a crossing layer adds ``crossing`` (G) and
-    ``norm``. Crossings are switched on by :func:`attach_crossings` (``convert_`` does it), which knows the block
-    structure.
-
-    Args:
-        in_features, out_features, rank, bias, activation: as :class:`LowRankLinear`.
-        crossing: the kind of crossing G used when the layer crosses.
-        norm_eps: epsilon of LN_r.
+    The layer sets :attr:`latent_rank` (the width of ``z``) and calls :meth:`_init_crossing` in its ``__init__``.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        rank: int,
-        *,
-        bias: bool = False,
-        activation: str = "identity",
-        crossing: str = "kronecker",
-        norm_eps: float = 1e-6,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        if crossing not in CROSSINGS:
-            raise ValueError(f"crossing={crossing!r} is unknown; allowed: {list(CROSSINGS)}")
-        super().__init__(in_features, out_features, rank, bias=bias, activation=activation, device=device, dtype=dtype)
+    latent_rank: int
+    activation: str
+
+    def _init_crossing(self, crossing: str, norm_eps: float) -> None:
         self.crossing_kind, self.norm_eps = crossing, norm_eps
         self.crossing: nn.Module | None = None
         self.norm: nn.LayerNorm | None = None
         self.stream: str | None = None
         self._store: LatentStore | None = None
-
-    @property
-    def latent_rank(self) -> int:
-        """The width of the latent that crosses: the rank (as :attr:`LaXTTLinear.latent_rank` is its middle bond)."""
-        return self.rank
 
     @property
     def crosses(self) -> bool:
@@ -249,17 +230,47 @@ class LaXLinear(LowRankLinear):
         """Publish this layer's latent to ``store`` under ``stream``; with ``cross`` also read the previous one."""
         self._store, self.stream = store, stream
         if cross and not self.crosses:
-            factory = {"device": self.weight_a.device, "dtype": self.weight_a.dtype}
-            self.crossing = make_crossing(self.crossing_kind, self.rank, **factory)
-            self.norm = nn.LayerNorm(self.rank, eps=self.norm_eps, **factory)
+            factor = next(self.parameters())  # type: ignore[attr-defined]
+            factory = {"device": factor.device, "dtype": factor.dtype}
+            self.crossing = make_crossing(self.crossing_kind, self.latent_rank, **factory)
+            self.norm = nn.LayerNorm(self.latent_rank, eps=self.norm_eps, **factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        latent = F.linear(x, self.weight_a)  # (..., r)
+    def _cross(self, latent: torch.Tensor) -> torch.Tensor:
+        """``σ(LN(z + G(h_prev)))`` (or ``σ(z)`` in block 0), published for the next block. ``latent``: (..., r)."""
         if self.norm is not None:
-            latent = self.norm(latent + self.crossing(self._store.get(self.stream)))  # (..., r)
+            latent = self.norm(latent + self.crossing(self._store.get(self.stream)))
         latent = activation_fn(self.activation)(latent)
         if self._store is not None:
             self._store.put(self.stream, latent)
+        return latent
+
+
+class LaXLinear(LatentCrossing, LowRankLinear):
+    """``y = B σ(LN_r(A x + G(h_prev))) + b`` (crossing) or ``B σ(A x) + b`` (first block); LaX §3.
+
+    Same ``weight_a``/``weight_b``/``bias`` as :class:`LowRankLinear`; a crossing layer adds ``crossing`` (G) and
+    ``norm``. Crossings are switched on by :func:`attach_crossings` (``convert_`` does it), which knows the block
+    structure.
+
+    Args:
+        shape: ``in_features, out_features, rank`` as :class:`LowRankLinear`.
+        crossing: the kind of crossing G used when the layer crosses.
+        norm_eps: epsilon of LN_r.
+        low_rank_args: ``bias``, ``activation``, ``device``, ``dtype`` as :class:`LowRankLinear`.
+    """
+
+    def __init__(self, *shape: int, crossing: str = "kronecker", norm_eps: float = 1e-6, **low_rank_args: Any) -> None:
+        check_crossing(crossing)
+        super().__init__(*shape, **low_rank_args)
+        self._init_crossing(crossing, norm_eps)
+
+    @property
+    def latent_rank(self) -> int:
+        """The width of the latent that crosses: the rank (as :attr:`LaXTTLinear.latent_rank` is its middle bond)."""
+        return self.rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        latent = self._cross(F.linear(x, self.weight_a))  # (..., r)
         return F.linear(latent, self.weight_b, self.bias)  # (..., d_out)
 
     @classmethod

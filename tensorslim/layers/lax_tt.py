@@ -43,13 +43,12 @@ from tensorslim.functional.lowrank import ACTIVATIONS, activation_fn
 from tensorslim.functional.tt import tt_linear_factors, tt_linear_flops
 from tensorslim.layers._source import is_dense_linear
 from tensorslim.layers.lax import (
-    CROSSINGS,
-    LatentStore,
+    LatentCrossing,
     attach_crossings,
+    check_crossing,
     crossing_flops,
     crossing_layer,
     crossing_params,
-    make_crossing,
     split_block_path,
 )
 from tensorslim.layers.tt import TTConfig, TTLinear, plan_tt_linear, restore_tt, tt_fields
@@ -76,8 +75,7 @@ class LaXTTConfig(TTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.crossing not in CROSSINGS:
-            raise ValueError(f"crossing={self.crossing!r} is unknown; allowed: {list(CROSSINGS)}")
+        check_crossing(self.crossing)
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} is invalid; allowed: a number > 0")
         if self.activation not in ACTIVATIONS:
@@ -156,7 +154,7 @@ def intra_flops(
     return total
 
 
-class LaXTTLinear(TTLinear):
+class LaXTTLinear(LatentCrossing, TTLinear):
     """A :class:`TTLinear` whose middle-bond latent crosses to the same layer type in the next block (LaX §3).
 
     Same ``cores``/``gates`` (CoMERA's rank gates)/``bias`` as :class:`TTLinear`; a crossing layer adds
@@ -181,50 +179,24 @@ class LaXTTLinear(TTLinear):
         intra_res: bool = False,
         **tt_args: Any,
     ) -> None:
-        if crossing not in CROSSINGS:
-            raise ValueError(f"crossing={crossing!r} is unknown; allowed: {list(CROSSINGS)}")
+        check_crossing(crossing)
         activation_fn(activation)  # validates the name
         super().__init__(*shape, **tt_args)
-        self.activation, self.crossing_kind, self.norm_eps = activation, crossing, norm_eps
+        self.activation = activation
         self.intra_res = False
         if intra_res:
             self.enable_intra_res()
-        self.crossing: nn.Module | None = None
-        self.norm: nn.LayerNorm | None = None
-        self.stream: str | None = None
-        self._store: LatentStore | None = None
+        self._init_crossing(crossing, norm_eps)
 
     @property
     def latent_rank(self) -> int:
         """``r_mid``: the bond between the input-mode and output-mode halves, where the latent lives."""
         return self.ranks[self.n_in]
 
-    @property
-    def crosses(self) -> bool:
-        """Whether this layer adds the previous block's latent (False in block 0)."""
-        return self.norm is not None
-
     def enable_intra_res(self) -> None:
         """Switch on the intra-layer residuals (no parameters); raises ``ValueError`` unless the halves mirror."""
         intra_pairs(self.in_factors, self.out_factors, self.ranks)
         self.intra_res = True
-
-    def join(self, store: LatentStore, stream: str, *, cross: bool) -> None:
-        """Publish this layer's latent to ``store`` under ``stream``; with ``cross`` also read the previous one."""
-        self._store, self.stream = store, stream
-        if cross and not self.crosses:
-            factory = {"device": self.cores[0].device, "dtype": self.cores[0].dtype}
-            self.crossing = make_crossing(self.crossing_kind, self.latent_rank, **factory)
-            self.norm = nn.LayerNorm(self.latent_rank, eps=self.norm_eps, **factory)
-
-    def _cross(self, latent: torch.Tensor) -> torch.Tensor:
-        """``σ(LN(z + G(h_prev)))`` (or ``σ(z)`` in block 0), published for the next block. ``latent``: (B, r_mid)."""
-        if self.norm is not None:
-            latent = self.norm(latent + self.crossing(self._store.get(self.stream)))
-        latent = activation_fn(self.activation)(latent)
-        if self._store is not None:
-            self._store.put(self.stream, latent)
-        return latent
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cores = self.effective_cores()
