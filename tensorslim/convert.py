@@ -44,8 +44,18 @@ def output_head_ids(model: nn.Module, *, names: tuple[str, ...] = HEAD_NAMES) ->
 
 
 def _candidates(
-    model: nn.Module, transform: Transform, filter_fn: FilterFn | None, skipped: list[tuple[str, str]] | None = None
+    model: nn.Module,
+    transform: Transform,
+    config: object,
+    filter_fn: FilterFn | None,
+    skipped: list[tuple[str, str]] | None = None,
 ) -> list[tuple[str, nn.Module]]:
+    if transform.select is not None:  # the config names its layers
+        return [
+            (name, module)
+            for name, module in transform.select(model, config)
+            if filter_fn is None or filter_fn(module, name)
+        ]
     heads = output_head_ids(model) if filter_fn is None else set()
     targets = None
     if filter_fn is None and transform.default_targets is not None:
@@ -79,8 +89,13 @@ def _plan(
         raise TypeError(f"filter_fn of type {type(filter_fn).__name__} is invalid; allowed: (module, name) -> bool")
     if not isinstance(allow_larger, bool):
         raise TypeError(f"allow_larger={allow_larger!r} is invalid; allowed: True or False")
-    report = ConversionReport(method=type(config).__name__, model_params_before=_count_params(model))
-    candidates = _candidates(model, transform, filter_fn, report.skipped)
+    report = ConversionReport(
+        method=type(config).__name__,
+        model_params_before=_count_params(model),
+        model_trainable_before=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        freezes=transform.freezes,
+    )
+    candidates = _candidates(model, transform, config, filter_fn, report.skipped)
     budget = getattr(config, "budget", None)
     layer_configs = dict.fromkeys((name for name, _ in candidates), config)
     if budget is not None:
@@ -100,12 +115,14 @@ def _plan(
             report.skipped.append((name, f"rank {layer.rank} from rank_ratio is below {MIN_RATIO_RANK}"))
             continue
         # A budget's allocation spends what the user granted, layer by layer; a rank the user chose must pay off.
-        if layer.params_after > layer.params_before and budget is None and not allow_larger:
+        if layer.params_after > layer.params_before and budget is None and not allow_larger and not transform.grows:
             raise ValueError(
                 f"layer {name!r}: {type(config).__name__} makes it larger than dense ({layer.params_after:,} > "
                 f"{layer.params_before:,} params); allowed: a smaller rank, or allow_larger=True"
             )
         report.layers.append(layer)
+    if transform.check is not None:
+        transform.check(model, config, candidates)
     return report, transform, layer_configs
 
 
@@ -151,10 +168,11 @@ def convert_(
     from tqdm.auto import tqdm
 
     report, transform, layer_configs = _plan(model, config, filter_fn, allow_larger)
-    targets = dict(_candidates(model, transform, filter_fn))
+    targets = dict(_candidates(model, transform, config, filter_fn))
     with unchanged_on_error(model), one_thread():
         for layer in tqdm(report.layers, desc=f"convert ({report.method})", unit="layer", leave=False, disable=None):
-            set_submodule(model, layer.name, transform.build(targets[layer.name], layer_configs[layer.name]))
+            new = transform.replacement(model, layer.name, targets[layer.name], layer_configs[layer.name])
+            set_submodule(model, layer.name, new)
         if transform.finalize is not None:
             transform.finalize(model, config, report)
     report.applied = True

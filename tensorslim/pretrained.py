@@ -117,63 +117,54 @@ def _quant_state(layer: nn.Module) -> dict[str, Any]:
     return {**layer_spec(layer), "dtype": str(dtype).removeprefix("torch.")}
 
 
-def _lora_records(model: nn.Module) -> list[dict[str, Any]]:
-    """One entry per adapter; they must share rank, scaling and dropout (one ``apply_lora_`` call rebuilds them)."""
-    from tensorslim.layers.lora import LoRAConfig, LoRALinear
-
-    adapters = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
-    if not adapters:
-        return []
-    kinds = {_crossing_kind(m.gate) for m in adapters.values() if m.gate is not None}
-    shapes = {(m.rank, m.scaling, getattr(m.dropout, "p", 0.0)) for m in adapters.values()}
-    if len(shapes) > 1 or len(kinds) > 1:
-        raise ValueError(
-            f"LoRA adapters with different rank/scaling/dropout {sorted(shapes)} or crossings {sorted(kinds)}; "
-            "allowed: one LoRAConfig for the whole model"
-        )
-    (rank, scaling, dropout), kind = next(iter(shapes)), next(iter(kinds), None)
-    targets = tuple(sorted({name.rsplit(".", 1)[-1] for name in adapters}))
-    config = LoRAConfig(rank=rank, alpha=scaling * rank, dropout=dropout, targets=targets, lax_gate=kind)
-    return [
-        {"name": name, "kind": "lora", "config": _config_record(config), "state": {"scaling": m.scaling}}
-        for name, m in adapters.items()
-    ]
-
-
-def _crossing_kind(gate: nn.Module) -> str:
-    from tensorslim.layers.lax import KroneckerCrossing
-
-    if isinstance(gate, KroneckerCrossing):
-        return "kronecker"
-    return "dense" if isinstance(gate, nn.Linear) else "identity"
-
-
-def describe_layers(model: nn.Module) -> list[dict[str, Any]]:
-    """The manifest's ``layers``: one entry per converted, quantized or adapted layer of ``model``, in module order.
-
-    Each entry: ``name`` (qualified), ``kind`` (``convert``, ``quantize`` or ``lora``), ``config`` (``{"type":
-    "module.Class", "fields": {...}}``; None for a quantized layer, whose solver leaves no trace in it) and
-    ``state`` (what the config does not carry: gate thresholds, the layout of packed codes ...). A layer LoRA wraps
-    (a CoLA layer under its adapter) is recorded under the adapter's name: it is rebuilt there first, then adapted.
-    """
-    from tensorslim.layers.lora import LoRALinear
+def _describe(model: nn.Module, name: str, at: str, module: nn.Module, *, in_place: bool = True) -> list[dict]:
+    """The entries of ``module`` (at ``name`` in ``model``, recorded at ``at``) and of what it holds, innermost first:
+    a layer a family wraps (LoRA's ``base``) or changes in place (a TT layer in QAT form) is recorded at the outer
+    name before it, and a family that keeps the replaced module's children (a memory's projections) records them."""
     from tensorslim.quant.api import QUANT_LAYERS
     from tensorslim.registry import transform_for_layer
 
-    wrapped = {f"{name}.base": name for name, m in model.named_modules() if isinstance(m, LoRALinear)}
-    quantized: list[str] = []
+    if isinstance(module, QUANT_LAYERS):  # a quantized layer's solver leaves no trace: its layout rebuilds it
+        return [{"name": at, "kind": "quantize", "config": None, "state": _quant_state(module)}]
+    family = transform_for_layer(module, in_place=in_place)
     entries: list[dict[str, Any]] = []
-    for name, module in model.named_modules():
-        if any(name.startswith(f"{outer}.") for outer in quantized):  # the factors of a quantized layer
-            continue
-        at = wrapped.get(name, name)
-        if isinstance(module, QUANT_LAYERS):
-            quantized.append(name)
-            entries.append({"name": at, "kind": "quantize", "config": None, "state": _quant_state(module)})
-        elif not isinstance(module, LoRALinear) and (family := transform_for_layer(module)) is not None:
-            config, state = family.describe(model, name, module)
-            entries.append({"name": at, "kind": "convert", "config": _config_record(config), "state": state})
-    return entries + _lora_records(model)
+    if family is None or family.transparent:
+        for child, inner in module.named_children():
+            entries += _describe(model, _join(name, child), _join(at, child), inner)
+    if family is None:
+        return entries
+    if family.owns is not None and family.owns(module):  # changed in place: first the layer its class describes
+        entries += _describe(model, name, at, module, in_place=False)
+    elif family.wraps is not None:  # a family that changes layers in place describes what it wraps by its class
+        inner = getattr(module, family.wraps)
+        entries += _describe(model, _join(name, family.wraps), at, inner, in_place=family.owns is None)
+    config, state = family.describe(model, name, module)
+    return [*entries, {"name": at, "kind": "convert", "config": _config_record(config), "state": state}]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def describe_layers(model: nn.Module) -> list[dict[str, Any]]:
+    """The manifest's ``layers``: one entry per converted, quantized, adapted or equipped layer of ``model``, each
+    after the entries it is built on (the CoLA layer under its LoRA adapter, the TT layer under its QAT form).
+
+    Each entry: ``name`` (qualified), ``kind`` (``convert``, or ``quantize`` for a quantized layer), ``config``
+    (``{"type": "module.Class", "fields": {...}}``; None for a quantized layer, whose solver leaves no trace in it) and
+    ``state`` (what the config does not carry: gate thresholds, the layout of packed codes ...). Every family is read
+    by its registered ``describe`` (:mod:`tensorslim.registry`), so a new family needs nothing here.
+    """
+    entries = _describe(model, "", "", model)
+    depth = [_depth(index, entries) for index in range(len(entries))]
+    order = sorted(range(len(entries)), key=lambda index: -depth[index])  # stable: module order within one depth
+    return [entries[index] for index in order]
+
+
+def _depth(index: int, entries: list[dict[str, Any]]) -> int:
+    """How many entries are built on entry ``index``: those after it at its name or at a name above it."""
+    name = entries[index]["name"]
+    return sum(other["name"] == name or name.startswith(f"{other['name']}.") for other in entries[index + 1 :])
 
 
 # --- base models -------------------------------------------------------------------------------------------------
@@ -279,12 +270,12 @@ def register_base(kind: str, build: Callable[[dict[str, Any]], nn.Module]) -> No
 
 
 def _config_types() -> dict[str, type]:
-    """Every config type a manifest may name: the registered ones, their subclasses, and LoRA's."""
+    """Every config type a manifest may name: the registered ones and their subclasses."""
     import tensorslim.layers  # noqa: F401 - registers every layer family
-    from tensorslim.layers.lora import LoRAConfig
+    import tensorslim.quant  # noqa: F401 - registers quantization and QAT
     from tensorslim.registry import TRANSFORMS
 
-    found: dict[str, type] = {_qualified(LoRAConfig): LoRAConfig}
+    found: dict[str, type] = {}
     stack = list(TRANSFORMS)
     while stack:
         cls = stack.pop()
@@ -305,9 +296,10 @@ def _config_from(record: dict[str, Any], types: dict[str, type]) -> Any:
 
 
 def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
-    """One ``convert_`` per distinct config, converting exactly the layers recorded with it."""
+    """One ``convert_`` per distinct config, converting exactly the layers recorded with it, in the order the configs
+    first appear (a layer after what it is built on); each layer then gets the state its config cannot carry."""
     from tensorslim.convert import convert_
-    from tensorslim.registry import transform_for_layer
+    from tensorslim.registry import transform_for
 
     types = _config_types()
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -315,20 +307,20 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
         groups.setdefault(json.dumps(entry["config"], sort_keys=True), []).append(entry)
     for group in groups.values():
         names = {entry["name"] for entry in group}
+        config = _config_from(group[0]["config"], types)
         report = convert_(  # the saved layers are what they are, larger than dense or not
             model,
-            _config_from(group[0]["config"], types),
+            config,
             filter_fn=lambda _, name, names=names: name in names,
             allow_larger=True,
         )
         converted = {layer.name for layer in report.layers}
         if converted != names:
             raise ValueError(f"cannot rebuild layers {sorted(names - converted)}: the base model has no such layers")
-    for entry in entries:
-        layer = model.get_submodule(entry["name"])
-        family = transform_for_layer(layer)
+        family = transform_for(config)
         if family.restore is not None:
-            family.restore(layer, entry["state"])
+            for entry in group:
+                family.restore(model.get_submodule(entry["name"]), entry["state"])
 
 
 def _quant_shell(state: dict[str, Any]) -> nn.Module:
@@ -340,31 +332,20 @@ def _quant_shell(state: dict[str, Any]) -> nn.Module:
     return quant_shell(state, getattr(torch, state["dtype"]))
 
 
-def _apply_lora(model: nn.Module, entries: list[dict[str, Any]]) -> None:
-    from tensorslim.layers.lora import apply_lora_
-
-    applied = apply_lora_(model, _config_from(entries[0]["config"], _config_types()))
-    names = {entry["name"] for entry in entries}
-    if set(applied["layers"]) != names:
-        raise ValueError(f"LoRA targets adapt {sorted(applied['layers'])}; the folder holds adapters {sorted(names)}")
-    for entry in entries:
-        model.get_submodule(entry["name"]).scaling = entry["state"]["scaling"]
-
-
 def rebuild_layers(model: nn.Module, entries: list[dict[str, Any]]) -> None:
     """Replace the layers of a base ``model`` (on ``meta`` or not) as the manifest ``entries`` describe."""
     from tensorslim.registry import set_submodule
 
-    kinds = {"convert", "quantize", "lora"}
+    kinds = {"convert", "quantize", "lora"}  # "lora": adapters as the first manifests recorded them
     unknown = sorted({entry["kind"] for entry in entries} - kinds)
     if unknown:
         raise ValueError(f"layer kinds {unknown} are unknown; allowed: {sorted(kinds)}")
-    by_kind = {kind: [entry for entry in entries if entry["kind"] == kind] for kind in kinds}
-    _convert_groups(model, by_kind["convert"])
-    for entry in by_kind["quantize"]:
+    quantized = [entry for entry in entries if entry["kind"] == "quantize"]
+    # Each family after the layers it is built on (the manifest's order); quantized layers wrap nothing and are
+    # wrapped by LoRA alone, so they come first.
+    for entry in quantized:
         set_submodule(model, entry["name"], _quant_shell(entry["state"]))
-    if by_kind["lora"]:
-        _apply_lora(model, by_kind["lora"])
+    _convert_groups(model, [entry for entry in entries if entry["kind"] != "quantize"])
 
 
 # --- weights -----------------------------------------------------------------------------------------------------

@@ -80,6 +80,8 @@ class ConversionReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (layer, why it stays as it is)
     applied: bool = False  # False: a plan (dry run); True: the layers were replaced
     budget: BudgetUse | None = None  # set when the config carried a budget
+    model_trainable_before: int = 0
+    freezes: bool = False  # the family freezes the model and trains only what it adds (LoRA)
 
     @property
     def params_before(self) -> int:
@@ -92,6 +94,14 @@ class ConversionReport:
     @property
     def model_params_after(self) -> int:
         return self.model_params_before - self.params_before + self.params_after
+
+    @property
+    def model_trainable_after(self) -> int:
+        """Trainable parameters once applied: only what the family adds when it freezes the model, else the trainable
+        ones before with each replaced layer's parameters exchanged for its replacement's."""
+        if self.freezes:
+            return self.params_after - self.params_before
+        return self.model_trainable_before - self.params_before + self.params_after
 
     def table(self) -> str:
         """A plain-text table, one row per converted layer plus totals."""
@@ -108,7 +118,8 @@ class ConversionReport:
         verb = "converted" if self.applied else "to convert (plan)"
         rows.append(
             f"{len(self.layers)} layers {verb} with {self.method}: {self.params_before:,} -> "
-            f"{self.params_after:,} params; model {self.model_params_before:,} -> {self.model_params_after:,}"
+            f"{self.params_after:,} params; model {self.model_params_before:,} -> {self.model_params_after:,}, "
+            f"trainable {self.model_trainable_before:,} -> {self.model_trainable_after:,}"
         )
         return "\n".join(rows)
 
@@ -137,17 +148,52 @@ class Transform:
         restore: optional ``(layer, state)``: sets that state on a layer rebuilt from the config.
         default_targets: optional ``model -> modules``: the candidates a conversion without ``filter_fn`` takes
             (e.g. only the token table of the embeddings); None takes every candidate that is not an output head.
+        select: optional ``(model, config) -> [(name, module)]``: the candidates the config itself names (LoRA's
+            target names, the attention layers a memory replaces); it replaces the walk over ``accepts`` and the
+            output-head rule, ``filter_fn`` still narrows it.
+        check: optional model-level validation ``(model, config, candidates)`` run by ``plan`` after the layers are
+            planned (a model equipped already, no layer to adapt, a setting the model's kind cannot take).
+        build_in: optional ``(model, qualified name, module, config) -> replacement``, used instead of ``build`` by a
+            family whose layer needs more of the model than the module it replaces (rotary tables, the model's config).
+        grows: the family adds parameters by design (adapters, learned scales): the larger-than-dense refusal does not
+            apply to it.
+        freezes: the family freezes the model and trains only what it adds (LoRA); the report books what is trainable.
+        wraps: the attribute under which a built layer keeps the module it replaced (LoRA's ``base``); that module's
+            own record is saved under the built layer's name and rebuilt first.
+        transparent: a built layer keeps the replaced module's children under their names (a memory keeps the
+            attention's projections), so their records are saved as they are and rebuilt first.
+        owns: optional ``layer -> bool`` for a family that changes layers in place (QAT's parametrizations of TT
+            cores): a layer it owns is described by it although its class belongs to another family, whose record
+            comes first.
     """
 
     accepts: Callable[[nn.Module], bool]
     plan_layer: Callable[[str, nn.Module, object], LayerReport]
-    build: Callable[[nn.Module, object], nn.Module]
+    build: Callable[[nn.Module, object], nn.Module] | None
     finalize: Callable[[nn.Module, object, ConversionReport], None] | None = None
     allocate: Callable[[nn.Module, list[tuple[str, nn.Module]], object], Allocation] | None = None
     layer_type: type[nn.Module] | None = None
     describe: Callable[[nn.Module, str, nn.Module], tuple[object, dict[str, Any]]] | None = None
     restore: Callable[[nn.Module, dict[str, Any]], None] | None = None
     default_targets: Callable[[nn.Module], list[nn.Module]] | None = None
+    select: Callable[[nn.Module, object], list[tuple[str, nn.Module]]] | None = None
+    check: Callable[[nn.Module, object, list[tuple[str, nn.Module]]], None] | None = None
+    build_in: Callable[[nn.Module, str, nn.Module, object], nn.Module] | None = None
+    grows: bool = False
+    freezes: bool = False
+    wraps: str | None = None
+    transparent: bool = False
+    owns: Callable[[nn.Module], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.build_in is None):
+            raise ValueError("a Transform needs exactly one of build and build_in")
+
+    def replacement(self, model: nn.Module, name: str, module: nn.Module, config: object) -> nn.Module:
+        """The layer that replaces ``module`` (at ``name`` in ``model``) under ``config``."""
+        if self.build_in is not None:
+            return self.build_in(model, name, module, config)
+        return self.build(module, config)
 
 
 TRANSFORMS: dict[type, Transform] = {}
@@ -183,9 +229,17 @@ def transform_for(config: object) -> Transform:
     return registered_for(TRANSFORMS, config, what="transform")
 
 
-def transform_for_layer(layer: nn.Module) -> Transform | None:
+def transform_for_layer(layer: nn.Module, *, in_place: bool = True) -> Transform | None:
     """The :class:`Transform` whose ``layer_type`` is ``layer``'s class or its nearest base class (a LaX-TT layer is
-    LaX-TT's, not TT's); None for a module no registered family builds."""
+    LaX-TT's, not TT's); None for a module no registered family builds.
+
+    With ``in_place`` a family that changed the layer in place (its ``owns`` is true: a TT layer in QAT form) comes
+    first; without it, the family of the layer's class (the TT layer under its QAT form).
+    """
+    if in_place:
+        owner = next((t for t in TRANSFORMS.values() if t.owns is not None and t.owns(layer)), None)
+        if owner is not None:
+            return owner
     by_type = {transform.layer_type: transform for transform in TRANSFORMS.values() if transform.layer_type is not None}
     return next((by_type[cls] for cls in type(layer).__mro__ if cls in by_type), None)
 

@@ -177,12 +177,14 @@ class Refusal:
         model: builds the model the call gets.
         call: the user's call on that model; it must raise ``error``.
         error: the exception type.
+        family: the registered config type whose family refuses (every registered family has a row).
     """
 
     id: str
     model: Callable[[], nn.Module]
     call: Callable[[nn.Module], object]
     error: type[Exception] = ValueError
+    family: type | None = None  # the config type of the registered family the row refuses (None: not one)
 
     def __str__(self) -> str:
         return self.id
@@ -209,6 +211,14 @@ def _tiny_llama() -> nn.Module:
     return LlamaForCausalLM(LlamaConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, vocab_size=31, max_seq_len=16))
 
 
+def _memory_model() -> nn.Module:
+    from tensorslim.layers.memory import MemoryConfig, equip_memory_
+
+    model = _tiny_llama()
+    equip_memory_(model, MemoryConfig(capacity=8, chunk=4))
+    return model
+
+
 def _refusals() -> list[Refusal]:
     from tensorslim.layers.adapters import GatedLoRAConfig, PELTConfig, PrefixConfig, equip_, unipelt
     from tensorslim.layers.lora import LoRAConfig, apply_lora_
@@ -220,6 +230,7 @@ def _refusals() -> list[Refusal]:
             f"convert-{row.id}",
             lambda row=row: dense_model(row),
             lambda model, row=row: convert_(model, dataclasses.replace(row.config, **row.bad)),
+            family=type(row.config),
         )
         for row in ROWS
     ]
@@ -229,7 +240,55 @@ def _refusals() -> list[Refusal]:
             lambda: dense_model(ROWS[0]),
             lambda m: convert_(m, LaXSVDConfig(rank=4, crossing="dense")),
         ),
-        Refusal("convert-gptq-needs-calibration", lambda: dense_model(ROWS[0]), lambda m: convert_(m, GPTQConfig())),
+        Refusal(
+            "convert-gptq-needs-calibration",
+            lambda: dense_model(ROWS[0]),
+            lambda m: convert_(m, GPTQConfig()),
+            family=GPTQConfig,
+        ),
+        Refusal(
+            "convert-rtn-embeddings",
+            lambda: dense_model(ROWS[0]),
+            lambda m: convert_(m, RTNConfig(bits=4, embeddings=True)),
+            family=RTNConfig,
+        ),
+        # the second layer refuses the rank after the first fits: nothing may be adapted or frozen
+        Refusal(
+            "convert-lora-rank",
+            lambda: dense_model(ROWS[0]),
+            lambda m: convert_(m, LoRAConfig(rank=9, targets=("up", "down"))),
+            family=LoRAConfig,
+        ),
+        Refusal(
+            "convert-lora-no-target",
+            lambda: dense_model(ROWS[0]),
+            lambda m: convert_(m, LoRAConfig(targets=("query",))),
+            family=LoRAConfig,
+        ),
+        Refusal(
+            "convert-memory-wait-on-causal",
+            _tiny_llama,
+            lambda m: convert_(m, MemoryConfig(capacity=8, chunk=4, wait=2)),
+            family=MemoryConfig,
+        ),
+        Refusal(
+            "convert-memory-twice",
+            _memory_model,
+            lambda m: convert_(m, MemoryConfig(capacity=8, chunk=4)),
+            family=MemoryConfig,
+        ),
+        Refusal(
+            "convert-qat-no-tt-layer",
+            lambda: dense_model(ROWS[0]),
+            lambda m: convert_(m, QATConfig()),
+            family=QATConfig,
+        ),
+        Refusal(
+            "convert-qat-twice",
+            _qat_model,
+            lambda m: convert_(m, QATConfig(mode="weight+activation")),
+            family=QATConfig,
+        ),
         Refusal("quant-gptq-no-calibration", lambda: dense_model(ROWS[0]), lambda m: quantize_(m, GPTQConfig(), None)),
         Refusal("quant-comq-no-calibration", lambda: dense_model(ROWS[0]), lambda m: quantize_(m, COMQConfig(), None)),
         Refusal(

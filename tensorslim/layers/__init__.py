@@ -8,7 +8,9 @@ from tensorslim.layers import cola_m as cola_m
 from tensorslim.layers import kron as kron
 from tensorslim.layers import lax as lax
 from tensorslim.layers import lax_tt as lax_tt
+from tensorslim.layers import lora as lora
 from tensorslim.layers import lowrank as lowrank
 from tensorslim.layers import lowrank_embedding as lowrank_embedding
+from tensorslim.layers import memory as memory
 from tensorslim.layers import tt as tt
 from tensorslim.layers import tt_embedding as tt_embedding

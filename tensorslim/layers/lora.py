@@ -17,6 +17,7 @@ Block 0 has no crossing. Because ``B = 0`` at init, LaX-LoRA also starts exactly
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +27,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import check_fields
-from tensorslim.layers.lax import CROSSINGS, LatentStore, crossing_params, ensure_store, make_crossing, split_block_path
+from tensorslim.layers.lax import (
+    CROSSINGS,
+    KroneckerCrossing,
+    LatentStore,
+    crossing_params,
+    ensure_store,
+    make_crossing,
+    split_block_path,
+)
 from tensorslim.layers.lowrank import LowRankLinear
-from tensorslim.registry import set_submodule, unchanged_on_error
+from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,35 +131,130 @@ class LoRALinear(nn.Module):
 def apply_lora_(model: nn.Module, config: LoRAConfig) -> dict[str, Any]:
     """Freeze ``model`` and put adapters on the target layers in place; with ``lax_gate``, cross their latents.
 
+    LoRA is a family of :mod:`tensorslim.registry`: this is ``convert_(model, config)`` (``plan`` previews it,
+    ``save_pretrained`` records it), reported as a dict.
+
     Returns:
         ``{"layers": [names], "crossing": [names], "trainable": n, "lax_added": n}``.
 
     Raises:
-        ValueError: no layer matches ``config.targets``.
+        ValueError: no layer matches ``config.targets``, or the rank does not fit one of them.
     """
-    targets = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, ADAPTABLE) and name.rsplit(".", 1)[-1] in config.targets
-    ]
-    if not targets:
-        raise ValueError(f"targets={config.targets!r} match no nn.Linear or LowRankLinear of {type(model).__name__}")
-    for name, module in targets:  # every layer checked before the model is frozen or changed
-        check_rank(name, config.rank, module.in_features, module.out_features)
-    with unchanged_on_error(model):
-        model.requires_grad_(False)
-        adapters = {}
-        for name, module in targets:
-            adapters[name] = LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
-            set_submodule(model, name, adapters[name])
-        crossing = _wire_crossings(model, adapters, config.lax_gate) if config.lax_gate is not None else []
+    from tensorslim.convert import convert_
+
+    if not isinstance(config, LoRAConfig):
+        raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: LoRAConfig")
+    report = convert_(model, config)
+    adapters = [model.get_submodule(layer.name) for layer in report.layers]
+    crossing = [layer.name for layer, adapter in zip(report.layers, adapters, strict=True) if adapter.crossing]
     lax_added = len(crossing) * crossing_params(config.lax_gate, config.rank, norm=False) if config.lax_gate else 0
     return {
-        "layers": list(adapters),
+        "layers": [layer.name for layer in report.layers],
         "crossing": crossing,
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "lax_added": lax_added,
     }
+
+
+def _select_targets(model: nn.Module, config: LoRAConfig) -> list[tuple[str, nn.Module]]:
+    """The layers ``config.targets`` names (by their last name component), as they are: dense or low rank."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, ADAPTABLE) and name.rsplit(".", 1)[-1] in config.targets
+    ]
+
+
+def _check_targets(model: nn.Module, config: LoRAConfig, targets: list[tuple[str, nn.Module]]) -> None:
+    if not targets:
+        raise ValueError(f"targets={config.targets!r} match no nn.Linear or LowRankLinear of {type(model).__name__}")
+
+
+def _plan_adapter(name: str, module: nn.Module, config: LoRAConfig) -> LayerReport:
+    """An adapter's books: ``r·(d_in + d_out)`` more parameters, plus a crossing in a numbered block > 0 (an estimate
+    :func:`_finish` corrects to the built model)."""
+    check_rank(name, config.rank, module.in_features, module.out_features)
+    before = sum(p.numel() for p in module.parameters())
+    added = config.rank * (module.in_features + module.out_features)
+    loc = split_block_path(name)
+    if config.lax_gate is not None and loc is not None and loc[0] > 0:
+        added += crossing_params(config.lax_gate, config.rank, norm=False)
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(module.in_features, module.out_features),
+        new_shape=f"+ {module.in_features}->{config.rank}->{module.out_features}",
+        rank=config.rank,
+        params_before=before,
+        params_after=before + added,
+    )
+
+
+def _build_adapter(module: nn.Module, config: LoRAConfig) -> LoRALinear:
+    return LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
+
+
+def _finish(model: nn.Module, config: LoRAConfig, report: ConversionReport) -> None:
+    """Freeze everything but the adapters (of this and earlier calls), cross the latents, and book the built model."""
+    adapters = {layer.name: model.get_submodule(layer.name) for layer in report.layers}
+    trained = [
+        p
+        for adapter in model.modules()
+        if isinstance(adapter, LoRALinear)
+        for name, p in adapter.named_parameters()
+        if not name.startswith("base.") and p.requires_grad
+    ]
+    model.requires_grad_(False)
+    for param in trained:
+        param.requires_grad_(True)
+    if config.lax_gate is not None:
+        _wire_crossings(model, adapters, config.lax_gate)
+    report.layers[:] = [
+        dataclasses.replace(layer, params_after=sum(p.numel() for p in adapters[layer.name].parameters()))
+        for layer in report.layers
+    ]
+
+
+def crossing_kind(gate: nn.Module) -> str:
+    """The ``lax_gate`` name of a built crossing."""
+    if isinstance(gate, KroneckerCrossing):
+        return "kronecker"
+    return "dense" if isinstance(gate, nn.Linear) else "identity"
+
+
+def _describe_adapter(model: nn.Module, name: str, layer: LoRALinear) -> tuple[LoRAConfig, dict[str, Any]]:
+    """One config for every adapter of the model, so that one call rebuilds them all (and their crossings).
+
+    Raises:
+        ValueError: adapters of different rank, scaling, dropout or crossing (no one config rebuilds them), or a gated
+            adapter (the adapters family's).
+    """
+    if type(layer) is not LoRALinear:
+        raise ValueError(
+            f"{name} is a {type(layer).__name__}; allowed here: LoRALinear (save adapters with save_adapters)"
+        )
+    adapters = {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+    kinds = {crossing_kind(m.gate) for m in adapters.values() if m.gate is not None}
+    shapes = {(m.rank, m.scaling, getattr(m.dropout, "p", 0.0)) for m in adapters.values()}
+    if len(shapes) > 1 or len(kinds) > 1:
+        raise ValueError(
+            f"LoRA adapters with different rank/scaling/dropout {sorted(shapes)} or crossings {sorted(kinds)}; "
+            "allowed: one LoRAConfig for the whole model"
+        )
+    targets = tuple(sorted({n.rsplit(".", 1)[-1] for n in adapters}))
+    config = LoRAConfig(
+        rank=layer.rank,
+        alpha=layer.scaling * layer.rank,
+        dropout=shapes.pop()[2],
+        targets=targets,
+        lax_gate=next(iter(kinds), None),
+    )
+    return config, {"scaling": layer.scaling}
+
+
+def _restore_scaling(layer: LoRALinear, state: dict[str, Any]) -> None:
+    """``alpha / rank`` exactly as saved (``alpha`` is recorded as ``scaling · rank``)."""
+    layer.scaling = state["scaling"]
 
 
 def _wire_crossings(model: nn.Module, adapters: dict[str, LoRALinear], gate: str) -> list[str]:
@@ -174,3 +278,22 @@ def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Only the trainable tensors (adapters and gates), for small checkpoints."""
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     return {name: t for name, t in model.state_dict().items() if name in trainable}
+
+
+register_transform(
+    LoRAConfig,
+    Transform(
+        accepts=lambda module: isinstance(module, ADAPTABLE),
+        plan_layer=_plan_adapter,
+        build=_build_adapter,
+        finalize=_finish,
+        layer_type=LoRALinear,
+        describe=_describe_adapter,
+        restore=_restore_scaling,
+        select=_select_targets,
+        check=_check_targets,
+        grows=True,
+        freezes=True,
+        wraps="base",
+    ),
+)

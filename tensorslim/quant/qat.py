@@ -30,7 +30,7 @@ from torch.nn.utils import parametrize
 from tensorslim._checks import check_fields
 from tensorslim.layers.tt import TTLinear
 from tensorslim.layers.tt_embedding import TTEmbedding
-from tensorslim.registry import set_submodule, unchanged_on_error
+from tensorslim.registry import LayerReport, Transform, register_transform
 
 QAT_MODES = ("weight", "weight+activation")
 
@@ -184,25 +184,79 @@ def prepare_qat_(model: nn.Module, config: QATConfig) -> list[str]:
 
     Cores get a learnable-scale parametrization (``layer.parametrizations.cores``); in ``weight+activation``
     mode each TTLinear is also wrapped by :class:`ActivationQuantTT`. Returns the names of the layers touched.
+    QAT is a family of :mod:`tensorslim.registry`: this is ``convert_(model, config)`` (``plan`` previews it,
+    ``save_pretrained`` records it).
 
     Raises:
-        ValueError: the model has no TT layer.
+        ValueError: the model has no TT layer, or is in QAT form already.
     """
+    from tensorslim.convert import convert_
+
     if not isinstance(config, QATConfig):
         raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: QATConfig")
-    names = [n for n, m in model.named_modules() if isinstance(m, TTLinear | TTEmbedding)]
-    if not names:
+    return [layer.name for layer in convert_(model, config).layers]
+
+
+def _in_qat_form(layer: nn.Module) -> bool:
+    """A TT layer whose cores are fake-quantized (changed in place by :func:`prepare_qat_`)."""
+    return isinstance(layer, TTLinear | TTEmbedding) and parametrize.is_parametrized(layer.cores)
+
+
+def _select_tt(model: nn.Module, config: QATConfig) -> list[tuple[str, nn.Module]]:
+    del config
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, TTLinear | TTEmbedding)]
+
+
+def _check_tt(model: nn.Module, config: QATConfig, layers: list[tuple[str, nn.Module]]) -> None:
+    del model, config
+    if not layers:
         raise ValueError("prepare_qat_ found no TTLinear/TTEmbedding layer; convert_ the model with TTConfig first")
-    quantized = [n for n in names if parametrize.is_parametrized(model.get_submodule(n).cores)]
+    quantized = [name for name, layer in layers if _in_qat_form(layer)]
     if quantized:
         raise ValueError(f"layers {quantized[:3]} are in QAT form already; allowed: prepare_qat_ a model once")
-    with unchanged_on_error(model):
-        for name in names:
-            layer = model.get_submodule(name)
-            _quantize_cores(layer, config)
-            if config.mode == "weight+activation" and isinstance(layer, TTLinear):
-                set_submodule(model, name, ActivationQuantTT(layer, config))
-    return names
+
+
+def _wraps_activations(layer: nn.Module, config: QATConfig) -> bool:
+    return config.mode == "weight+activation" and isinstance(layer, TTLinear)
+
+
+def _plan_qat(name: str, layer: TTLinear | TTEmbedding, config: QATConfig) -> LayerReport:
+    """One learned scale per core, and three activation scales when the layer input is quantized too."""
+    before = sum(p.numel() for p in layer.parameters())
+    scales = len(layer.cores) + (3 if _wraps_activations(layer, config) else 0)
+    linear = isinstance(layer, TTLinear)
+    shape = (layer.in_features, layer.out_features) if linear else (layer.num_embeddings, layer.embedding_dim)
+    return LayerReport(
+        name=name,
+        kind=type(layer).__name__,
+        old_shape=shape,
+        new_shape=f"{config.bits}-bit cores ({config.mode})",
+        rank=max(layer.ranks),
+        params_before=before,
+        params_after=before + scales,
+    )
+
+
+def _build_qat(layer: TTLinear | TTEmbedding, config: QATConfig) -> nn.Module:
+    _quantize_cores(layer, config)
+    return ActivationQuantTT(layer, config) if _wraps_activations(layer, config) else layer
+
+
+def _describe_qat(model: nn.Module, name: str, layer: nn.Module) -> tuple[QATConfig, dict]:
+    """The widths read off the quantizers; the scales are parameters (in the weights file)."""
+    del model, name
+    tt = layer.layer if isinstance(layer, ActivationQuantTT) else layer
+    core = tt.cores.parametrizations["0"][0]
+    if isinstance(layer, ActivationQuantTT):
+        config = QATConfig(
+            mode="weight+activation",
+            bits=core.bits,
+            bits_intermediate=layer.quant_intermediate.bits,
+            grad_scale=core.grad_scale,
+        )
+    else:
+        config = QATConfig(mode="weight", bits=core.bits, grad_scale=core.grad_scale)
+    return config, {}
 
 
 def qat_bits(model: nn.Module, *, float_bits: int = 32) -> tuple[int, int]:
@@ -222,3 +276,20 @@ def qat_bits(model: nn.Module, *, float_bits: int = 32) -> tuple[int, int]:
     quantized = sum(p.numel() * widths.get(id(p), float_bits) for p in model.parameters())
     baseline = sum(p.numel() * float_bits for p in model.parameters() if id(p) not in scales)
     return quantized, baseline
+
+
+register_transform(
+    QATConfig,
+    Transform(
+        accepts=lambda module: isinstance(module, TTLinear | TTEmbedding),
+        plan_layer=_plan_qat,
+        build=_build_qat,
+        layer_type=ActivationQuantTT,
+        describe=_describe_qat,
+        select=_select_tt,
+        check=_check_tt,
+        grows=True,
+        wraps="layer",
+        owns=_in_qat_form,
+    ),
+)

@@ -23,6 +23,16 @@ def test_a_refused_call_leaves_the_model_bit_identical(row: Refusal) -> None:
     assert_unchanged(before, snapshot(model))
 
 
+def test_every_registered_family_has_a_refusal_row() -> None:
+    import tensorslim.layers  # noqa: F401 - registers every layer family
+    import tensorslim.quant  # noqa: F401 - registers quantization and QAT
+    from tensorslim.registry import TRANSFORMS
+
+    refused = [row.family for row in REFUSALS if row.family is not None]
+    missing = sorted(cls.__name__ for cls in TRANSFORMS if not any(issubclass(family, cls) for family in refused))
+    assert not missing, f"registered families without a refusal row in tests/contracts.py: {missing}"
+
+
 class _Double(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return 2 * x

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,7 +24,7 @@ from torch import nn
 from tensorslim.layers.memory.config import MemoryConfig
 from tensorslim.layers.memory.store import KVStore
 from tensorslim.models.llama import Attention, apply_rotary
-from tensorslim.registry import set_submodule
+from tensorslim.registry import LayerReport, Transform, register_transform
 
 Rope = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (x, positions) -> cos, sin
 ALLOWED = "tensorslim LLaMA, Hugging Face LlamaForCausalLM/LlamaModel, Hugging Face BERT (e.g. MiniLM)"
@@ -190,43 +191,85 @@ def _hf_class(module_path: str, name: str) -> type | None:
     return getattr(module, name, None)
 
 
-def _replacement(name: str, module: nn.Module, model: nn.Module, config: MemoryConfig) -> tuple[nn.Module, str] | None:
+def attention_kind(module: nn.Module) -> str | None:
+    """``"causal"`` or ``"bidirectional"`` for an attention layer a memory can replace, else None."""
     if isinstance(module, Attention):
-        return LlamaMemoryAttention(module, rope_theta=model.config.rope_theta, config=config), "causal"
+        return "causal"
     hf_llama = _hf_class("transformers.models.llama.modeling_llama", "LlamaAttention")
     if hf_llama is not None and isinstance(module, hf_llama):
-        rotary = next(m for m in model.modules() if type(m).__name__ == "LlamaRotaryEmbedding")
-        return HFLlamaMemoryAttention(module, rotary=rotary, config=config), "causal"
+        return "causal"
     hf_bert = _hf_class("transformers.models.bert.modeling_bert", "BertSelfAttention")
     if hf_bert is not None and isinstance(module, hf_bert):
-        return BertMemoryAttention(module, config=config), "bidirectional"
+        return "bidirectional"
     return None
+
+
+def _build_memory(model: nn.Module, name: str, module: nn.Module, config: MemoryConfig) -> MemoryAttention:
+    """The memory attention that replaces the attention layer ``module`` of ``model``."""
+    del name
+    if isinstance(module, Attention):
+        return LlamaMemoryAttention(module, rope_theta=model.config.rope_theta, config=config)
+    if attention_kind(module) == "causal":  # Hugging Face LLaMA: the model's own rotary embedding
+        rotary = next(m for m in model.modules() if type(m).__name__ == "LlamaRotaryEmbedding")
+        return HFLlamaMemoryAttention(module, rotary=rotary, config=config)
+    return BertMemoryAttention(module, config=config)
+
+
+def _select_attention(model: nn.Module, config: MemoryConfig) -> list[tuple[str, nn.Module]]:
+    del config
+    return [(name, module) for name, module in model.named_modules() if attention_kind(module) is not None]
+
+
+def _check_memory(model: nn.Module, config: MemoryConfig, found: list[tuple[str, nn.Module]]) -> None:
+    """The whole model first: not equipped yet, an attention layer to equip, ``wait`` only where queries may wait."""
+    if memory_stores(model):
+        raise ValueError(f"model {type(model).__name__} already has a memory; allowed: a model not yet equipped")
+    if not found:
+        raise ValueError(f"model {type(model).__name__} has no attention layer we can equip; allowed: {ALLOWED}")
+    kind = attention_kind(found[0][1])
+    if kind == "causal" and config.wait:
+        raise ValueError(f"wait={config.wait} needs a bidirectional model; allowed: wait=0 for causal {kind} models")
+
+
+def _plan_memory(name: str, module: nn.Module, config: MemoryConfig) -> LayerReport:
+    """A memory adds no parameter: the projections stay the same modules."""
+    query = getattr(module, "q_proj", None) or module.query
+    params = sum(p.numel() for p in module.parameters())
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(query.in_features, query.out_features),
+        new_shape=f"memory of {config.capacity} entries ({config.policy})",
+        rank=0,
+        params_before=params,
+        params_after=params,
+    )
+
+
+def _describe_memory(model: nn.Module, name: str, layer: MemoryAttention) -> tuple[MemoryConfig, dict[str, Any]]:
+    """The memory's config; what it holds is the state of a stream, which a saved model starts without."""
+    del model, name
+    return layer.store.config, {}
 
 
 def equip_memory_(model: nn.Module, config: MemoryConfig) -> MemoryReport:
     """Replace every attention layer of ``model`` by one with the bounded memory ``config``; returns the report.
 
+    The memory is a family of :mod:`tensorslim.registry`: this is ``convert_(model, config)`` (``plan`` previews it,
+    ``save_pretrained`` records it and ``load_pretrained`` rebuilds it), reported as a :class:`MemoryReport`.
+
     Raises:
         ValueError: the model has no attention layer we can equip, is already equipped, or is causal and
             ``config.wait > 0`` (a causal model's queries cannot wait for later tokens).
     """
+    from tensorslim.convert import convert_
+
     if not isinstance(config, MemoryConfig):
         raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: MemoryConfig")
-    if memory_stores(model):
-        raise ValueError(f"model {type(model).__name__} already has a memory; allowed: a model not yet equipped")
-    found = [
-        (name, *pair)
-        for name, module in model.named_modules()
-        if (pair := _replacement(name, module, model, config)) is not None
-    ]
-    if not found:
-        raise ValueError(f"model {type(model).__name__} has no attention layer we can equip; allowed: {ALLOWED}")
-    kind = found[0][2]
-    if kind == "causal" and config.wait:
-        raise ValueError(f"wait={config.wait} needs a bidirectional model; allowed: wait=0 for causal {kind} models")
-    for name, new, _ in found:
-        set_submodule(model, name, new)
-    return MemoryReport(layers=tuple(name for name, _, _ in found), kind=kind, config=config)
+    kinds = {name: attention_kind(module) for name, module in _select_attention(model, config)}
+    report = convert_(model, config)
+    layers = tuple(layer.name for layer in report.layers)
+    return MemoryReport(layers=layers, kind=kinds[layers[0]], config=config)
 
 
 def memory_stores(model: nn.Module) -> list[KVStore]:
@@ -238,3 +281,19 @@ def reset_memory_(model: nn.Module) -> None:
     """Empty every memory of ``model``: the next call starts a new stream at position 0."""
     for store in memory_stores(model):
         store.reset()
+
+
+register_transform(
+    MemoryConfig,
+    Transform(
+        accepts=lambda module: attention_kind(module) is not None,
+        plan_layer=_plan_memory,
+        build=None,
+        build_in=_build_memory,
+        layer_type=MemoryAttention,
+        describe=_describe_memory,
+        select=_select_attention,
+        check=_check_memory,
+        transparent=True,
+    ),
+)
