@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from tensorslim.cli.openmp import apply_wait_policy
 
@@ -48,6 +49,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, width=HELP_WIDTH, max_help_position=32)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """Argparse's parser whose usage errors are one line, as every other user error is (a command's usage runs to
+    dozens of lines; ``--help`` prints it). Subcommand parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def command_module(name: str) -> ModuleType:
     return importlib.import_module(COMMANDS[name])
 
@@ -66,7 +75,7 @@ def version() -> str:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand; with ``only``, the flags of that subcommand alone (the others are bare names,
     which cost nothing; ``""``: none)."""
-    parser = argparse.ArgumentParser(prog="tensorslim", description=DESCRIPTION, formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog="tensorslim", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"tensorslim {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name in COMMANDS:

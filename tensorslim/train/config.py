@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tensorslim._checks import require_int, require_number
+from tensorslim._checks import check_fields, require_int
 from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
 from tensorslim.methods.recipes import recipe_for
@@ -17,6 +17,9 @@ from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
 from tensorslim.train.optim import STATE_DTYPES
 from tensorslim.train.precision import DTYPES
+
+# Seeds go to torch generators (64-bit) as ``seed + epoch`` and ``seed + 1``: below 2**63 they never overflow.
+MAX_SEED = 2**63 - 1
 
 # Fields that may differ between an interrupted run and its resumption without changing the math. ``out_dir`` is
 # where the checkpoint was found, so naming it (or leaving the default that names the same folder) changes nothing.
@@ -122,6 +125,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        check_fields(self)  # types first: a bool, a text or a non-finite number is named before any range check
         check_preset(self.preset)
         get_method(self.method)
         if self.init and self.init_base:
@@ -144,9 +148,8 @@ class TrainConfig:
         require_int("factor_vocab", self.factor_vocab, minimum=0)
         require_int("tp", self.tp)
         require_int("seed", self.seed, minimum=0)  # numpy's generators (segment, reading tasks) take no negatives
-        for name in ("lr", "weight_decay", "grad_clip", "warmup_fraction", "min_lr_ratio"):
-            if getattr(self, name) is not None:
-                require_number(name, getattr(self, name))
+        if self.seed > MAX_SEED:
+            raise ValueError(f"seed={self.seed} is invalid; allowed: an integer in [0, {MAX_SEED}]")
         require_int("dp_shard", self.dp_shard)
         if self.tp_style not in STYLES:
             raise ValueError(f"tp_style={self.tp_style!r} is unknown; allowed: {list(STYLES)}")

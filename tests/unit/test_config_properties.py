@@ -8,9 +8,12 @@ bit-identical (:func:`tests.contracts.snapshot`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import types
 import typing
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,6 +47,7 @@ from tensorslim.tasks.distill import DistillOptions
 from tensorslim.tasks.longctx.lm import LongContextOptions
 from tensorslim.tasks.longctx.lookahead import LookaheadOptions
 from tensorslim.tasks.segment.task import SegmentOptions
+from tensorslim.train.config import TrainConfig
 from tests.contracts import D_MODEL, ROWS, assert_unchanged, dense_model, sample_inputs, snapshot
 
 CHEAP = settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -82,6 +86,7 @@ CONFIGS = [
     SegmentOptions,
     LookaheadOptions,
     LongContextOptions,
+    TrainConfig,
 ]
 
 
@@ -291,3 +296,158 @@ def test_adapters_equip_what_fits_and_refuse_the_rest_unchanged(rank: int, alpha
     with pytest.raises(ValueError):
         equip_(model, config)
     assert_unchanged(before, snapshot(model))
+
+
+# --- the training run: TrainConfig and `tensorslim train` ---------------------------------------------------------
+
+# Each checked field of a run with values it takes (a strategy) and values it refuses: out of range, of another type,
+# non-finite. The command line takes the same values as text.
+_FINITE = {"allow_nan": False, "allow_infinity": False}
+RUN_FIELDS: dict[str, tuple[st.SearchStrategy, list[object]]] = {
+    "steps": (st.integers(1, 10**6), [0, -3, 2.5, "5", True, None]),
+    "batch_size": (st.integers(1, 512), [0, -1, 1.5, None]),
+    "seq_len": (st.integers(1, 4096), [0, -64, 64.0, "64"]),
+    "grad_accum": (st.integers(1, 64), [0, 1.0, False]),
+    "eval_every": (st.integers(1, 10**4), [0, -1, 0.5, None]),
+    "eval_blocks": (st.integers(1, 512), [0, 2.0]),
+    "checkpoint_every": (st.integers(1, 10**4), [0, -5, math.inf, None]),
+    "seed": (st.integers(0, 2**63 - 1), [-1, 2**63, 2**64, 1.0]),
+    "factor_vocab": (st.integers(0, 64), [-1, 0.5]),
+    "tp": (st.integers(1, 8), [0, 2.0]),
+    "dp_shard": (st.integers(1, 8), [0, -2]),
+    "lr": (st.none() | st.floats(1e-8, 10, **_FINITE), [0.0, -1e-3, math.nan, math.inf, "1e-3", True]),
+    "weight_decay": (st.floats(0, 1, **_FINITE), [-0.1, math.nan, math.inf, None, "0"]),
+    "grad_clip": (st.floats(0, 100, **_FINITE), [-1.0, math.nan, math.inf, -math.inf, None]),
+    "warmup_fraction": (st.none() | st.floats(0, 0.99, **_FINITE), [1.0, 1.5, -0.1, math.nan, math.inf]),
+    "min_lr_ratio": (st.floats(0, 1, **_FINITE), [1.01, -0.5, math.nan, math.inf]),
+    "dtype": (st.sampled_from(["fp32", "bf16", "auto"]), ["fp16", "float32", "", 16, None]),
+    "optimizer_state": (st.sampled_from(["fp32", "bf16"]), ["fp16", "int8", None]),
+    "device": (st.sampled_from(["cpu", "cuda"]), ["gpu", "cuda:0", "", 0]),
+    "tp_style": (st.sampled_from(["btp", "vanilla", "megatron"]), ["boost", 1]),
+    "tp_overlap": (st.sampled_from(["none", "backward", "full"]), ["all", None]),
+    "preset": (st.sampled_from(["tiny", "60m"]), ["huge", "", 3]),
+    "method": (st.sampled_from(["dense", "cola", "svd", "galore"]), ["nope", 1]),
+    "compile": (st.booleans(), [1, "yes", None]),
+    "resume": (st.booleans(), [0, "no"]),
+    "progress": (st.booleans(), [1.0]),
+}
+RUN_SWITCHES = {"compile", "resume", "progress"}  # --flag / --no-flag on the command line
+RUN_CHOICES = {"dtype", "optimizer_state", "device", "tp_style", "tp_overlap", "preset", "method"}
+# Fields whose value is a path, a name that the run resolves (a tokenizer, a data source, a column), or the
+# options of the method and the task (checked by their own dataclasses, above): types only, covered by
+# test_every_config_builds_with_its_defaults_and_refuses_wrong_types_in_one_line.
+RUN_FIELDS_ELSEWHERE = {
+    "task",
+    "options",
+    "task_options",
+    "data",
+    "text_field",
+    "tokenizer",
+    "vocab_size",
+    "init",
+    "init_base",
+    "out_dir",
+    "overwrite",
+    "keep_freed_memory",
+    "tensorboard",
+    "cuda_graphs",
+}
+
+
+def test_every_run_field_is_generated_or_checked_elsewhere() -> None:
+    names = {field.name for field in dataclasses.fields(TrainConfig)}
+    assert names == RUN_FIELDS.keys() | RUN_FIELDS_ELSEWHERE
+
+
+def _valid_run(draw: st.DrawFn) -> dict[str, object]:
+    """A subset of the run's fields, each with a value it takes (the rest keep their defaults)."""
+    names = draw(st.sets(st.sampled_from(sorted(RUN_FIELDS)), max_size=8))
+    run = {name: draw(RUN_FIELDS[name][0]) for name in sorted(names)}
+    if run.get("optimizer_state") == "bf16" and run.get("method") == "galore":  # GaLore keeps its own AdamW
+        run["optimizer_state"] = "fp32"
+    return run
+
+
+valid_runs = st.composite(_valid_run)
+invalid_fields = st.sampled_from([(name, bad) for name, (_, refused) in RUN_FIELDS.items() for bad in refused])
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(run=valid_runs(), bad=invalid_fields)
+def test_a_run_config_takes_every_valid_value_and_refuses_any_invalid_one_in_one_line(
+    run: dict[str, object], bad: tuple[str, object]
+) -> None:
+    config = TrainConfig(**run)
+    assert all(getattr(config, name) == value for name, value in run.items())
+    name, value = bad
+    with pytest.raises((ValueError, TypeError)) as caught:
+        TrainConfig(**{**run, name: value})
+    message = str(caught.value)
+    assert message.startswith(f"{name}=") and "\n" not in message, message
+    assert "allowed" in message or "unknown" in message, message
+
+
+def _flags(run: dict[str, object]) -> list[str]:
+    """The command line of ``run``: ``--flag value``, booleans as ``--flag`` / ``--no-flag``."""
+    argv = []
+    for name, value in run.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif value is not None:
+            argv += [flag, str(value)]  # str(float) round-trips exactly
+    return argv
+
+
+def _said_on_a_command_line(name: str, value: object) -> bool:
+    """Whether the bad ``value`` of field ``name`` can be typed as a flag's text and stays bad there: no text says
+    None or a switch's value, and a number written as text ("5") is the number."""
+    return value is not None and name not in RUN_SWITCHES and (name in RUN_CHOICES or not isinstance(value, str))
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Callable, list]:
+    """``tensorslim train ARGS`` in this process, the Trainer replaced by a recorder of the config it would run:
+    ``(exit code, stderr, out dir)``; nothing trains."""
+    from tensorslim.cli.main import main
+    from tensorslim.train import trainer
+
+    started: list = []
+    root, number = tmp_path_factory.mktemp("cli"), itertools.count()
+
+    def record(config: object) -> None:
+        started.append(config)
+        raise trainer.RunFinished("recorded")
+
+    def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, Path]:
+        out = root / f"run{next(number)}"
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(trainer, "train", record)
+            try:
+                code = main(["train", *argv, "--out-dir", str(out)])
+            except SystemExit as exit:  # argparse's own usage errors
+                code = exit.code
+        return code, capsys.readouterr().err, out
+
+    return cli, started
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(run=valid_runs(), bad=invalid_fields)
+def test_the_train_command_maps_its_flags_onto_the_run_config_and_refuses_bad_ones_in_one_line(
+    run: dict[str, object], bad: tuple[str, object], cli_runs: tuple[Callable, list], capsys: pytest.CaptureFixture
+) -> None:
+    cli, started = cli_runs
+    started.clear()
+    code, err, out = cli(_flags(run), capsys)
+    assert code == 0 and len(started) == 1, err
+    assert started[0] == TrainConfig(**run, out_dir=str(out))  # one flag per field, as the API takes it
+    name, value = bad
+    if not _said_on_a_command_line(name, value):
+        return
+    started.clear()
+    code, err, out = cli([*_flags(run), "--" + name.replace("_", "-"), str(value)], capsys)
+    assert code == 2 and started == [] and not out.exists(), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tensorslim train: error: "), err
+    assert "Traceback" not in err and (f"{name}=" in err or f"--{name.replace('_', '-')}" in err), err
