@@ -1,9 +1,15 @@
 """Predictions from a trained model: ``predictor(path)`` reads a run folder, its ``model/`` folder or a checkpoint and
 returns a :class:`Predictor` for the run's task.
 
-* ``classify``: texts → the most likely label and every label's probability;
+* ``classify`` and ``lookahead``: texts → the most likely label and every label's probability (``lookahead``'s labels
+  are its cue words, ``false`` and ``true``);
 * ``mlm``: texts with ``[MASK]`` → each mask's most likely token, and the text with the masks filled;
-* ``lm`` (and the other causal-LM tasks): a prompt → its continuation (:func:`tensorslim.generation.generate`);
+* ``lm`` (and the other causal-LM tasks: ``longctx``, ``readlm``): a prompt → its continuation
+  (:func:`tensorslim.generation.generate`);
+* ``longqa``: documents and a question → the answer word, read window by window with the run's reader
+  (:func:`tensorslim.tasks.longctx.reading.answer_documents`);
+* ``distill``: texts → the student's sentence embeddings (mean-pooled last hidden states, unit length, as
+  all-MiniLM-L6-v2 embeds);
 * ``segment``: images ``(H, W)`` in [0, 1] → foreground masks, with the network inputs the run trained on.
 
 Inputs are encoded exactly as the run's task encoded its data (the same tokenizer, ``[CLS]``/``[PAD]``/``[MASK]`` ids
@@ -25,7 +31,10 @@ from tensorslim.pretrained import load_pretrained, locate_model
 __all__ = ["Predictor", "load_pretrained", "predictor"]  # load_pretrained: with every training method's base known
 
 MASK = "[MASK]"
+QUESTION_PREFIX = "Question:"  # how the longqa task asks
 LM_TASKS = ("lm", "longctx", "readlm")
+CLASSIFY_TASKS = ("classify", "lookahead")
+HF_TOKENIZER_TASKS = ("distill",)  # tasks that encode with a transformers tokenizer itself (special tokens, padding)
 
 
 class Predictor:
@@ -71,7 +80,7 @@ class Predictor:
         from tensorslim.tasks.base import logits_of
         from tensorslim.tasks.classify import encode, split_rows
 
-        self._needs("classify")
+        self._needs(*CLASSIFY_TASKS)
         rows, pad_id, _ = encode(list(texts), [0] * len(texts), self.tokenizer, seq_len=self.seq_len)
         ids, mask, _ = (t.to(self.device) for t in split_rows(rows, pad_id=pad_id))
         return torch.softmax(logits_of(self.model(ids, attention_mask=mask)).float(), dim=-1).cpu()
@@ -126,6 +135,44 @@ class Predictor:
         self._needs(*LM_TASKS)
         return generate(self.model, self.tokenizer, prompt, **sampling)
 
+    @torch.no_grad()
+    def answer(self, documents: list[str], question: str) -> list[dict[str, Any]]:
+        """``{"question", "answer", "probabilities": {word: p}}`` per document: each answer word's highest probability
+        in the windows the run's reader read, and the most probable word (see
+        :func:`~tensorslim.tasks.longctx.reading.answer_documents`). The question is asked as the task asks it,
+        ``"Question: what is the code word of John?"`` (``"Question: "`` is added when it is missing)."""
+        from tensorslim.data.longctx.qa import answering_set
+        from tensorslim.tasks.longctx.reading import LongQAOptions, answer_documents
+
+        self._needs("longqa")
+        if not question.startswith(QUESTION_PREFIX):
+            question = f"{QUESTION_PREFIX} {question.strip()}"
+        qa = answering_set(self.tokenizer, self.labels or [])
+        found = answer_documents(
+            self.model, qa, documents, question, LongQAOptions(**self.task_options), window=self.seq_len
+        )
+        return [
+            {
+                "question": question,
+                "answer": qa.answer_words[choice],
+                "probabilities": {word: round(p, 6) for word, p in zip(qa.answer_words, scores, strict=True)},
+            }
+            for choice, scores in zip(found.predictions, found.scores, strict=True)
+        ]
+
+    @torch.no_grad()
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """Sentence embeddings ``(N, D)`` of ``texts``: the mean of the last hidden states over the text's tokens (cut
+        to the run's ``seq_len``), scaled to unit length, as all-MiniLM-L6-v2 embeds and the distill task compares."""
+        from tensorslim.quant.distill import mean_pooled
+        from tensorslim.tasks.distill import encode_texts, split_rows
+
+        self._needs("distill")
+        rows = encode_texts(self.tokenizer, texts, seq_len=self.seq_len)
+        ids, mask = (t.to(self.device) for t in split_rows(rows))
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        return torch.nn.functional.normalize(mean_pooled(hidden, mask), dim=-1).cpu()
+
     def segment_inputs(self, images: list[Any]) -> torch.Tensor:
         """The network inputs ``(N, C, H, W)`` of ``images`` (each ``(H, W)`` in [0, 1], the run's image size), as
         the segment task builds them (the image, and the global mask it derives from it)."""
@@ -165,7 +212,11 @@ def predictor(path: str | os.PathLike, *, device: str = "cpu") -> Predictor:
         raise ValueError(f"{path} holds a model but no run (its task); allowed: a folder written by a training run")
     model = load_pretrained(path, device=device)
     tokenizer = None
-    if run.get("tokenizer"):
+    if run.get("tokenizer") and run["task"] in HF_TOKENIZER_TASKS:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(Path(folder) / run["tokenizer"]), local_files_only=True)
+    elif run.get("tokenizer"):
         tokenizer = load_tokenizer(str(Path(folder) / run["tokenizer"]), None)
     return Predictor(
         model,

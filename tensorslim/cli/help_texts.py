@@ -115,8 +115,9 @@ positional arguments:
                                 attention memory (--memory lra --capacity N)
     segment                     train and evaluate one U-Net segmentation setting: image, global
                                 binary mask or both (arXiv 2205.09107)
-    predict                     predict with a trained run: labels (classify), filled masks (mlm),
-                                continuations (lm), masks (segment)
+    predict                     predict with a trained run: labels (classify, lookahead), filled
+                                masks (mlm), continuations (lm), answers (longqa), embeddings
+                                (distill), masks (segment)
     export                      write a run's model as a folder to ship (tensorslim format, and
                                 Hugging Face format where it is plain)
     compress                    compress a pretrained model to a params/bytes/FLOPs budget, choosing
@@ -586,11 +587,12 @@ options:
   --device DEVICE              cpu or cuda""",
     ),
     "predict": (
-        """usage: tensorslim predict [-h] --run DIR [--file FILE] [--out OUT] [--max-new-tokens MAX_NEW_TOKENS]
-                          [--greedy] [--temperature TEMPERATURE] [--seed SEED] [--device DEVICE]
+        """usage: tensorslim predict [-h] --run DIR [--file FILE] [--question QUESTION] [--out OUT]
+                          [--max-new-tokens MAX_NEW_TOKENS] [--greedy] [--temperature TEMPERATURE]
+                          [--seed SEED] [--device DEVICE]
                           [inputs ...]
 
-predict with a trained run: labels (classify), filled masks (mlm), continuations (lm), masks (segment)
+predict with a trained run: labels (classify, lookahead), filled masks (mlm), continuations (lm), answers (longqa), embeddings (distill), masks (segment)
 
 positional arguments:
   inputs                        texts (classify, mlm), a prompt (lm) or image files (segment)
@@ -599,6 +601,7 @@ options:
   -h, --help                    show this help message and exit
   --run DIR                     run folder, model/ or checkpoint
   --file FILE                   read the texts from this file, one per line ('-': stdin)
+  --question QUESTION           longqa: the question asked about each document
   --out OUT                     segment: folder for the mask and overlay PNGs (default: predictions)
   --max-new-tokens MAX_NEW_TOKENS
                                 lm: tokens to generate at most (default: 64)

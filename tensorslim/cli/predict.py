@@ -1,9 +1,10 @@
 """``tensorslim predict``: the predictions of a trained run for raw inputs (see :mod:`tensorslim.predict`).
 
-classify: texts (arguments, ``--file`` lines, or stdin lines) → one JSON line each with the label and every label's
-probability; mlm: texts holding ``[MASK]`` → one JSON line each with the filled text; lm: a prompt → its
-continuation (as ``tensorslim generate``); segment: image files → ``<name>_mask.png`` and ``<name>_overlay.png`` in
-``--out``.
+classify, lookahead: texts (arguments, ``--file`` lines, or stdin lines) → one JSON line each with the label and every
+label's probability; mlm: texts holding ``[MASK]`` → one JSON line each with the filled text; lm, longctx, readlm: a
+prompt → its continuation (as ``tensorslim generate``); longqa: documents (one per line) and ``--question`` → one JSON
+line each with the answer; distill: texts → one JSON line each with the student's sentence embedding; segment: image
+files → ``<name>_mask.png`` and ``<name>_overlay.png`` in ``--out`` (a new or empty folder).
 """
 
 from __future__ import annotations
@@ -11,15 +12,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
-HELP = "predict with a trained run: labels (classify), filled masks (mlm), continuations (lm), masks (segment)"
+HELP = (
+    "predict with a trained run: labels (classify, lookahead), filled masks (mlm), continuations (lm), answers "
+    "(longqa), embeddings (distill), masks (segment)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", dest="run_dir", required=True, metavar="DIR", help="run folder, model/ or checkpoint")
     parser.add_argument("inputs", nargs="*", help="texts (classify, mlm), a prompt (lm) or image files (segment)")
     parser.add_argument("--file", help="read the texts from this file, one per line ('-': stdin)")
+    parser.add_argument("--question", help="longqa: the question asked about each document")
     parser.add_argument("--out", help="segment: folder for the mask and overlay PNGs (default: predictions)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="lm: tokens to generate at most (default: 64)")
     parser.add_argument("--greedy", action="store_true", help="lm: take the most likely token at each step")
@@ -73,22 +79,34 @@ def _segment(predictor: object, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tensorslim.generation import check_sampling
-    from tensorslim.predict import LM_TASKS, predictor
+    from tensorslim.predict import CLASSIFY_TASKS, LM_TASKS, predictor
 
     check_sampling(args.max_new_tokens, args.temperature, None, None)
     model = predictor(args.run_dir, device=args.device)
     if model.task == "segment":
         _segment(model, args)
-    elif model.task == "classify":
-        for row in model.classify(_texts(args)):
-            print(json.dumps(row))
+    elif model.task in CLASSIFY_TASKS:
+        _print_rows(model.classify(_texts(args)))
     elif model.task == "mlm":
-        for row in model.fill_mask(_texts(args)):
-            print(json.dumps(row))
+        _print_rows(model.fill_mask(_texts(args)))
     elif model.task in LM_TASKS:
         prompt = " ".join(_texts(args))
         sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed}
         print(prompt + model.generate(prompt, greedy=args.greedy, **sampling))
+    elif model.task == "longqa":
+        if not args.question:
+            raise ValueError("a longqa run answers a question; allowed: --question 'what is the code word of John?'")
+        _print_rows(model.answer(_texts(args), args.question))
+    elif model.task == "distill":
+        texts = _texts(args)
+        rows = zip(texts, model.embed(texts).tolist(), strict=True)
+        _print_rows({"text": text, "embedding": [round(x, 6) for x in row]} for text, row in rows)
     else:
-        raise ValueError(f"run {args.run_dir!r} trained task={model.task!r}; allowed: classify, mlm, segment, lm")
+        allowed = [*CLASSIFY_TASKS, "mlm", *LM_TASKS, "longqa", "distill", "segment"]
+        raise ValueError(f"run {args.run_dir!r} trained task={model.task!r}; allowed: {allowed}")
     return 0
+
+
+def _print_rows(rows: Iterable[dict]) -> None:
+    for row in rows:
+        print(json.dumps(row))

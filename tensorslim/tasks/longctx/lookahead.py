@@ -99,4 +99,5 @@ class LookAhead(Classification):
             tokenizer=tokenizer,
             model_overrides={"vocab_size": vocab, "max_seq_len": config.seq_len, "n_classes": len(CUES)},
             tokens_per_batch=config.batch_size * config.seq_len,
+            labels=[cue.strip() for cue in CUES],
         )

@@ -339,6 +339,53 @@ def read_and_answer(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class AskedDocument:
+    """A new document to answer a question about (:func:`answer_documents`). Its answer is unknown: every window's
+    answer target is "not here", and no prediction counts as right in :attr:`QAResult.accuracy`."""
+
+    tokens: np.ndarray
+    question: list[int]
+    answer: int = -1
+    fact: tuple[int, int] = (-1, -1)
+
+
+def answer_documents(
+    model: nn.Module,
+    qa: Any,
+    documents: Sequence[str],
+    question: str,
+    config: ReaderConfig,
+    *,
+    window: int,
+    lanes: int = 8,
+) -> QAResult:
+    """Answer ``question`` about each of ``documents`` (texts) as :func:`read_and_answer` answers the task's own.
+
+    Args:
+        model: a causal LM trained by the ``longqa`` task.
+        qa: the run's answering set (:func:`tensorslim.data.longctx.qa.answering_set`): its tokenizer and answer words.
+        documents: the texts to read.
+        question: asked in front of every window, as the task asks (``"Question: what is the code word of John?"``).
+        config: the run's reader.
+        window: the run's ``seq_len``.
+        lanes: documents read side by side.
+
+    Raises:
+        ValueError: an empty document, or a question longer than the task's questions.
+    """
+    asked = qa.tokenizer.encode_batch([question])[0]
+    if not asked or len(asked) > qa.question_len:
+        raise ValueError(
+            f"question {question!r} is {len(asked)} tokens; allowed: 1 to {qa.question_len} (the task's longest)"
+        )
+    encoded = qa.tokenizer.encode_batch(list(documents))
+    if any(not ids for ids in encoded):
+        raise ValueError("an empty document; allowed: documents of one token or more")
+    docs = [AskedDocument(tokens=np.asarray(ids, dtype=np.int64), question=asked) for ids in encoded]
+    return read_and_answer(model, qa, docs, config, window=window, lanes=lanes)
+
+
 def build_qa_set(config: Any, options: LongQAOptions, *, model_name: str, validation_docs: int) -> Any:
     """The :class:`tensorslim.data.longctx.qa.LongQASet` of a run (BPE trained on BBC News unless ``--tokenizer``)."""
     from tensorslim.data import load_corpus, load_tokenizer
@@ -386,6 +433,7 @@ class LongQA(Task):
             tokenizer=qa.tokenizer,
             model_overrides={"vocab_size": qa.tokenizer.vocab_size, "max_seq_len": fmt.length},
             tokens_per_batch=config.batch_size * fmt.length,
+            labels=list(qa.answer_words),  # what the model answers with: a run's folder keeps them for predicting
         )
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
