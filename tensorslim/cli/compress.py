@@ -6,10 +6,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tensorslim.options import option
 
+if TYPE_CHECKING:  # torch loads only when a command runs
+    from torch import nn
+
 NAME = "compress"
+TOKENIZER_FILES = ("tokenizer", "vocab", "merges", "special_tokens")  # what a saved tokenizer's files start with
 HELP = "compress a pretrained model to a params/bytes/FLOPs budget, choosing the family and size of every layer"
 
 
@@ -17,19 +22,27 @@ HELP = "compress a pretrained model to a params/bytes/FLOPs budget, choosing the
 class CompressCommand:
     """What ``tensorslim compress`` compresses, on which text, and where it writes the result."""
 
-    model: str = option("minilm", "a local Hugging Face model folder or a registered pretrained model")
+    model: str = option(
+        "minilm", "a Hugging Face model folder, a run folder (or its model/), or a registered pretrained model"
+    )
     out: str | None = option(None, "the folder to write (must be new or empty, unless --overwrite)")
     overwrite: bool = option(False, "write into a non-empty --out folder, replacing the files it writes")
     params: float | None = option(None, "budget: a fraction of the linear layers' parameters (or a count)")
     bytes: float | None = option(None, "budget: a fraction of the linear layers' bytes (or a count)")
     flops: float | None = option(None, "budget: a fraction of the linear layers' FLOPs per token (or a count)")
     families: str = option("lowrank,kron,int8,int4", "comma-separated families to choose from (also: tt)")
-    data: str = option("bbcnews", "corpus: calibration from its training split, held-out from its validation split")
-    calibration: int = option(32, "calibration texts")
+    data: str = option(
+        "bbcnews", "corpus: calibration and healing from its training split, held-out from its validation split"
+    )
+    calibration: int = option(32, "calibration texts (causal LM: blocks of --seq-len tokens)")
     held_out: int = option(16, "held-out texts that each stage is scored on")
     seq_len: int = option(128, "tokens per text")
-    heal_steps: int = option(0, "distillation steps from the original model (layer by layer, then end to end)")
-    lr: float = option(1e-4, "learning rate of the healing")
+    heal_texts: int = option(512, "healing texts, from the start of the training split")
+    block_steps: int = option(0, "healing layer by layer: steps per changed block (0: none)")
+    block_lr: float = option(3e-4, "learning rate of the layer-by-layer healing")
+    heal_steps: int = option(0, "healing end to end: distillation steps from the original model (0: none)")
+    lr: float = option(1e-4, "peak learning rate of the end-to-end healing")
+    batch_size: int = option(8, "texts per healing step")
 
     def __post_init__(self) -> None:
         given = [name for name in ("params", "bytes", "flops") if getattr(self, name) is not None]
@@ -39,9 +52,13 @@ class CompressCommand:
             )
         if self.out is None:
             raise ValueError("--out is missing; allowed: a new or empty folder to write the compressed model to")
-        for name in ("calibration", "held_out", "seq_len"):
+        for name in ("calibration", "held_out", "seq_len", "heal_texts", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: an integer >= 1")
+        if self.heal_steps or self.block_steps:  # the healing's own checks, before any work
+            from tensorslim.compression.heal import HealConfig
+
+            HealConfig(block_steps=self.block_steps, block_lr=self.block_lr, steps=self.heal_steps, lr=self.lr)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,46 +91,134 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(name: str):  # noqa: ANN202 - a transformers model and its tokenizer
-    """A Hugging Face folder (with its tokenizer) or a registered pretrained model (with its own tokenizer)."""
+@dataclass
+class Source:
+    """A model to compress, what turns text into its inputs, and what its saved folder records."""
+
+    model: nn.Module
+    tokenizer: Any  # a transformers tokenizer (encoders) or the folder of a run's tokenizer (causal LMs)
+    base: Any = None  # the save_pretrained base: a RegisteredBase, or None (a Hugging Face folder)
+    run: dict[str, Any] | None = None  # the run record of a run's model, kept for the predictor
+    run_folder: Path | None = None  # the folder holding that run's tokenizer
+
+
+def _load(name: str) -> Source:
+    """A Hugging Face folder, a save_pretrained / run folder (``<run>``, ``<run>/model``) or a registered
+    pretrained model."""
     from transformers import AutoTokenizer
 
-    if Path(name).is_dir():
+    from tensorslim.pretrained import MANIFEST, RUN_MODEL
+
+    folder = Path(name)
+    if folder.is_dir() and not (folder / MANIFEST).is_file() and not (folder / RUN_MODEL / MANIFEST).is_file():
         from tensorslim.cli.convert import load_hf_model
 
-        return load_hf_model(name).eval(), AutoTokenizer.from_pretrained(name), None
+        return Source(load_hf_model(name).eval(), AutoTokenizer.from_pretrained(name))
+    if folder.is_dir():
+        return _load_run(folder)
     from tensorslim.models.registry import build_model, get_model
+    from tensorslim.pretrained import RegisteredBase
     from tensorslim.tasks.base import model_tokenizer
 
     if not get_model(name).pretrained:
-        raise ValueError(f"model={name!r} has no pretrained weights; allowed: a pretrained preset or a HF folder")
-    return build_model(name, task="embed").eval(), AutoTokenizer.from_pretrained(model_tokenizer(name)), name
+        raise ValueError(
+            f"model={name!r} has no pretrained weights; allowed: a pretrained preset, a Hugging Face folder or a run"
+        )
+    model = build_model(name, task="embed").eval()
+    return Source(model, AutoTokenizer.from_pretrained(model_tokenizer(name)), base=RegisteredBase(name=name))
+
+
+def _load_run(folder: Path) -> Source:
+    """The model of a run (or of a save_pretrained folder), with the run's tokenizer."""
+    from tensorslim.pretrained import RegisteredBase, load_pretrained, locate_model
+
+    manifest, structure, _, _ = locate_model(folder)
+    run, record = manifest.get("run") or {}, manifest["base"]
+    if not run.get("tokenizer"):
+        raise ValueError(
+            f"model={str(folder)!r} records no tokenizer; allowed: a run folder (or its model/) whose run saved one"
+        )
+    if record.get("kind") == "method":
+        overrides = {k: v for k, v in record["overrides"].items() if k in ("vocab_size", "max_seq_len", "n_classes")}
+        base = RegisteredBase(name=record["name"], task=record["task"], **overrides)
+    elif record.get("kind") == "tensorslim":
+        base = RegisteredBase(**{k: v for k, v in record.items() if k != "kind"})
+    else:
+        base = None
+    model = load_pretrained(folder).eval()
+    return Source(model, structure / run["tokenizer"], base=base, run=run, run_folder=structure)
+
+
+def _text_batches(source: Source, config: CompressCommand) -> tuple[list, list, list]:
+    """Calibration, healing and held-out inputs from ``config.data``: dicts of a tokenized text each for an encoder,
+    ``(B, seq_len)`` blocks of packed text for a causal LM (training split, then validation split)."""
+    from tensorslim.compression.heal import is_encoder
+
+    size = 8
+    if is_encoder(source.model):
+        from tensorslim.data import load_corpus
+
+        corpus = load_corpus(config.data)
+
+        def batches(texts: list[str]) -> list[dict]:
+            tokenize = source.tokenizer
+            return [
+                dict(tokenize(texts[i : i + size], truncation=True, max_length=config.seq_len, padding=True,
+                              return_tensors="pt"))
+                for i in range(0, len(texts), size)
+            ]  # fmt: skip
+
+        train = list(corpus.train)
+        return (
+            batches(train[: config.calibration]),
+            batches(train[: config.heal_texts]),
+            batches(list(corpus.validation[: config.held_out])),
+        )
+    from tensorslim.data import build_lm_data
+
+    vocab = source.model.get_input_embeddings().num_embeddings
+    data = build_lm_data(
+        config.data, tokenizer=str(source.tokenizer), vocab_size=vocab, seq_len=config.seq_len,
+        max_val_blocks=config.held_out,
+    )  # fmt: skip
+
+    def blocks(rows: Any, count: int) -> list:
+        return list(rows[:count].split(size))
+
+    return (
+        blocks(data.train, config.calibration),
+        blocks(data.train, config.heal_texts),
+        blocks(data.validation, config.held_out),
+    )
 
 
 def compress_model(config: CompressCommand, budget: object, families: tuple[str, ...]) -> None:
-    """Load, compress and write the model; print the per-layer choices and each stage's size and quality."""
+    """Load, compress (and heal) and write the model; print the per-layer choices and each stage's size and
+    quality."""
+    import shutil
+
     from tensorslim.compression import compress
-    from tensorslim.data import load_corpus
-    from tensorslim.pretrained import RegisteredBase, save_pretrained
+    from tensorslim.compression.heal import HealConfig
+    from tensorslim.pretrained import save_pretrained
 
-    model, tokenizer, preset = _load(config.model)
-    corpus = load_corpus(config.data)
-
-    def batches(texts: list[str]) -> list[dict]:
-        return [
-            dict(
-                tokenizer(
-                    texts[i : i + 8], truncation=True, max_length=config.seq_len, padding=True, return_tensors="pt"
-                )
-            )
-            for i in range(0, len(texts), 8)
-        ]
-
-    calibration = batches(list(corpus.train[: config.calibration]))
-    held_out = batches(list(corpus.validation[: config.held_out]))
+    source = _load(config.model)
+    calibration, heal_data, held_out = _text_batches(source, config)
+    healing = None
+    if config.heal_steps or config.block_steps:
+        healing = HealConfig(
+            block_steps=config.block_steps,
+            block_lr=config.block_lr,
+            steps=config.heal_steps,
+            lr=config.lr,
+            batch_size=config.batch_size,
+        )
     student, report = compress(
-        model, budget, calibration, families=families, held_out=held_out, heal_steps=config.heal_steps, lr=config.lr
+        source.model, budget, calibration, families=families, held_out=held_out, healing=healing, heal_data=heal_data
     )
     print(report.table())
-    base = RegisteredBase(name=preset) if preset is not None else None
-    print(f"saved {save_pretrained(student, config.out, base=base)}")
+    out = save_pretrained(student, config.out, base=source.base, run=source.run)
+    if source.run is not None:  # the run's tokenizer beside the model, so that the folder predicts as the run did
+        for file in source.run_folder.iterdir():
+            if file.is_file() and file.name.startswith(TOKENIZER_FILES):
+                shutil.copy(file, out / file.name)
+    print(f"saved {out}")

@@ -629,14 +629,15 @@ options:
         """usage: tensorslim compress [-h] [--model STR] [--out STR] [--overwrite | --no-overwrite]
                            [--params FLOAT] [--bytes FLOAT] [--flops FLOAT] [--families STR]
                            [--data STR] [--calibration INT] [--held-out INT] [--seq-len INT]
-                           [--heal-steps INT] [--lr FLOAT]
+                           [--heal-texts INT] [--block-steps INT] [--block-lr FLOAT]
+                           [--heal-steps INT] [--lr FLOAT] [--batch-size INT]
 
 compress a pretrained model to a params/bytes/FLOPs budget, choosing the family and size of every layer
 
 options:
   -h, --help                   show this help message and exit
-  --model STR                  a local Hugging Face model folder or a registered pretrained model
-                               (default: minilm)
+  --model STR                  a Hugging Face model folder, a run folder (or its model/), or a
+                               registered pretrained model (default: minilm)
   --out STR                    the folder to write (must be new or empty, unless --overwrite)
                                (default: None)
   --overwrite, --no-overwrite  write into a non-empty --out folder, replacing the files it writes
@@ -649,14 +650,20 @@ options:
                                (default: None)
   --families STR               comma-separated families to choose from (also: tt) (default:
                                lowrank,kron,int8,int4)
-  --data STR                   corpus: calibration from its training split, held-out from its
-                               validation split (default: bbcnews)
-  --calibration INT            calibration texts (default: 32)
+  --data STR                   corpus: calibration and healing from its training split, held-out
+                               from its validation split (default: bbcnews)
+  --calibration INT            calibration texts (causal LM: blocks of --seq-len tokens) (default:
+                               32)
   --held-out INT               held-out texts that each stage is scored on (default: 16)
   --seq-len INT                tokens per text (default: 128)
-  --heal-steps INT             distillation steps from the original model (layer by layer, then end
-                               to end) (default: 0)
-  --lr FLOAT                   learning rate of the healing (default: 0.0001)""",
+  --heal-texts INT             healing texts, from the start of the training split (default: 512)
+  --block-steps INT            healing layer by layer: steps per changed block (0: none) (default:
+                               0)
+  --block-lr FLOAT             learning rate of the layer-by-layer healing (default: 0.0003)
+  --heal-steps INT             healing end to end: distillation steps from the original model (0:
+                               none) (default: 0)
+  --lr FLOAT                   peak learning rate of the end-to-end healing (default: 0.0001)
+  --batch-size INT             texts per healing step (default: 8)""",
     ),
 }
 

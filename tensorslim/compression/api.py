@@ -13,7 +13,7 @@ Healing is :func:`tensorslim.compression.heal.heal`.
 from __future__ import annotations
 
 import copy
-import math
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +26,7 @@ from torch import nn
 from tensorslim.budget import Budget
 from tensorslim.compression.calibration import Batch, calibrate
 from tensorslim.compression.choose import FAMILIES, Candidate, choose, layer_candidates
-from tensorslim.compression.heal import heal
+from tensorslim.compression.heal import HealConfig, check_healable, heal
 from tensorslim.convert import convert_, output_head_ids
 from tensorslim.functional.threads import one_thread
 from tensorslim.layers._source import is_dense_linear
@@ -98,7 +98,12 @@ def agreement(model: nn.Module, reference: nn.Module, batches: Sequence[Batch]) 
 
 
 def _validate(
-    model: nn.Module, budget: object, batches: Sequence[Batch], families: Sequence[str], heal_steps: int, lr: float
+    model: nn.Module,
+    budget: object,
+    batches: Sequence[Batch],
+    families: Sequence[str],
+    healing: HealConfig | None,
+    heal_data: Sequence[Batch],
 ) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model of type {type(model).__name__} is invalid; allowed: an nn.Module")
@@ -109,15 +114,10 @@ def _validate(
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families:
         raise ValueError(f"families={list(families)!r} is invalid; allowed: a non-empty subset of {list(FAMILIES)}")
-    if isinstance(heal_steps, bool) or not isinstance(heal_steps, int) or heal_steps < 0:
-        raise ValueError(f"heal_steps={heal_steps!r} is invalid; allowed: an integer >= 0")
-    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr={lr!r} is invalid; allowed: a finite number > 0")
-    if heal_steps and getattr(getattr(model, "config", None), "num_hidden_layers", None) is None:
-        raise ValueError(
-            "heal_steps > 0 needs a Hugging Face encoder (a config with num_hidden_layers, hidden states and "
-            "attentions); allowed: heal_steps=0 for other models"
-        )
+    if healing is not None and not isinstance(healing, HealConfig):
+        raise TypeError(f"healing of type {type(healing).__name__} is invalid; allowed: a HealConfig or None")
+    if healing is not None:
+        check_healable(model, list(heal_data) or list(batches))
 
 
 def _build(model: nn.Module, choices: dict[str, Candidate], calibration: Any) -> None:
@@ -139,8 +139,8 @@ def compress(
     *,
     families: Sequence[str] = ("lowrank", "kron", "int8", "int4"),
     held_out: Sequence[Batch] = (),
-    heal_steps: int = 0,
-    lr: float = 1e-4,
+    healing: HealConfig | None = None,
+    heal_data: Sequence[Batch] = (),
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
     progress: bool = True,
 ) -> tuple[nn.Module, CompressReport]:
@@ -154,8 +154,9 @@ def compress(
         calibration: model inputs (tensors, or dicts with ``input_ids`` and ``attention_mask`` for healing).
         families: among :data:`~tensorslim.compression.choose.FAMILIES`; keeping a layer dense is always a candidate.
         held_out: inputs on which each stage's agreement with the original is measured (never calibrated on).
-        heal_steps: distillation steps after the structured layers are built (0: none; needs a HF encoder).
-        lr: AdamW learning rate of the healing.
+        healing: heal the structured layers by distillation from the original model, layer by layer then end to
+            end (:func:`~tensorslim.compression.heal.heal`); None: no healing.
+        heal_data: the healing's inputs (default: ``calibration``); more text than the calibration heals better.
         filter_fn: ``(module, name) -> bool`` choosing the candidate layers; default: every dense linear layer but
             the output heads.
         progress: progress bars for calibration, conversion and healing.
@@ -163,7 +164,7 @@ def compress(
     Returns:
         The compressed model (eval mode) and a :class:`CompressReport`.
     """
-    _validate(model, budget, calibration, families, heal_steps, lr)
+    _validate(model, budget, calibration, families, healing, heal_data)
     heads = output_head_ids(model)
     chosen_layers = {
         name: module
@@ -204,10 +205,10 @@ def compress(
         warnings.simplefilter("ignore", LossyConversionWarning)  # the report holds every layer's error
         _build(student, report.choices, cal)
     stage("chosen, before healing")
-    if heal_steps:
+    if healing is not None:
         teacher = copy.deepcopy(model)  # the distillation task freezes and re-configures its teacher
-        heal(student, teacher, list(calibration), steps=heal_steps, lr=lr, progress=progress)
-        stage(f"healed ({heal_steps} steps)")
+        config = dataclasses.replace(healing, progress=healing.progress and progress)
+        heal(student, teacher, list(heal_data) or list(calibration), held_out=held_out, config=config, on_stage=stage)
     for bits in (8, 4):
         names = {n for n, c in report.choices.items() if c.family == f"int{bits}"}
         if names:

@@ -1,61 +1,354 @@
 """Healing: distill a compressed model from the original one, so that it recovers what the conversion lost.
 
-Follows QAT-TT's layer-by-layer curriculum (arXiv 2306.01076, :mod:`tensorslim.quant.distill`): the hidden states of
-the first encoder layers are matched first, one more layer joins every ``steps_per_layer`` steps, and once all are on,
-the sentence-embedding loss is added (end to end).
+Two stages, cheapest first:
+
+1. **Layer by layer.** Each transformer block that the conversion changed is fit, alone, to the original block's
+   outputs: its input is what the (already healed) earlier blocks of the compressed model give it, its target what
+   the original block gave on the original model's path, the loss the hidden-state ``MSE + 1 − cos`` of QAT-TT's
+   layer-wise distillation (arXiv 2306.01076, :func:`tensorslim.quant.distill.hidden_loss`). One block's forward and
+   backward per step, so this stage costs a fraction of a model step per step.
+2. **End to end.** Distillation of the whole model from the original one on the one Trainer
+   (:class:`tensorslim.train.trainer.Trainer`), with the loss that matters for the model: for a Hugging Face encoder,
+   the last phase of the ``distill`` task's curriculum (every hidden state's ``MSE + 1 − cos``, the attention KL,
+   and ``1 − cos`` of the mean-pooled sentence embeddings); for a causal LM, the KL divergence of the original
+   model's next-token distribution from the compressed one's (Hinton et al., arXiv 1503.02531, temperature 1).
+
+Beyond the papers: the layer-by-layer stage fits blocks (not single layers) and feeds them the compressed model's
+own inputs, so each block also absorbs the drift of the blocks before it; dropout stays off in both stages (the
+target is the original model's output, not a regularised one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from tensorslim._checks import require_int
 from tensorslim.compression.calibration import Batch
-from tensorslim.quant.distill import distill_loss, embedding_loss, layers_in_use
+from tensorslim.options import option
+from tensorslim.quant.distill import hidden_loss, logit_kl
+from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches
+from tensorslim.tasks.distill import Distillation, DistillOptions, TextStream
+from tensorslim.tasks.lm import lm_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealConfig:
+    """How long and how fast each healing stage runs (defaults: MiniLM at half its parameters, 2 CPU cores)."""
+
+    block_steps: int = option(100, "layer by layer: AdamW steps per changed block (0: skip this stage)")
+    block_lr: float = option(3e-4, "layer by layer: learning rate")
+    steps: int = option(300, "end to end: distillation steps on the Trainer (0: skip this stage)")
+    lr: float = option(1e-4, "end to end: peak learning rate (warm-up, then cosine to a tenth)")
+    batch_size: int = option(8, "sequences per step, both stages")
+    eval_every: int | None = option(None, "end to end: steps between held-out evaluations (default: at the end)")
+    seed: int = option(0, "seed of the data order")
+    progress: bool = option(True, "progress bars")
+
+    def __post_init__(self) -> None:
+        for name in ("block_steps", "steps", "seed"):
+            require_int(name, getattr(self, name), minimum=0)
+        require_int("batch_size", self.batch_size)
+        if self.eval_every is not None:
+            require_int("eval_every", self.eval_every)
+        for name in ("block_lr", "lr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"{name}={value!r} is invalid; allowed: a finite number > 0")
+
+
+def is_encoder(model: nn.Module) -> bool:
+    """A Hugging Face encoder (a config with ``num_hidden_layers``), whose outputs are hidden states."""
+    return getattr(getattr(model, "config", None), "num_hidden_layers", None) is not None
+
+
+def check_healable(model: nn.Module, data: Sequence[Batch]) -> None:
+    """A one-line ``ValueError`` unless ``model`` with ``data`` is something :func:`heal` can distill end to end: a
+    Hugging Face encoder fed dicts with ``input_ids`` and ``attention_mask``, or a causal LM fed ``(B, T)`` ids."""
+    if not data:
+        raise ValueError("the healing data is empty; allowed: a list of one or more model inputs")
+    encoder_inputs = all(isinstance(b, Mapping) and {"input_ids", "attention_mask"} <= set(b) for b in data)
+    token_ids = all(isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_floating_point() for b in data)
+    if not ((is_encoder(model) and encoder_inputs) or (not is_encoder(model) and token_ids)):
+        raise ValueError(
+            f"model of type {type(model).__name__} with inputs of type {type(data[0]).__name__} cannot be healed; "
+            "allowed: a Hugging Face encoder with dicts of input_ids and attention_mask, or a causal LM with (B, T) "
+            "token ids"
+        )
 
 
 def heal(
     model: nn.Module,
     teacher: nn.Module,
-    batches: Sequence[Batch],
+    data: Sequence[Batch],
     *,
-    steps: int,
-    lr: float = 1e-4,
-    steps_per_layer: int | None = None,
-    progress: bool = True,
+    held_out: Sequence[Batch] = (),
+    config: HealConfig | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> None:
-    """Distill ``model`` from ``teacher`` for ``steps`` AdamW steps on ``batches`` (cycled), layer by layer then end
-    to end (QAT-TT's curriculum, arXiv 2306.01076, the loss of :mod:`tensorslim.quant.distill`).
+    """Heal ``model`` (in place) towards ``teacher``: layer by layer, then end to end (see the module docstring).
 
     Args:
-        steps_per_layer: steps before one more encoder layer joins the loss; default: the first half of ``steps``
-            walks through the layers, the second half trains end to end.
+        model: the compressed model; ``teacher`` is the original one (same blocks, same inputs), left unchanged.
+        data: healing inputs: dicts with ``input_ids`` and ``attention_mask`` for an encoder, ``(B, T)`` token ids
+            for a causal LM. More text than the calibration heals better.
+        held_out: inputs the end-to-end stage is evaluated on (default: the first healing batch).
+        config: the stages' lengths and learning rates.
+        on_stage: called with each finished stage's name (to measure size and quality there).
+
+    Raises:
+        ValueError: empty ``data``, or a model that is neither a Hugging Face encoder nor a causal LM of token ids.
+    """
+    config = config or HealConfig()
+    if not isinstance(config, HealConfig):
+        raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: a HealConfig")
+    check_healable(model, list(data))
+    if held_out:
+        check_healable(model, list(held_out))
+    model.eval()  # dropout off: the target is the original model's output
+    teacher.eval().requires_grad_(False)
+    if config.block_steps:
+        heal_blocks(model, teacher, data, steps=config.block_steps, lr=config.block_lr, progress=config.progress)
+        if on_stage is not None:
+            on_stage(f"healed layer by layer ({config.block_steps} steps per block)")
+    if config.steps:
+        distill(model, teacher, data, held_out=held_out, config=config)
+        if on_stage is not None:
+            on_stage(f"healed end to end ({config.steps} steps)")
+    model.eval()
+
+
+# --- layer by layer ---------------------------------------------------------------------------------------------
+
+
+def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's transformer blocks: the modules of its longest ``nn.ModuleList`` (HF ``encoder.layer``, our
+    LLaMA's ``layers``), with their names."""
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        return []
+    name, longest = max(lists, key=lambda item: len(item[1]))
+    return [(f"{name}.{i}", block) for i, block in enumerate(longest)]
+
+
+def _changed(block: nn.Module, original: nn.Module) -> bool:
+    """Whether conversion replaced any module of ``block`` (its module types differ from the original's)."""
+    return {n: type(m) for n, m in block.named_modules()} != {n: type(m) for n, m in original.named_modules()}
+
+
+class _Stop(Exception):  # noqa: N818 - control flow: the forward pass has given what was asked
+    pass
+
+
+def _call(model: nn.Module, batch: Batch) -> Any:
+    return model(**batch) if isinstance(batch, Mapping) else model(batch)
+
+
+def _first(output: Any) -> torch.Tensor:
+    """A block's hidden states: the output itself, or the first item of a tuple (older Hugging Face layers)."""
+    return output[0] if isinstance(output, tuple | list) else output
+
+
+@torch.no_grad()
+def _block_io(model: nn.Module, block: nn.Module, batch: Batch, *, want: str) -> Any:
+    """What ``block`` receives (``want="input"``: its args and kwargs) or returns (``"output"``) when ``model`` runs
+    on ``batch``; the forward pass stops there."""
+    seen: dict[str, Any] = {}
+
+    def before(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if want == "input":
+            seen["io"] = (args, kwargs)
+            raise _Stop
+
+    def after(_module: nn.Module, _args: tuple, _kwargs: dict, output: Any) -> None:
+        seen["io"] = _first(output).detach()
+        raise _Stop
+
+    handles = [block.register_forward_pre_hook(before, with_kwargs=True)]
+    handles.append(block.register_forward_hook(after, with_kwargs=True))
+    try:
+        _call(model, batch)
+    except _Stop:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen["io"]
+
+
+def heal_blocks(
+    model: nn.Module, teacher: nn.Module, data: Sequence[Batch], *, steps: int, lr: float, progress: bool = True
+) -> list[float]:
+    """Fit each changed block of ``model`` to ``teacher``'s block outputs, in order (stage 1 of :func:`heal`).
+
+    Block ``i`` sees the inputs that ``model``'s blocks before it (already fit) give it and learns the output of
+    ``teacher``'s block ``i`` on the teacher's own path; ``steps`` AdamW steps per block on the batches of ``data``
+    (cycled; at most ``steps`` of them are held in memory).
+
+    Returns:
+        Each changed block's loss (``MSE + 1 − cos``) on the first batch after fitting.
     """
     from tqdm.auto import tqdm
 
-    n_layers = teacher.config.num_hidden_layers
-    per_layer = steps_per_layer or max(1, steps // (2 * (n_layers + 1)))
-    for net in (model, teacher):  # only eager attention returns attention probabilities
-        if net.config._attn_implementation != "eager":
-            net.set_attn_implementation("eager")
-    teacher.eval().requires_grad_(False)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    for step in tqdm(range(steps), desc="healing", unit="step", disable=not progress):
-        layer_use = layers_in_use(step, steps_per_layer=per_layer, n_layers=n_layers)
-        batch = batches[step % len(batches)]
-        student = model(**batch, output_hidden_states=True, output_attentions=True)
+    pairs = [
+        (name, block, dict(teacher.named_modules())[name])
+        for name, block in blocks(model)
+        if name in dict(teacher.named_modules())
+    ]
+    pairs = [(name, block, original) for name, block, original in pairs if _changed(block, original)]
+    used = list(data[: max(1, min(steps, len(data)))])
+    losses = []
+    bar = tqdm(total=steps * len(pairs), desc="healing layer by layer", unit="step", disable=not progress)
+    for name, block, original in pairs:
+        inputs = [_block_io(model, block, batch, want="input") for batch in used]
+        targets = [_block_io(teacher, original, batch, want="output") for batch in used]
+        params = [p for p in block.parameters() if p.requires_grad and p.is_floating_point()]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        for step in range(steps):
+            (args, kwargs), target = inputs[step % len(used)], targets[step % len(used)]
+            loss = hidden_loss(_first(block(*args, **kwargs)).float(), target.float())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            bar.update(1)
+            bar.set_postfix(block=name, loss=f"{loss.item():.4f}")
         with torch.no_grad():
-            target = teacher(**batch, output_hidden_states=True, output_attentions=True)
-        loss = distill_loss(
-            student.hidden_states, target.hidden_states, student.attentions, target.attentions, layer_use=layer_use
+            (args, kwargs), target = inputs[0], targets[0]
+            losses.append(hidden_loss(_first(block(*args, **kwargs)).float(), target.float()).item())
+    bar.close()
+    return losses
+
+
+# --- end to end, on the Trainer ------------------------------------------------------------------------------------
+
+
+def encoder_rows(batches: Sequence[Batch]) -> torch.Tensor:
+    """Rows ``[ids ‖ mask]`` ``(N, 2T)`` of tokenized batches (dicts), padded (mask 0) to their longest length."""
+    length = max(b["input_ids"].shape[1] for b in batches)
+    ids = [F.pad(b["input_ids"], (0, length - b["input_ids"].shape[1])) for b in batches]
+    mask = [F.pad(b["attention_mask"], (0, length - b["attention_mask"].shape[1])) for b in batches]
+    return torch.cat([torch.cat(ids), torch.cat(mask)], dim=1)
+
+
+class EncoderHealing(Distillation):
+    """The ``distill`` task in its last phase (every layer, the attention KL and the sentence-embedding loss) on
+    given texts, from a given teacher."""
+
+    def __init__(self, teacher: nn.Module, train: torch.Tensor, held_out: torch.Tensor) -> None:
+        super().__init__(DistillOptions(steps_per_layer=1))
+        self.attach_teacher(teacher)
+        self.rows, self.held_out = train, held_out
+
+    def begin_step(self, step: int) -> None:
+        self.layer_use = self.n_layers + 1
+
+    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+        from tensorslim.data import BatchStream
+
+        stream = BatchStream(self.rows, batch_size=min(config.batch_size, len(self.rows)), seed=config.seed)
+        return TaskData(
+            train=TextStream(stream),
+            validation=self.held_out,
+            tokens_per_batch=config.batch_size * self.rows.shape[1] // 2,
         )
-        if layer_use > n_layers:
-            loss = loss + embedding_loss(student.hidden_states[-1], target.hidden_states[-1], batch["attention_mask"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    model.eval()
+
+
+class LMHealing(Task):
+    """Logit distillation of a causal LM from a given teacher on given ``(N, T)`` token blocks; evaluated by the KL
+    (``val_loss``) and the student's perplexity on the held-out blocks."""
+
+    name = "heal-lm"
+    help = "KL of a causal LM's next-token distribution from its original model's"
+
+    def __init__(self, teacher: nn.Module, train: torch.Tensor, held_out: torch.Tensor) -> None:
+        super().__init__()
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.rows, self.held_out = train, held_out
+
+    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+        from tensorslim.data import BatchStream
+
+        stream = BatchStream(self.rows, batch_size=min(config.batch_size, len(self.rows)), seed=config.seed)
+        return TaskData(train=stream, validation=self.held_out, tokens_per_batch=config.batch_size * self.rows.shape[1])
+
+    def _kl(self, model: nn.Module, batch: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+        with torch.no_grad():
+            target = logits_of(self.teacher(batch))
+        return logit_kl(logits_of(model(batch)), target, reduction=reduction)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return self._kl(model, batch)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
+        blocks_: torch.Tensor = data.validation
+        device = next(model.parameters()).device
+
+        def kl(batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+            with autocast():
+                return self._kl(model, batch, reduction="sum"), batch.shape[0] * batch.shape[1]
+
+        def nll(batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+            with autocast():
+                return lm_loss(model, batch, reduction="sum"), batch.shape[0] * (batch.shape[1] - 1)
+
+        divergence = mean_over_batches((blocks_,), kl, batch_size=batch_size, device=device)
+        loss = mean_over_batches((blocks_,), nll, batch_size=batch_size, device=device)
+        return {"val_loss": divergence, "val_perplexity": math.exp(min(loss, 700.0))}
+
+
+def distill(
+    model: nn.Module,
+    teacher: nn.Module,
+    data: Sequence[Batch],
+    *,
+    held_out: Sequence[Batch] = (),
+    config: HealConfig | None = None,
+) -> dict[str, float]:
+    """End-to-end distillation of ``model`` from ``teacher`` on the Trainer (stage 2 of :func:`heal`), in a
+    temporary run folder; returns the held-out metrics of the last evaluation."""
+    from tensorslim.train.config import TrainConfig
+    from tensorslim.train.trainer import Trainer
+
+    config = config or HealConfig()
+    held_out = list(held_out) or list(data[:1])
+    check_healable(model, [*data, *held_out])
+    if is_encoder(model):
+        train, valid = encoder_rows(data), encoder_rows(held_out)
+        task: Task = EncoderHealing(teacher, train, valid)
+        preset, task_name, seq_len = "minilm", "distill", train.shape[1] // 2
+    else:
+        train, valid = torch.cat(list(data)), torch.cat(held_out)
+        task = LMHealing(teacher, train, valid)
+        preset, task_name, seq_len = "tiny", "lm", train.shape[1]
+    with tempfile.TemporaryDirectory(prefix="tensorslim-heal-") as run_dir:
+        train_config = TrainConfig(
+            preset=preset,  # names the run only: the Trainer trains the given model on the given task
+            task=task_name,
+            method="dense",
+            steps=config.steps,
+            batch_size=config.batch_size,
+            seq_len=seq_len,
+            lr=config.lr,
+            weight_decay=0.0,
+            grad_clip=1.0,
+            warmup_fraction=0.05,
+            min_lr_ratio=0.1,
+            eval_every=config.eval_every or config.steps,
+            eval_blocks=len(valid),
+            checkpoint_every=config.steps,
+            seed=config.seed,
+            keep_freed_memory=False,
+            progress=config.progress,
+            tensorboard=False,
+            out_dir=run_dir,
+        )
+        result = Trainer(train_config, model=model, task=task).run()
+    return result.val_metrics

@@ -72,3 +72,12 @@ def mean_pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The sentence-embedding task loss: ``1 −`` mean cosine of the mean-pooled outputs ``(B, T, D)``."""
     return 1 - F.cosine_similarity(mean_pooled(student, mask), mean_pooled(teacher, mask), dim=-1).mean()
+
+
+def logit_kl(student: torch.Tensor, teacher: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+    """``KL(p_t ‖ p_s)`` of the next-token distributions of ``(B, T, V)`` logits, per token (``"mean"``) or summed
+    over the tokens (``"sum"``); temperature 1 (Hinton et al., arXiv 1503.02531), in float32."""
+    s = F.log_softmax(student.float().flatten(0, -2), dim=-1)  # (B·T, V)
+    t = F.log_softmax(teacher.float().flatten(0, -2), dim=-1)
+    per_token = (t.exp() * (t - s)).sum(-1)  # (B·T,)
+    return per_token.sum() if reduction == "sum" else per_token.mean()

@@ -42,7 +42,7 @@ from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.hooks import TrainHook
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
-from tensorslim.tasks.base import TaskData, to_device
+from tensorslim.tasks.base import Task, TaskData, to_device
 from tensorslim.train import run_folder
 from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.compile import compile_model, compile_seconds
@@ -169,6 +169,10 @@ class Trainer:
         static_step: run that same static-shape step eagerly, without capture (what ``cuda_graphs`` runs, on any
             device). A non-finite step is found after its update in both modes, so ``on_nonfinite`` must be
             ``"stop"`` (the weights are checked before every checkpoint).
+        model: train this model (already built, e.g. a compressed one) instead of the one ``config.preset`` and
+            ``config.method`` build; its own books stand for the dense baseline's. One process only.
+        task: the task to train, already holding what its data needs (e.g. a distillation's teacher), instead of
+            one built from ``config.task``.
     """
 
     def __init__(
@@ -179,6 +183,8 @@ class Trainer:
         layout: Layout | None = None,
         cuda_graphs: bool = False,
         static_step: bool = False,
+        model: nn.Module | None = None,
+        task: Task | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: a TrainConfig")
@@ -194,7 +200,10 @@ class Trainer:
         self.cuda_graphs = cuda_graphs
         self.run_dir = Path(config.run_dir)
         self.layout = layout or parallel_layout(config)
+        if model is not None and not isinstance(self.layout, SingleProcess):
+            raise ValueError("a given model trains on one process; allowed: tp=1 outside torchrun")
         self.device = self.layout.device
+        self._given_model, self._given_task = model, task
         if self.layout.is_main:  # before any work: a run that would write over another fails at once
             _check_run_folder(config)
         try:
@@ -210,23 +219,28 @@ class Trainer:
 
     def _build(self, static_step: bool) -> None:
         config = self.config
-        self.task = get_task(config.task)(config.task_options)
+        self.task = self._given_task or get_task(config.task)(config.task_options)
         self.method = get_method(config.method)
         self.data: TaskData = self.layout.rank0_first(lambda: self.task.build_data(config, model_name=config.preset))
-        self.books = self._books()
         torch.manual_seed(config.seed)  # every rank builds the same full weights; a parallel layout keeps its slices
-        model, self.reports, context = build_for_method(
-            config.preset,
-            config.method,
-            task=config.model_task,
-            options=config.options,
-            steps=config.steps,
-            run_dir=self.run_dir,
-            device="meta" if config.init else None,
-            base_state=_base_state(config.init_base) if config.init_base else None,
-            factor_vocab=config.factor_vocab,
-            **self.data.model_overrides,
-        )
+        if self._given_model is not None:
+            model, self.reports, context = self._given_model, [], None
+            books = _model_books(model, seq_len=config.seq_len)
+            self.books = {**books, **{f"dense_{key}": value for key, value in books.items()}}
+        else:
+            self.books = self._books()
+            model, self.reports, context = build_for_method(
+                config.preset,
+                config.method,
+                task=config.model_task,
+                options=config.options,
+                steps=config.steps,
+                run_dir=self.run_dir,
+                device="meta" if config.init else None,
+                base_state=_base_state(config.init_base) if config.init_base else None,
+                factor_vocab=config.factor_vocab,
+                **self.data.model_overrides,
+            )
         if config.init is not None:
             model = _initial_model(config.init, like=model)
         self.model = self.layout.shard(model.to(self.device))
@@ -534,6 +548,8 @@ class Trainer:
         """Write ``<run>/model`` (one process only: a parallel layout's model is sharded); its path and a note."""
         if not isinstance(self.layout, SingleProcess):
             return None, "a parallel run keeps its weights in its checkpoints only"
+        if self._given_model is not None:
+            return None, "a given model is its caller's to save"
         try:
             folder = save_run_model(
                 self.model,

@@ -72,3 +72,42 @@ def test_compress_keeps_a_non_empty_folder(tiny_bert: Path, tmp_path: Path, caps
     assert main(_args(tiny_bert, out, "--params", "0.5")) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(small_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-step dense run of the tiny LLaMA on a small corpus (vocabulary 512, 32-token blocks)."""
+    run = tmp_path_factory.mktemp("runs") / "tiny-dense"
+    args = ["train", "--method", "dense", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--vocab-size",
+            "512", "--data", str(small_corpus), "--no-progress", "--no-tensorboard", "--eval-blocks", "2",
+            "--out-dir", str(run)]  # fmt: skip
+    assert main(args) == 0
+    return run
+
+
+@pytest.mark.parametrize("inside", ["", "model"])
+def test_compress_heals_a_run_and_writes_a_folder_that_predicts(
+    tiny_run: Path, small_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture, inside: str
+) -> None:
+    from tensorslim import LowRankLinear, load_pretrained
+    from tensorslim.predict import predictor
+
+    out = tmp_path / "small"
+    args = ["compress", "--model", str(tiny_run / inside), "--out", str(out), "--data", str(small_corpus),
+            "--params", "0.5", "--families", "lowrank", "--seq-len", "32", "--calibration", "4", "--held-out", "2",
+            "--heal-texts", "4", "--block-steps", "2", "--heal-steps", "2", "--batch-size", "2"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "healed layer by layer (2 steps per block)" in printed and "healed end to end (2 steps)" in printed
+    model = load_pretrained(out)
+    assert any(isinstance(m, LowRankLinear) for m in model.modules())
+    dense = load_pretrained(tiny_run)
+    assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in dense.parameters())
+    assert predictor(out).tokenizer.identity == predictor(tiny_run).tokenizer.identity  # the run's tokenizer
+
+
+def test_compress_refuses_bad_healing_before_any_work(tiny_bert: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert main(_args(tiny_bert, out, "--params", "0.5", "--heal-steps", "2", "--lr", "nan")) == 2
+    assert "lr=nan" in capsys.readouterr().err
+    assert not out.exists()

@@ -8,6 +8,7 @@ import torch
 from tensorslim import Budget
 from tensorslim.compression import compress
 from tensorslim.compression.choose import Candidate, choose
+from tensorslim.compression.heal import HealConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,14 +67,18 @@ def test_compress_meets_the_budget_and_heals() -> None:
         Budget(params=0.5),
         _batches(3, seed=0),
         held_out=_batches(1, seed=9),
-        heal_steps=6,
-        lr=1e-3,
+        healing=HealConfig(block_steps=2, steps=4, lr=1e-3),
         progress=False,
     )
     assert sum(c.params for c in report.choices.values()) <= 0.5 * dense
     assert {c.family for c in report.choices.values()} <= {"dense", "lowrank", "kron"}
     names = [s.name for s in report.stages]
-    assert names == ["original", "chosen, before healing", "healed (6 steps)"]
+    assert names == [
+        "original",
+        "chosen, before healing",
+        "healed layer by layer (2 steps per block)",
+        "healed end to end (4 steps)",
+    ]
     assert report.stages[0].quality == pytest.approx(1.0)
     assert report.stages[1].params < report.stages[0].params
     assert all(0 < s.quality <= 1 + 1e-6 for s in report.stages)
@@ -94,8 +99,7 @@ def test_compress_to_bytes_quantizes() -> None:
     [
         ({"budget": 0.5}, "budget="),
         ({"families": ("svd",)}, "families="),
-        ({"heal_steps": -1}, "heal_steps="),
-        ({"lr": float("nan")}, "lr="),
+        ({"healing": HealConfig(steps=1), "heal_data": [torch.zeros(2, 3)]}, "cannot be healed"),
         ({"calibration": []}, "calibration is empty"),
     ],
 )

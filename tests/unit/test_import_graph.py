@@ -32,12 +32,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("quant",),  # quantized layers and post-training quantization
     ("checkpoint",),  # training-state files
     ("pretrained",),  # saved models
-    ("compression", "export"),  # compression of a trained model; export formats
+    ("export",),  # export formats
     ("methods",),  # training methods: conversion + optimizer + optional hook
     ("tasks",),  # what is learned: data stream + loss + metrics
     ("generation", "distributed"),  # decoding; parallel layouts applied outside the model
     ("train",),  # the one Trainer
-    ("bench", "report", "predict"),  # measurements, summaries and predictions built on trained runs
+    # measurements, summaries, predictions and compression (healed on the Trainer) built on trained runs
+    ("bench", "report", "predict", "compression"),
     ("cli",),
     ("__main__",),
 )

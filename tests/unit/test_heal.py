@@ -1,0 +1,136 @@
+"""Healing a compressed model: layer by layer, then end to end on the Trainer; tiny BERT and tiny LLaMA."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tensorslim import convert_
+from tensorslim.compression.heal import HealConfig, distill, heal, heal_blocks
+from tensorslim.layers.lowrank import SVDConfig
+from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
+from tensorslim.quant.distill import logit_kl
+
+transformers = pytest.importorskip("transformers")
+
+
+def _compressed(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    student = copy.deepcopy(model)
+    heads = ("lm_head",)
+    with pytest.warns(UserWarning):  # a lossy conversion of trained-like weights warns
+        convert_(student, SVDConfig(rank=rank), filter_fn=lambda m, n: not n.endswith(heads))
+    return student.eval()
+
+
+def _bert() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    return transformers.BertModel(config, add_pooling_layer=False).eval()
+
+
+def _texts(n: int, *, seed: int) -> list[dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.ones(4, 12, dtype=torch.long)
+    mask[0, 8:] = 0
+    return [{"input_ids": torch.randint(0, 64, (4, 12), generator=gen), "attention_mask": mask} for _ in range(n)]
+
+
+def _error(model: torch.nn.Module, reference: torch.nn.Module, batch: dict) -> float:
+    """Relative error of ``model``'s last hidden states against ``reference``'s."""
+    with torch.no_grad():
+        a, b = model(**batch).last_hidden_state, reference(**batch).last_hidden_state
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_logit_kl_is_torchs_kl_div() -> None:
+    gen = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(2, 5, 11, generator=gen), torch.randn(2, 5, 11, generator=gen)
+    expected = F.kl_div(
+        F.log_softmax(student.flatten(0, 1), -1),
+        F.log_softmax(teacher.flatten(0, 1), -1),
+        log_target=True,
+        reduction="batchmean",
+    )
+    assert logit_kl(student, teacher).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert logit_kl(student, teacher, reduction="sum").item() == pytest.approx(10 * expected.item(), rel=1e-5)
+
+
+def test_layer_by_layer_healing_fits_blocks_only_and_brings_the_model_closer() -> None:
+    teacher = _bert()
+    student = _compressed(teacher, rank=2)
+    original = {k: v.clone() for k, v in teacher.state_dict().items()}
+    embeddings = {k: v.clone() for k, v in student.embeddings.state_dict().items()}
+    held_out = _texts(1, seed=9)[0]
+    before = _error(student, teacher, held_out)
+    losses = heal_blocks(student, teacher, _texts(4, seed=0), steps=40, lr=3e-3, progress=False)
+    assert len(losses) == 2  # both blocks were changed, both were fit
+    assert _error(student, teacher, held_out) < before
+    assert all(torch.equal(v, embeddings[k]) for k, v in student.embeddings.state_dict().items())
+    assert all(torch.equal(v, original[k]) for k, v in teacher.state_dict().items())
+
+
+def _llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(d_model=64, n_layers=2, n_heads=4, d_ff=128, vocab_size=96, max_seq_len=32, init_std=0.1)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_lm_healing_on_the_trainer_lowers_the_kl_and_reports_perplexity() -> None:
+    teacher = _llama()
+    student = _compressed(teacher, rank=4)
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 96, (4, 16), generator=gen) for _ in range(4)]
+    held_out = [torch.randint(0, 96, (4, 16), generator=gen)]
+    with torch.no_grad():
+        kl_before = logit_kl(student(held_out[0]), teacher(held_out[0])).item()
+    metrics = distill(
+        student, teacher, data, held_out=held_out, config=HealConfig(block_steps=0, steps=12, lr=3e-3, progress=False)
+    )
+    with torch.no_grad():
+        logits = student(held_out[0])
+        kl_after = logit_kl(logits, teacher(held_out[0])).item()
+        nll = F.cross_entropy(logits[:, :-1].flatten(0, 1), held_out[0][:, 1:].flatten())
+    assert kl_after < kl_before
+    assert metrics["val_loss"] == pytest.approx(kl_after, rel=1e-4)  # the Trainer evaluated the healed model
+    assert metrics["val_perplexity"] == pytest.approx(math.exp(nll.item()), rel=1e-4)
+
+
+def test_heal_runs_both_stages_and_names_them() -> None:
+    teacher = _bert()
+    student = _compressed(teacher, rank=2)
+    stages: list[str] = []
+    before = _error(student, teacher, _texts(1, seed=9)[0])
+    config = HealConfig(block_steps=10, block_lr=3e-3, steps=10, lr=1e-4, batch_size=4, progress=False)
+    heal(student, teacher, _texts(4, seed=0), held_out=_texts(1, seed=9), config=config, on_stage=stages.append)
+    assert stages == ["healed layer by layer (10 steps per block)", "healed end to end (10 steps)"]
+    assert _error(student, teacher, _texts(1, seed=9)[0]) < before
+    assert not student.training
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"steps": -1}, "steps=-1"),
+        ({"block_lr": float("nan")}, "block_lr=nan"),
+        ({"lr": 0}, "lr=0"),
+        ({"batch_size": 0}, "batch_size=0"),
+    ],
+)
+def test_heal_config_refuses_bad_values(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        HealConfig(**kwargs)
+
+
+def test_heal_refuses_inputs_it_cannot_distill_and_changes_nothing() -> None:
+    teacher = _bert()
+    student = _compressed(teacher, rank=2)
+    state = {k: v.clone() for k, v in student.state_dict().items()}
+    with pytest.raises(ValueError, match="cannot be healed"):
+        heal(student, teacher, [torch.randint(0, 64, (4, 12))])  # an encoder needs its attention mask
+    assert all(torch.equal(v, state[k]) for k, v in student.state_dict().items())
