@@ -23,7 +23,8 @@ def summary_lines(result: TrainResult) -> list[str]:
     if result.target is not None:
         target = result.target
         if target["ok"]:
-            lines.append(f"target {target['what']} = {target['target']:,.0f}: reached {target['reached']:,.0f}")
+            reached = f"reached {target['reached']:,.0f}"
+            lines.append(f"target {target['what']} = {target['target']:,.0f}: {reached} (within 5 %)")
         else:
             lines.append(f"target {target['what']}: {target['note']}")
     if result.model_dir is not None:
@@ -58,6 +59,6 @@ def print_train_summary(config: TrainConfig, result: TrainResult) -> None:
     console = Console()
     console.print(table)
     for line in summary_lines(result):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)  # one line each, however narrow the terminal
     console.print(f"metrics: {result.run_dir}/metrics.jsonl, loss curve: {result.run_dir}/loss.png")
     console.print("dense speed and memory side by side: tensorslim bench --preset " + config.preset)

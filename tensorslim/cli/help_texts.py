@@ -72,7 +72,9 @@ METHOD_OPTIONS = """method options (each applies to the methods named):
                                 ends only) (default: 0) [comera, cola-adaptive]
   --prune-at-end, --no-prune-at-end
                                 kill the smallest gates at the end of the late stage until the size
-                                target is met (default: True) [cola-adaptive]
+                                target is met (not in CoMERA) (default: False) [comera]; kill the
+                                smallest gates at the end of the late stage until the size target is
+                                met (default: True) [cola-adaptive]
   --galore-update-proj-gap INT  GaLore: steps between projector SVDs (default: 200) [galore]
   --galore-scale FLOAT          GaLore: update scale alpha (default: 0.25) [galore]
   --n-cores INT                 TT cores per linear layer (half input, half output modes) (default:

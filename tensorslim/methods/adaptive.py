@@ -41,11 +41,6 @@ class AdaptiveOptions(CoMERAOptions):
         True, "kill the smallest gates at the end of the late stage until the size target is met", flag="prune-at-end"
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.prune_at_end, bool):
-            raise ValueError(f"prune_at_end={self.prune_at_end!r} is invalid; allowed: True or False")
-
 
 def adaptive_config(context: MethodContext) -> CoLAConfig:
     """CoLA's layer config for the run (the recipe's rank and ``only_lr_act``) with a rank gate per layer."""
@@ -63,7 +58,7 @@ def _convert(model: nn.Module, context: MethodContext) -> list:
 
 
 def _hook(context: MethodContext) -> CoMERAHook:
-    return stage_hook(context, lr_scales=ADAPTIVE_LR_SCALES, prune_at_end=context.options.prune_at_end)
+    return stage_hook(context, lr_scales=ADAPTIVE_LR_SCALES)
 
 
 register_method(

@@ -316,3 +316,34 @@ def test_a_distill_run_embeds_texts_as_its_student_does(tmp_path: Path, capsys: 
     torch.testing.assert_close(torch.tensor([row["embedding"] for row in rows]), embeddings, atol=1e-6, rtol=0)
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
     torch.testing.assert_close(predictor(tmp_path / "out").embed(texts), embeddings)
+
+
+def test_a_comera_lm_run_through_the_cli_tells_in_one_line_why_it_missed_and_prune_at_end_reaches_its_target(
+    small_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tiny`` LM, 6 steps: 3 late-stage steps cannot bring a gate to the pruning threshold; the summary says so (with
+    the λ-switch's choices as the metrics log them), and ``--prune-at-end`` lands within 5 % of ``S*``."""
+    from tensorslim.methods.comera.gates import model_size
+
+    args = ["train", "--preset", "tiny", "--method", "comera", "--steps", "6", "--batch-size", "2", "--seq-len", "32"]
+    args += ["--vocab-size", "512", "--data", str(small_corpus), "--eval-blocks", "2", "--no-progress"]
+    args += ["--no-tensorboard", "--comera-target-ratio", "0.5"]
+    capsys.readouterr()
+    assert main([*args, "--out-dir", str(tmp_path / "missed")]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("target ")]
+    target = json.loads((tmp_path / "missed" / "summary.json").read_text())["target"]
+    records = [json.loads(line) for line in (tmp_path / "missed" / "metrics.jsonl").read_text().splitlines()]
+    size_steps = sum(int(r["comera_lambda"]) for r in records if "comera_lambda" in r)
+    start = json.loads((tmp_path / "missed" / "comera_ranks.json").read_text())["after_early"]["size"]
+    assert target["target"] == 0.5 * start and target["reached"] == records[-1]["comera_size"] == start
+    assert not target["ok"] and abs(target["reached"] - target["target"]) > 0.05 * target["target"]
+    assert printed == [f"target {target['what']}: {target['note']}"]  # one line, as in summary.json
+    assert f"the λ-switch trained the size in {size_steps} of them" in target["note"]
+    assert "no rank gate fell to the pruning threshold" in target["note"] and "--prune-at-end" in target["note"]
+
+    assert main([*args, "--prune-at-end", "--out-dir", str(tmp_path / "pruned")]) == 0
+    target = json.loads((tmp_path / "pruned" / "summary.json").read_text())["target"]
+    reached = float(model_size(load_pretrained(tmp_path / "pruned")))  # the saved model's size, recounted
+    assert target["ok"] and target["reached"] == reached
+    assert abs(reached - target["target"]) <= 0.05 * target["target"] and target["target"] == 0.5 * start
+    assert "(within 5 %)" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith("target "))

@@ -77,6 +77,11 @@ class CoMERAOptions:
     truncate_every: int = option(
         0, "CoMERA: also slice dead ranks out every this many steps (0: stage ends only)", flag="comera-truncate-every"
     )
+    prune_at_end: bool = option(
+        False,
+        "kill the smallest gates at the end of the late stage until the size target is met (not in CoMERA)",
+        flag="prune-at-end",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -91,6 +96,8 @@ class CoMERAOptions:
         if self.target_loss is not None and not self.target_loss > 0:
             raise ValueError(f"comera_target_loss={self.target_loss} is invalid; allowed: a number > 0")
         require_int("comera_truncate_every", self.truncate_every, minimum=0)
+        if not isinstance(self.prune_at_end, bool):
+            raise ValueError(f"prune_at_end={self.prune_at_end!r} is invalid; allowed: True or False")
 
 
 def _convert(model: nn.Module, context: MethodContext) -> list:
@@ -111,6 +118,7 @@ def stage_hook(context: MethodContext, **extra: Any) -> CoMERAHook:
         target_loss=options.target_loss,
         freeze_at_target=options.freeze_at_target,
         truncate_every=options.truncate_every,
+        prune_at_end=options.prune_at_end,
         run_dir=context.run_dir,
         **extra,
     )

@@ -142,6 +142,8 @@ class CoMERAHook(TrainHook):
         """Log penalty, size and λ; freeze the gates at the target; at the end of each stage (and every
         ``truncate_every`` steps) truncate dead ranks; report the ranks at each stage end."""
         metrics = {f"comera_{key}": float(value) for key, value in self._info.items() if key != "task"}
+        if "comera_lambda" in metrics:  # a late step: count those whose λ-switch trained the size (for target())
+            self.reports["late_size_steps"] = self.reports.get("late_size_steps", 0) + int(metrics["comera_lambda"])
         size = float(model_size(model))
         if self.late and self.freeze_at_target and not self.frozen and size <= float(self.objective.target_size):
             self._freeze(model)
@@ -160,25 +162,38 @@ class CoMERAHook(TrainHook):
         return metrics
 
     def target(self, model: nn.Module) -> dict[str, Any]:
-        """CoMERA's size target ``S* = ratio·S``: reached when the trained size is within 5 % of it."""
+        """CoMERA's size target ``S* = ratio·S`` (``S``: the size when the late stage began): reached when the trained
+        size is within 5 % of it; a miss says in one line what the late stage did and what would reach it."""
         size, ratio = float(model_size(model)), self.objective.config.target_ratio
         target = self.reports.get("target_size")
-        found = {"what": f"CoMERA size S* = {ratio:g}·S", "target": target, "reached": size}
         if target is None:
             steps = self.early_steps + self.late_steps
             note = (
                 f"missed: the late stage never started ({self.early_steps} early steps of {steps}); run more "
                 "--steps or a larger --comera-late-fraction"
             )
-            return {**found, "ok": False, "note": note}
+            return {"what": f"CoMERA size S* = {ratio:g}·S", "target": None, "reached": size, "ok": False, "note": note}
+        start = target / ratio
+        found = {"what": f"CoMERA size S* = {ratio:g}·S (S = {start:,.0f})", "target": target, "reached": size}
         if abs(size - target) <= 0.05 * target:
             return {**found, "ok": True, "note": None}
-        why = (
-            "the rank penalty did not shrink the gates enough; --prune-at-end cuts to the target"
-            if size > target
-            else "the gates shrank past the target"
+        note = f"missed: size {size:,.0f} vs {target:,.0f} after {self.late_steps} late-stage steps: "
+        if size < target:
+            note += "the gates shrank past the target" + (
+                "" if self.freeze_at_target else " (--comera-freeze-at-target stops them there)"
+            )
+            return {**found, "ok": False, "note": note}
+        trained = self.reports.get("late_size_steps", 0)
+        note += f"the λ-switch trained the size in {trained} of them"
+        if trained < self.late_steps:
+            note += f" (in the others the task loss was farther from L* = {self.objective.target_loss:.4g})"
+        threshold = self.objective.config.threshold
+        note += (
+            f" and no rank gate fell to the pruning threshold {threshold:g}"
+            if size >= start
+            else f" and cut the size by {1 - size / start:.0%} of S"
         )
-        note = f"missed: size {size:,.0f} vs {target:,.0f} after {self.late_steps} late-stage steps ({why})"
+        note += "; more late-stage steps (--steps, --comera-late-fraction) or --prune-at-end reach it"
         return {**found, "ok": False, "note": note}
 
     def _freeze(self, model: nn.Module) -> None:
