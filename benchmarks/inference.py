@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,9 @@ from tensorslim.quant.kernels import kernel_dtype
 from tensorslim.train.precision import autocast, cpu_flags, resolve_dtype
 
 METHODS = ("dense", "cola", "svd", "comera", "w8", "w4", "w4-float-cache", "cola+w4")
+# wall: what a user sees (all threads); cpu: this process's CPU time, which a shared machine disturbs less (with
+# --threads 1 it is the single-core time; with more threads it sums the threads' time)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 QUANTIZED = {"w8": ("dense", 8), "w4": ("dense", 4), "w4-float-cache": ("dense", 4), "cola+w4": ("cola", 4)}
 
 
@@ -71,17 +75,19 @@ def state_bytes(model: nn.Module, cache: Any) -> dict[str, int]:
 
 
 @torch.no_grad()
-def prefill_and_decode(model: nn.Module, prompt: torch.Tensor, new_tokens: int, dtype: str) -> dict[str, Any]:
-    """Wall-clock seconds of the prefill and of ``new_tokens`` greedy decode steps; the cache's memory."""
+def prefill_and_decode(
+    model: nn.Module, prompt: torch.Tensor, new_tokens: int, dtype: str, clock: Callable[[], float]
+) -> dict[str, Any]:
+    """Seconds (by ``clock``) of the prefill and of ``new_tokens`` greedy decode steps; the cache's memory."""
     cache = model.new_cache()
     with autocast(dtype, prompt.device):
-        start = time.perf_counter()
+        start = clock()
         token = model(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
-        prefill = time.perf_counter() - start
-        start = time.perf_counter()
+        prefill = clock() - start
+        start = clock()
         for _ in range(new_tokens):
             token = model(token, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
-        decode = time.perf_counter() - start
+        decode = clock() - start
     return {"prefill_s": prefill, "decode_s": decode, "memory": state_bytes(model, cache)}
 
 
@@ -97,7 +103,7 @@ def measure_preset(preset: str, args: argparse.Namespace, dtype: str) -> list[di
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         for repeat in range(args.warmup + args.repeats):
             for method in methods:  # alternate so that machine noise hits all methods alike
-                run = prefill_and_decode(models[method], prompt, args.new_tokens, dtype)
+                run = prefill_and_decode(models[method], prompt, args.new_tokens, dtype, CLOCKS[args.timer])
                 if repeat >= args.warmup:
                     runs[method].append(run)
         for method in methods:
@@ -185,6 +191,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
+    parser.add_argument("--timer", default="wall", choices=sorted(CLOCKS), help="wall clock or process CPU time")
     parser.add_argument("--dtype", default="fp32", help="fp32, bf16 or auto (autocast, as in training)")
     parser.add_argument("--out", default=None, help="output stem for .md/.json")
     args = parser.parse_args()
@@ -218,7 +225,7 @@ def main() -> None:
             f"- CPU flags: {', '.join(result['cpu_flags'])}; packed kernels' activations: "
             f"{result['kernel_activations']}\n"
             f"- precision: {dtype}; prompt {args.prompt_len} tokens, {args.new_tokens} decoded tokens, "
-            f"{args.warmup} warm-up + {args.repeats} timed repeats, methods alternating; wall clock\n\n"
+            f"{args.warmup} warm-up + {args.repeats} timed repeats, methods alternating; timer: {args.timer}\n\n"
         )
         Path(args.out).with_suffix(".md").write_text(header + table)
         Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -107,17 +107,14 @@ def int4_scales_and_zeros(scale: torch.Tensor, zero: torch.Tensor, *, in_feature
     return table.to(dtype).unsqueeze(0).expand(k_pad // int4_group(k_pad), n_pad, 2).contiguous()
 
 
-def int4_linear(
-    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, *, out_features: int, in_features: int
-) -> torch.Tensor:
-    """``x Wᵀ`` (in ``scales_and_zeros``' dtype) for ``x (..., K)`` and the int4-packed ``W``."""
-    n_pad, k_pad = int4_padded_shape(out_features, in_features)
-    flat = x.reshape(-1, in_features).to(scales_and_zeros.dtype)  # (M, K)
-    if k_pad != in_features:
-        flat = torch.nn.functional.pad(flat, (0, k_pad - in_features))
-    weight = packed.view(n_pad, k_pad // 2)
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, int4_group(k_pad), scales_and_zeros)  # (M, N')
-    return y[:, :out_features].reshape(*x.shape[:-1], out_features)
+def int4_mm(x: torch.Tensor, weight: torch.Tensor, table: torch.Tensor, *, out_features: int) -> torch.Tensor:
+    """``x Wᵀ`` for ``(M, K)`` ``x`` in ``table``'s dtype and the int4-packed ``W`` viewed as ``(N', K' / 2)``;
+    ``(M, N)`` in the same dtype. Pads and slices only where ``W``'s shape is off the kernel's blocks."""
+    k_pad = 2 * weight.shape[1]
+    if x.shape[1] != k_pad:
+        x = torch.nn.functional.pad(x, (0, k_pad - x.shape[1]))
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight, k_pad // table.shape[0], table)  # (M, N')
+    return y if y.shape[1] == out_features else y[:, :out_features]
 
 
 def _int8_padded(in_features: int) -> int:
@@ -141,23 +138,23 @@ def int8_codes(weight: torch.Tensor, in_features: int) -> torch.Tensor:
     return weight[:, :in_features] ^ 0x80  # q − 128 in two's complement is q with its top bit flipped
 
 
-def int8_linear(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, *, dtype: torch.dtype
-) -> torch.Tensor:
-    """``x Wᵀ`` in fp32 for ``W = s · (q − center) + offset`` with ``weight`` from :func:`int8_weight`.
+def int8_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """``x Wᵀ`` for ``W = s · (q − center) + offset`` with ``weight`` from :func:`int8_weight`.
 
     Args:
-        x: ``(..., K)`` activations.
-        weight: ``(N, K')`` ``uint8`` pattern of ``q − 128``.
-        scale: ``(N,)`` in ``dtype``.
-        offset: ``(N,)`` fp32 ``s · (center − z)``, or None where ``center`` is the zero point.
-        dtype: the activation dtype of the kernel.
+        x: ``(M, K)`` activations (any float dtype: the kernel reads them in ``scale``'s dtype).
+        weight: ``(N, K')`` ``int8`` view of ``q − center``.
+        scale: ``(N,)`` in the kernel's activation dtype.
+        offset: ``(1, N)`` fp32 ``s · (center − z)``, or None where ``center`` is the zero point.
+
+    Returns:
+        ``(M, N)``: fp32 where ``offset`` is added (the zero point's rank-one term ``(Σ_k x_k) · offset``, in fp32
+        from ``x`` as given), else in ``scale``'s dtype.
     """
-    in_features = x.shape[-1]
-    flat = x.reshape(-1, in_features)  # (M, K)
-    padded = torch.nn.functional.pad(flat.to(dtype), (0, weight.shape[1] - in_features))  # (M, K')
-    y = torch.ops.aten._weight_int8pack_mm(padded, weight.view(torch.int8), scale)  # (M, N)
-    y = y.float()
-    if offset is not None:
-        y = y + flat.float().sum(dim=-1, keepdim=True) * offset  # the zero point's rank-one term, in fp32
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    low = x.to(scale.dtype)
+    if low.shape[1] != weight.shape[1]:
+        low = torch.nn.functional.pad(low, (0, weight.shape[1] - low.shape[1]))
+    y = torch.ops.aten._weight_int8pack_mm(low, weight, scale)  # (M, N)
+    if offset is None:
+        return y
+    return torch.addmm(y.float(), x.sum(dim=-1, keepdim=True, dtype=torch.float32), offset)

@@ -30,6 +30,7 @@ they are small).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,18 @@ from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.layers.tt import TTLinear
 from tensorslim.quant import kernels
 from tensorslim.quant.quantizer import Grid, QuantResult, dequantize, pack_codes, packed_nbytes, unpack_codes
+
+
+class KernelOperands(NamedTuple):
+    """What :mod:`~tensorslim.quant.kernels` multiplies by: ``kind`` (``"int4"`` or ``"int8"``), the kernel's 2-D
+    weight, its scale table (int4: the ``(s, m)`` groups; int8: the row scales), the 8-bit zero point's ``(1, d_out)``
+    offset or None, and whether the weight was derived (a ``stream`` layer) rather than a view of ``packed``."""
+
+    kind: str
+    weight: torch.Tensor
+    table: torch.Tensor
+    offset: torch.Tensor | None
+    derived_weight: bool
 
 
 def _kernel_layout(bits: int, device: torch.device) -> str:
@@ -80,7 +93,7 @@ class QuantLinear(nn.Module):
         self.cache_weight = False
         self.activations = "auto"
         self._cached: tuple[tuple, torch.Tensor] | None = None  # (key of the buffers it came from, float weight)
-        self._operands: tuple[tuple, tuple] | None = None  # (key, kernel operands)
+        self._operands: tuple[tuple, KernelOperands] | None = None  # (key, kernel operands)
         self._register_state_dict_hook(_stream_in_state_dict)
         self._register_load_state_dict_pre_hook(_layout_from_state_dict, with_module=True)
 
@@ -156,13 +169,14 @@ class QuantLinear(nn.Module):
     def cached_bytes(self) -> int:
         """Bytes of the tensors derived from the buffers and held between calls (float copy, kernel operands)."""
         held = [self._cached[1]] if self._cached is not None else []
-        held += [t for t in self._operands[1][1:] if t is not None] if self._operands is not None else []
+        if self._operands is not None:
+            operands = self._operands[1]
+            held += [t for t in (operands.table, operands.offset) if t is not None]
+            held += [operands.weight] if operands.derived_weight else []
         return sum(t.numel() * t.element_size() for t in held)
 
-    def _kernel_operands(self, dtype: torch.dtype) -> tuple:
-        """``(kind, weight, table, offset)`` for :mod:`~tensorslim.quant.kernels`, rebuilt when the buffers change.
-
-        ``weight`` is None where ``packed`` itself is the kernel's weight; a ``stream`` layer derives it here."""
+    def _kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
+        """The kernel's operands for ``dtype`` activations, rebuilt when the buffers change."""
         key = (*self._key(), dtype)
         if self._operands is None or self._operands[0] != key:
             self._operands = None  # free the stale operands before building new ones
@@ -170,27 +184,34 @@ class QuantLinear(nn.Module):
                 self._operands = (key, self._build_operands(dtype))
         return self._operands[1]
 
-    def _build_operands(self, dtype: torch.dtype) -> tuple:
-        codes = self.codes() if self.layout == "stream" else None
+    def _build_operands(self, dtype: torch.dtype) -> KernelOperands:
+        codes = self.codes() if self.layout == "stream" else None  # a stream layer derives the kernel's weight
         if self.layout == "int4pack" or (codes is not None and self.bits <= 4):
-            weight = None if codes is None else kernels.pack_int4(codes)
+            packed = self.packed if codes is None else kernels.pack_int4(codes)
+            n_pad, k_pad = kernels.int4_padded_shape(self.out_features, self.in_features)
             table = kernels.int4_scales_and_zeros(self.scale, self.zero, in_features=self.in_features, dtype=dtype)
-            return ("int4", weight, table, None)
+            return KernelOperands("int4", packed.view(n_pad, k_pad // 2), table, None, codes is not None)
         scale = self.scale.reshape(-1).float()
         if codes is not None:  # at most 7 bits: q − z fits in int8, no offset
-            return ("int8", kernels.int8_weight(codes, self.zero.to(torch.int32)), scale.to(dtype), None)
-        offset = scale * (128 - self.zero.reshape(-1).float())  # the zero point's share, (d_out,)
-        return ("int8", None, scale.to(dtype), offset)
+            weight = kernels.int8_weight(codes, self.zero.to(torch.int32)).view(torch.int8)
+            return KernelOperands("int8", weight, scale.to(dtype), None, True)
+        offset = (scale * (128 - self.zero.reshape(-1).float())).view(1, -1)  # the zero point's share, (1, d_out)
+        weight = self.packed.view(self.out_features, -1).view(torch.int8)
+        return KernelOperands("int8", weight, scale.to(dtype), offset, False)
+
+    def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x Wᵀ`` (no bias) on the packed kernel for ``(M, d_in)`` ``x``: ``(M, d_out)`` in the kernel's activation
+        dtype (fp32 where an 8-bit zero point's term is added). Chained layers (CoLA's ``A`` then ``B``) pass this
+        result on without converting it back and forth."""
+        dtype = kernels.kernel_dtype(self.activations)
+        operands = self._kernel_operands(dtype)
+        if operands.kind == "int4":
+            return kernels.int4_mm(x.to(dtype), operands.weight, operands.table, out_features=self.out_features)
+        return kernels.int8_mm(x, operands.weight, operands.table, operands.offset)
 
     def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = kernels.kernel_dtype(self.activations)
-        kind, weight, table, offset = self._kernel_operands(dtype)
-        weight = self.packed if weight is None else weight
-        if kind == "int4":
-            y = kernels.int4_linear(x, weight, table, out_features=self.out_features, in_features=self.in_features)
-        else:
-            y = kernels.int8_linear(x, weight.view(self.out_features, -1), table, offset, dtype=dtype)
-        y = y.to(self.scale.dtype)
+        y = self.kernel_matmul(x.reshape(-1, self.in_features)).to(self.scale.dtype)  # (M, d_out)
+        y = y.view(*x.shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 
     def _uses_kernel(self, x: torch.Tensor) -> bool:
@@ -404,7 +425,14 @@ class QuantLowRankLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
-        return self.b(activation_fn(self.activation)(self.a(x)))  # (..., r) in between
+        sigma = activation_fn(self.activation)
+        if not (self.a._uses_kernel(x) and self.b._uses_kernel(x)):
+            return self.b(sigma(self.a(x)))  # (..., r) in between
+        # both factors on the kernels: σ(A x) stays in the kernels' activation dtype between them (bf16 rounds the
+        # product once, where B's kernel would round its input anyway)
+        hidden = sigma(self.a.kernel_matmul(x.reshape(-1, self.in_features)))  # (M, r)
+        y = self.b.kernel_matmul(hidden).to(self.b.scale.dtype).view(*x.shape[:-1], self.out_features)
+        return y + self.bias if self.bias is not None else y
 
     def storage_bytes(self) -> int:
         """Bytes of both factors' packed codes, scales and zero points, and the bias."""
