@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from tensorslim import Budget, SVDConfig, convert_
     from tensorslim.compression import calibrate, compress, heal
     from tensorslim.compression.api import agreement, model_size
+    from tensorslim.compression.heal import HealConfig
     from tensorslim.data import load_corpus
     from tensorslim.quant import COMQConfig, RTNConfig, quantize_
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 convert_(model, SVDConfig(budget=budget, calibration=calibration))
                 record(size, arm, model, kind, 0, start)
                 if value == 0.5 and calibration is not None and args.heal_steps:
-                    heal(model, copy.deepcopy(original), cal, steps=args.heal_steps)
+                    heal(model, copy.deepcopy(original), cal, config=HealConfig(steps=args.heal_steps))
                     record(size, arm, model, kind, args.heal_steps, start)
             start = time.time()
             model, _ = compress(original, budget, cal, families=("kron",))
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         record(size, "compress", model, kind, 0, start)
         if value == 0.5 and args.heal_steps:
             start = time.time()
-            model, report = compress(original, budget, cal, heal_steps=args.heal_steps)
+            model, report = compress(original, budget, cal, healing=HealConfig(steps=args.heal_steps))
             record(size, "compress", model, kind, args.heal_steps, start)
         print(report.table(), flush=True)
     plot(rows, out / f"{stem}.png")

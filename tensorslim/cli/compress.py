@@ -169,11 +169,8 @@ def _text_batches(source: Source, config: CompressCommand) -> tuple[list, list, 
             ]  # fmt: skip
 
         train = list(corpus.train)
-        return (
-            batches(train[: config.calibration]),
-            batches(train[: config.heal_texts]),
-            batches(list(corpus.validation[: config.held_out])),
-        )
+        healing = batches(train[: config.heal_texts]) if config.heal_steps or config.block_steps else []
+        return batches(train[: config.calibration]), healing, batches(list(corpus.validation[: config.held_out]))
     from tensorslim.data import build_lm_data
 
     vocab = source.model.get_input_embeddings().num_embeddings
