@@ -53,9 +53,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+# Environment variables that change what a benchmark measures; a command line names those that are set.
+COMMAND_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "LD_PRELOAD", "HF_HUB_OFFLINE")
+
+
 def command() -> str:
-    """The command line that started this process, as a user would type it."""
-    return "python " + shlex.join(sys.argv)
+    """The command line that started this process, as a user would type it, with the :data:`COMMAND_ENV` set."""
+    env = [f"{name}={shlex.quote(os.environ[name])}" for name in COMMAND_ENV if name in os.environ]
+    return " ".join([*env, "python", shlex.join(sys.argv)])
 
 
 def header(title: str, *, info: dict[str, Any] | None = None, notes: Sequence[str] = ()) -> list[str]:

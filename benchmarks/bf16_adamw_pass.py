@@ -14,13 +14,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from _results import table, write
 from torch import nn
 
 from tensorslim.bench.timing import alternate
@@ -58,7 +57,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     torch.manual_seed(0)
     model, _, _ = build_for_method(args.preset, "cola")
     params = cast_weights(model)
@@ -91,17 +89,16 @@ def main() -> None:
     cases["AdamW alone (fp32 gradients ready)"] = adamw_alone
     times = alternate(cases, repeats=args.repeats, warmup=1, clock=CLOCKS[args.timer])
     elements = sum(p.numel() for p in params)
-    lines = ["| case | median (s) | min (s) | max (s) |", "|---|---|---|---|"]
-    for name, t in times.items():
-        lines.append(f"| {name} | {statistics.median(t):.3f} | {min(t):.3f} | {max(t):.3f} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
+    rows = [[name, f"{statistics.median(t):.3f}", f"{min(t):.3f}", f"{max(t):.3f}"] for name, t in times.items()]
+    lines = table(["case", "median (s)", "min (s)", "max (s)"], rows)
+    print("\n".join(lines))
     if args.out:
-        Path(args.out).with_suffix(".md").write_text(
-            f"# The optimizer side of a bf16 step ({args.preset} CoLA weights autocast casts: {len(params)} tensors, "
-            f"{elements / 1e6:.1f} M elements)\n\n- command: `python {' '.join(sys.argv)}`\n- {args.timer} clock, "
-            f"{args.threads} thread(s); load average at start {load}; a shared machine: a diagnostic\n\n{table}"
+        title = (
+            f"The optimizer side of a bf16 step ({args.preset} CoLA weights autocast casts: {len(params)} tensors, "
+            f"{elements / 1e6:.1f} M elements)"
         )
+        notes = [f"{args.timer} clock, {args.threads} thread(s); a diagnostic"]
+        write(Path(args.out), title, lines, data={name: list(t) for name, t in times.items()}, notes=notes)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
 
 import torch
+from _results import table, write
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 # (tokens, in, out): CoLA's down- and up-projections at rank 256, the MLP's, the LM head, and a large square one.
@@ -43,8 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = CLOCKS[args.timer]
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    lines = ["| tokens × in × out | bf16 mm | bf16 oneDNN linear | fp32 mm | bf16 / fp32 |", "|---|---|---|---|---|"]
+    rows, data = [], []
     for m, k, n in [*SHAPES, LARGE]:
         a, w = torch.randn(m, k), torch.randn(n, k)
         a16, w16 = a.bfloat16(), w.bfloat16()
@@ -54,14 +52,13 @@ def main() -> None:
             lambda a16=a16, w16=w16: torch.ops.mkldnn._linear_pointwise(a16, w16, None, "none", [], ""), flops, clock
         )
         mm32 = rate(lambda a=a, w=w: a @ w.t(), flops, clock)
-        lines.append(f"| {m} × {k} × {n} | {mm16:.0f} | {linear16:.0f} | {mm32:.0f} | {mm16 / mm32:.2f}× |")
-    table = "\n".join(lines) + "\n"
-    print(table)
+        rows.append([f"{m} × {k} × {n}", f"{mm16:.0f}", f"{linear16:.0f}", f"{mm32:.0f}", f"{mm16 / mm32:.2f}×"])
+        data.append({"shape": [m, k, n], "bf16_mm": mm16, "bf16_linear": linear16, "fp32_mm": mm32})
+    lines = table(["tokens × in × out", "bf16 mm", "bf16 oneDNN linear", "fp32 mm", "bf16 / fp32"], rows)
+    print("\n".join(lines))
     if args.out:
-        Path(args.out).with_suffix(".md").write_text(
-            f"# GEMM rates (GFLOP/s), bf16 vs fp32\n\n- command: `python {' '.join(sys.argv)}`\n- {args.timer} clock, "
-            f"{args.threads} thread(s); load average at start {load}; a shared machine: a diagnostic\n\n{table}"
-        )
+        note = f"{args.timer} clock, {args.threads} thread(s); GFLOP/s, best of three rounds of 20 calls"
+        write(Path(args.out), "GEMM rates (GFLOP/s), bf16 vs fp32", lines, data=data, notes=[note])
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _results import table, write
 
 from benchmarks.bf16_step import make_step
 from tensorslim.methods import build_for_method
@@ -49,14 +49,14 @@ def main() -> None:
     model, _, _ = build_for_method(args.preset, args.method, max_seq_len=args.seq_len)
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
     batch = torch.randint(model.config.vocab_size, (1, args.seq_len), generator=torch.Generator().manual_seed(0))
-    lines = ["| step | outer regions | nested regions |", "|---|---|---|"]
+    rows = []
     for variant in ("fp32", "autocast"):
         step = make_step(model, optimizer, batch, variant)
         step()
         step()
         before = outer(), nested()
         step()
-        lines.append(f"| {variant} | {outer() - before[0]:,} | {nested() - before[1]:,} |")
+        rows.append([variant, f"{outer() - before[0]:,}", f"{nested() - before[1]:,}"])
     config = model.config
     for dtype in (torch.float32, torch.bfloat16):  # one layer's attention, forward and backward
         shape = (1, config.n_heads, args.seq_len, config.d_model // config.n_heads)
@@ -65,15 +65,16 @@ def main() -> None:
         before = outer(), nested()
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
         name = f"one layer's flash attention, {str(dtype).removeprefix('torch.')}, forward + backward"
-        lines.append(f"| {name} | {outer() - before[0]:,} | {nested() - before[1]:,} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
+        rows.append([name, f"{outer() - before[0]:,}", f"{nested() - before[1]:,}"])
+    lines = table(["step", "outer regions", "nested regions"], rows)
+    print("\n".join(lines))
     if args.out:
-        Path(args.out).with_suffix(".md").write_text(
-            f"# OpenMP regions per train step ({args.method} {args.preset}, batch 1 × {args.seq_len}, "
-            f"{args.threads} threads)\n\n- command: `LD_PRELOAD=/tmp/omp_regions_nested.so OMP_WAIT_POLICY=PASSIVE "
-            f"python {' '.join(sys.argv)}`\n- counts, not times: the machine's load does not change them\n\n{table}"
-        )
+        title = f"OpenMP regions per train step ({args.method} {args.preset}, batch 1 × {args.seq_len})"
+        notes = [
+            f"{args.threads} threads; the counting library preloaded (`LD_PRELOAD`, built from omp_regions_nested.c)",
+            "counts, not times: the machine's load does not change them",
+        ]
+        write(Path(args.out), title, lines, data=rows, notes=notes)
 
 
 if __name__ == "__main__":

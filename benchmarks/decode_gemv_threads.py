@@ -14,14 +14,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _results import table, write
 
 SHAPES = ((256, 1024), (1024, 256), (2736, 256), (2736, 1024), (1024, 1024))  # CoLA's 350m factors; dense layers
 PRODUCTS = ("linear", "mv", "bmm2", "onednn", "stored-t")
@@ -60,24 +58,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    load = os.getloadavg()
-    lines = ["| shape | product | 1 thread (µs, GB/s) | 2 threads (µs, GB/s) |", "|---|---|---|---|"]
+    rows_out, data = [], []
     for rows, cols in SHAPES:
         for product in PRODUCTS:
             cells = []
             for threads in (1, 2):
                 s = seconds_per_product(rows, cols, threads, product)
                 cells.append(f"{s * 1e6:.0f}, {rows * cols * 4 / s / 1e9:.1f}")
-            lines.append(f"| {rows}×{cols} | {product} | {cells[0]} | {cells[1]} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
+                data.append({"shape": [rows, cols], "product": product, "threads": threads, "seconds": s})
+            rows_out.append([f"{rows}×{cols}", product, *cells])
+    lines = table(["shape", "product", "1 thread (µs, GB/s)", "2 threads (µs, GB/s)"], rows_out)
+    print("\n".join(lines))
     if args.out:
-        command = "OMP_WAIT_POLICY=PASSIVE python " + " ".join(sys.argv)
-        Path(args.out).with_suffix(".md").write_text(
-            f"# Batch-1 GEMV, weights streamed from memory, 1 vs 2 threads\n\n- command: `{command}`\n"
-            f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average {load[0]:.1f}; a shared "
-            f"machine: a diagnostic\n\n{table}"
-        )
+        write(Path(args.out), "Batch-1 GEMV, weights streamed from memory, 1 vs 2 threads", lines, data=data)
 
 
 if __name__ == "__main__":

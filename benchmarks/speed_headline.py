@@ -1,8 +1,8 @@
-"""Summary of ``benchmarks/speed_headline.sh``: each speed goal, the figure its run measured, and whether it is met.
+"""Summary of ``benchmarks/speed_headline.sh``: each headline speed figure, what its run measured, and its target.
 
 Reads the ``speed_headline_*.json`` files the script wrote into ``--out`` and writes ``<out>/speed_headline.md``.
 Every figure is a ratio of medians measured side by side in one run (wall clock); nothing is computed that the runs
-did not measure. A goal whose run is missing or failed is reported as such.
+did not measure. A figure whose run is missing or failed is reported as such.
 
 Usage: ``python benchmarks/speed_headline.py --out benchmarks/results --log benchmarks/results/speed_headline.log``
 """
@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from _results import table, write
 
 
 def _load(out: Path, name: str) -> dict[str, Any] | None:
@@ -25,7 +27,8 @@ def _row(result: dict[str, Any] | None, label: str) -> dict[str, Any] | None:
 
 
 def goals(out: Path) -> list[tuple[str, float | None, float, str]]:
-    """``(goal, measured, threshold, source file)`` for every goal; measured is None when its run is missing."""
+    """``(figure, measured, target, source file)`` for every headline figure; measured is None when its run is
+    missing."""
     rows: list[tuple[str, float | None, float, str]] = []
     train = _load(out, "train_350m")
     cola = _row(train, "cola fp32")
@@ -77,26 +80,24 @@ def main() -> None:
     parser.add_argument("--log", type=Path, default=None)
     parser.add_argument("--tiny", default="0", help="1: the tiny-size check run (its figures are no goal figures)")
     args = parser.parse_args()
-    lines = ["# Speed goals re-measured (`bash benchmarks/speed_headline.sh`)", ""]
+    lines = []
     if args.tiny == "1":
-        lines += ["**Tiny sizes (TINY=1): a check that every step runs; these are not the goals' figures.**", ""]
-    lines += ["| goal | measured | goal | met | run |", "|---|---|---|---|---|"]
-    for goal, measured, threshold, source in goals(args.out):
+        lines += ["**Tiny sizes (TINY=1): a check that every step runs; these are not the headline figures.**", ""]
+    rows = []
+    for figure, measured, threshold, source in goals(args.out):
         if measured is None:
-            lines.append(f"| {goal} | {'' if not source else 'missing (see log)'} | | | {source} |")
+            rows.append([figure, "" if not source else "missing (see log)", "", "", source])
             continue
-        met = "yes" if measured >= threshold else "no"
+        reached = "yes" if measured >= threshold else "no"
         shown = f"≥ {threshold:g}×" if threshold else "(context)"
-        lines.append(
-            f"| {goal} | {measured:.2f}× | {shown} | {met if threshold else ''} | `speed_headline_{source}.md` |"
-        )
+        rows.append([figure, f"{measured:.2f}×", shown, reached if threshold else "", f"`speed_headline_{source}.md`"])
+    lines += table(["figure", "measured", "target", "reached", "run"], rows)
     if args.log is not None and args.log.exists():
-        lines += ["", "## Log (commands, load average, exit status, seconds)", "", "```text"]
+        lines += ["## Log (commands, load average, exit status, seconds)", "", "```text"]
         lines += [line for line in args.log.read_text().splitlines() if line.startswith(("## ", "load", "exit"))]
         lines += ["```"]
-    text = "\n".join(lines) + "\n"
-    (args.out / "speed_headline.md").write_text(text)
-    print(text)
+    path = write(args.out / "speed_headline.md", "Speed headline figures (`bash benchmarks/speed_headline.sh`)", lines)
+    print(path.read_text())
 
 
 if __name__ == "__main__":

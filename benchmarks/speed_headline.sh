@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Re-measures every goal of the "speed as users see it" work (docs/speed.md) in one go, on a QUIET machine:
+# Re-measures every headline speed figure of docs/speed.md in one go, on a QUIET machine:
 # wall clock, all the machine's threads (the TT layer at 2), methods alternating within each run.
 #
 #   bash benchmarks/speed_headline.sh                 # full sizes; the steps' time limits add up to 15 min
 #   TINY=1 OUT=/tmp/headline bash benchmarks/speed_headline.sh   # tiny sizes: checks that every step runs
 #
 # Each step writes <OUT>/speed_headline_<name>.md/.json (with its exact command, date and load average); the
-# last step writes <OUT>/speed_headline.md: every goal, the measured figure, met or not, and this script's log.
+# last step writes <OUT>/speed_headline.md: every figure, what it measured against its target, and this script's log.
 # Env: OUT (default benchmarks/results), PYTHON (default .venv/bin/python, else python), TINY=1, PROFILE=1 adds the
 # per-op profile of the 350m step at 1 and 2 threads (at most 3 more minutes).
 set -u

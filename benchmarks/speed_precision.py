@@ -12,14 +12,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from tensorslim.bench.harness import machine_description
+from _results import table, write
+
 from tensorslim.train.config import TrainConfig
 from tensorslim.train.trainer import train
 
@@ -61,9 +59,6 @@ def main() -> None:
     noise = statistics.stdev(b - a for a, b in zip(fp32[half:], fp32[half + 1 :], strict=False))
     gap = [b - a for a, b in zip(fp32, auto, strict=True)]
     summary = {
-        "command": "python benchmarks/speed_precision.py " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
         "auto_chose": runs["auto"]["precision"]["used"],
         "probe": runs["auto"]["precision"]["probe"],
         "fp32_step_noise": noise,
@@ -72,25 +67,21 @@ def main() -> None:
         "tokens_per_s": {k: v["tokens_per_s"] for k, v in runs.items()},
         "runs": runs,
     }
-    probe = summary["probe"]
-    text = (
-        f"# `--dtype auto` against fp32: {args.preset} {args.method}, {args.steps} steps\n\n"
-        f"- command: `{summary['command']}`\n- date: {summary['date']}\n"
-        f"- machine: {summary['machine']['cpu']}, {summary['machine']['cores']} cores shared with other engineers' "
-        f"jobs (load average at the end {tuple(round(x, 1) for x in summary['machine']['load_average'])}); "
-        "tokens/s are wall clock and noisy\n"
-        f"- auto chose **{summary['auto_chose']}** ({probe['reason']})\n\n"
-        "| | fp32 | auto |\n|---|---|---|\n"
-        f"| final validation loss | {runs['fp32']['val_loss']:.4f} | {runs['auto']['val_loss']:.4f} |\n"
-        f"| mean train loss, last 10 steps | {statistics.mean(fp32[-10:]):.4f} | {statistics.mean(auto[-10:]):.4f} |\n"
-        f"| steady tokens/s (median) | {runs['fp32']['tokens_per_s']:,.0f} | {runs['auto']['tokens_per_s']:,.0f} |\n\n"
+    rows = [
+        ["final validation loss", f"{runs['fp32']['val_loss']:.4f}", f"{runs['auto']['val_loss']:.4f}"],
+        ["mean train loss, last 10 steps", f"{statistics.mean(fp32[-10:]):.4f}", f"{statistics.mean(auto[-10:]):.4f}"],
+        ["steady tokens/s (median)", f"{runs['fp32']['tokens_per_s']:,.0f}", f"{runs['auto']['tokens_per_s']:,.0f}"],
+    ]
+    lines = [
+        *table(["", "fp32", "auto"], rows),
         f"Mean |loss gap| over the last half: {summary['mean_abs_gap_last_half']:.4f}; the fp32 curve's own "
-        f"step-to-step noise (std of successive differences): {noise:.4f}.\n"
-    )
-    print(text)
+        f"step-to-step noise (std of successive differences): {noise:.4f}.",
+    ]
+    print("\n".join(lines))
     if args.out:
-        Path(args.out).with_suffix(".md").write_text(text)
-        Path(args.out).with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+        title = f"`--dtype auto` against fp32: {args.preset} {args.method}, {args.steps} steps"
+        notes = [f"auto chose **{summary['auto_chose']}** ({summary['probe']['reason']}); tokens/s are wall clock"]
+        write(Path(args.out), title, lines, data=summary, notes=notes)
 
 
 if __name__ == "__main__":
