@@ -14,14 +14,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from _results import table, write
 
 import tensorslim.functional.attention as attention
 from tensorslim.methods import build_for_method
@@ -70,33 +69,25 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    lines = [
-        "| method | precision | SDPA everywhere (s) min / median / max | model (s) min / median / max | SDPA / model |",
-        "|---|---|---|---|---|",
-    ]
-    record = {"command": sys.argv, "load_at_start": load, "rows": []}
+    rows, record = [], []
     for method in args.methods.split(","):
         for dtype in args.dtypes.split(","):
             times = measure(args, method, dtype)
             med = {name: statistics.median(t) for name, t in times.items()}
             cells = [f"{min(t):.3f} / **{med[n]:.3f}** / {max(t):.3f}" for n, t in times.items()]
-            lines.append(f"| {method} | {dtype} | {cells[0]} | {cells[1]} | {med['sdpa'] / med['model']:.3f}× |")
-            record["rows"].append({"method": method, "dtype": dtype, "times_s": times})
-            print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
+            rows.append([method, dtype, *cells, f"{med['sdpa'] / med['model']:.3f}×"])
+            record.append({"method": method, "dtype": dtype, "times_s": times})
+            print(rows[-1], flush=True)
+    columns = ["method", "precision", "SDPA everywhere (s) min / median / max", "model (s) min / median / max"]
+    lines = table([*columns, "SDPA / model"], rows)
+    print("\n".join(lines))
     if args.out:
-        header = (
-            "# The train step with the model's attention vs SDPA everywhere, alternating in one process\n\n"
-            f"- command: `python {' '.join(sys.argv)}`\n"
-            f"- {args.timer} clock, {args.threads} thread(s), {args.repeats} steps per variant after {args.warmup}, "
-            f"batch {args.batch_size} × {args.seq_len}; torch {torch.__version__}\n"
-            f"- load average at start {load}, at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}; a shared "
-            "machine: thread CPU time is a diagnostic\n\n"
+        note = (
+            f"{args.timer} clock, {args.threads} thread(s), {args.repeats} steps per variant after {args.warmup}, "
+            f"batch {args.batch_size} × {args.seq_len}"
         )
-        Path(args.out).with_suffix(".md").write_text(header + text)
-        Path(args.out).with_suffix(".json").write_text(json.dumps(record, indent=1))
+        title = "The train step with the model's attention vs SDPA everywhere, alternating in one process"
+        write(Path(args.out), title, lines, data=record, notes=[note])
 
 
 if __name__ == "__main__":

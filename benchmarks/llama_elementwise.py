@@ -15,16 +15,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _results import table, write
 
 from tensorslim.models.llama import apply_rotary, rotary_cos_sin
 
@@ -156,7 +154,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     check_float32()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     clock = CLOCKS[args.timer]
     norm_in, rotary_in = inputs(torch.float32)
     rows = []
@@ -171,25 +168,21 @@ def main() -> None:
                 if i >= args.warmup:
                     times[name].append(clock() - start)
         rows += [{"dtype": dtype_name, "variant": n, "ms": 1e3 * statistics.median(t)} for n, t in times.items()]
-    lines = ["| precision | variant | forward + backward (ms) | × ours |", "|---|---|---|---|"]
+    cells = []
     for row in rows:
         ours = next(
             r["ms"] for r in rows if (r["dtype"], r["variant"]) == (row["dtype"], f"{row['variant'].split()[0]} ours")
         )
-        lines.append(f"| {row['dtype']} | {row['variant']} | {row['ms']:.3f} | {ours / row['ms']:.2f}× |")
-    text = "\n".join(lines) + "\n"
-    print(text)
+        cells.append([row["dtype"], row["variant"], f"{row['ms']:.3f}", f"{ours / row['ms']:.2f}×"])
+    lines = table(["precision", "variant", "forward + backward (ms)", "× ours"], cells)
+    print("\n".join(lines))
     if args.out:
-        header = (
-            "# LLaMA elementwise work at the 350m shape, forward + backward\n\n"
-            f"- command: `python {' '.join(sys.argv)}`\n"
-            f"- {args.timer} clock, {args.threads} thread(s), median of {args.repeats} calls after {args.warmup}, "
-            "variants alternating; every variant equals ours in fp32 within 1e-5 (checked first); "
-            f"torch {torch.__version__}\n"
-            f"- load average at start {load}; a shared machine, so thread CPU time is a diagnostic\n\n"
+        note = (
+            f"{args.timer} clock, {args.threads} thread(s), median of {args.repeats} calls after {args.warmup}, "
+            "variants alternating; every variant equals ours in fp32 within 1e-5 (checked first)"
         )
-        Path(args.out).with_suffix(".md").write_text(header + text)
-        Path(args.out).with_suffix(".json").write_text(json.dumps({"command": sys.argv, "load": load, "rows": rows}))
+        title = "LLaMA elementwise work at the 350m shape, forward + backward"
+        write(Path(args.out), title, lines, data=rows, notes=[note])
 
 
 if __name__ == "__main__":

@@ -16,9 +16,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _results import table, write
 
 import tensorslim.functional.cross_entropy as fused
-from tensorslim.bench.harness import machine_description
 from tensorslim.bench.timing import alternate
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss, next_token_targets
@@ -119,16 +116,13 @@ def peak_of_this_process_mb() -> float:
 def timing_lines(times: dict[str, list[float]], methods: list[str], losses: list[str]) -> list[str]:
     """The timing table (median/min/max, × the method's own plain loss, × dense plain) and CoLA × dense per loss."""
     medians = {name: statistics.median(t) for name, t in times.items()}
-    lines = [
-        "| step | median (s) | min (s) | max (s) | × own plain | first plain / step |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = []
     for name, t in times.items():
         own = medians[f"{name.split(' ')[0]} plain"] / medians[name]
         first = medians[f"{methods[0]} plain"] / medians[name]
-        lines.append(f"| {name} | {medians[name]:.3f} | {min(t):.3f} | {max(t):.3f} | {own:.3f}× | {first:.3f}× |")
+        rows.append([name, f"{medians[name]:.3f}", f"{min(t):.3f}", f"{max(t):.3f}", f"{own:.3f}×", f"{first:.3f}×"])
+    lines = table(["step", "median (s)", "min (s)", "max (s)", "× own plain", "first plain / step"], rows)
     if "dense" in methods and len(methods) > 1:
-        lines.append("")
         for loss in losses:
             for other in methods[1:]:
                 ratio = medians[f"dense {loss}"] / medians[f"{other} {loss}"]
@@ -167,7 +161,6 @@ def main() -> None:
         step()
         print(peak_of_this_process_mb())
         return
-    load_before = os.getloadavg()
     losses = ["plain"] + [f"c{c}" for c in args.chunks.split(",")]
     methods = ["head"] if args.head_only else args.methods.split(",")
     names = [f"{method} {loss}" for method in methods for loss in losses]
@@ -180,33 +173,28 @@ def main() -> None:
         for loss in losses:
             cases[f"{method} {loss}"] = make_step(model, optimizer, batch, args.dtype, loss)
     times = alternate(cases, repeats=args.repeats, warmup=args.warmup, clock=CLOCKS[args.timer]) if args.repeats else {}
-    load_after = os.getloadavg()
     peaks = {name: peak_rss_mb(args, *name.split(" ")) for name in names} if args.memory and not args.head_only else {}
     lines = timing_lines(times, methods, losses) if times else []
     if peaks:
-        lines += ["", "| step | peak RSS (MB) | × own plain |", "|---|---|---|"]
-        for name, peak in peaks.items():
-            lines.append(f"| {name} | {peak:.0f} | {peak / peaks[name.split(' ')[0] + ' plain']:.3f} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
+        own_plain = {name: peak / peaks[name.split(" ")[0] + " plain"] for name, peak in peaks.items()}
+        lines += [
+            "",
+            *table(
+                ["step", "peak RSS (MB)", "× own plain"],
+                [[n, f"{p:.0f}", f"{own_plain[n]:.3f}"] for n, p in peaks.items()],
+            ),
+        ]
+    print("\n".join(lines))
     if args.out:
-        command = "OMP_WAIT_POLICY=PASSIVE python " + " ".join(sys.argv)
-        loads = f"{' '.join(f'{x:.1f}' for x in load_before)} → {' '.join(f'{x:.1f}' for x in load_after)}"
-        Path(args.out).with_suffix(".md").write_text(
-            f"# LM head loss A/B, train step ({args.preset}, batch {args.batch_size} × {args.seq_len}, {args.dtype})"
-            f"\n\n- command: `{command}`\n- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n"
-            f"- {args.timer} clock, {torch.get_num_threads()} threads; load average (1/5/15 min) {loads}; a shared "
-            f"machine: ratios side by side in one run are what count\n\n{table}"
+        title = f"LM head loss A/B, train step ({args.preset}, batch {args.batch_size} × {args.seq_len}, {args.dtype})"
+        note = f"{args.timer} clock, {torch.get_num_threads()} threads; ratios side by side in one run are what count"
+        write(
+            Path(args.out),
+            title,
+            lines,
+            data={"args": vars(args), "times_s": times, "peak_rss_mb": peaks},
+            notes=[note],
         )
-        result = {
-            "command": command,
-            "args": vars(args),
-            "machine": machine_description(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "times_s": times,
-            "peak_rss_mb": peaks,
-        }
-        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
 import math
-import os
-import sys
 from pathlib import Path
 
 import torch
+from _results import table, write
 
 from tensorslim.data import build_lm_data
 from tensorslim.pretrained import load_pretrained
@@ -76,24 +73,17 @@ def main() -> None:
             quantize_(model, RTNConfig(bits=setting[0], embeddings=setting[1]), None)
         rows[arm] = perplexity(model, data.validation)
     result = {
-        "command": "python benchmarks/quant_perplexity.py " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "load_average": os.getloadavg(),
         "validation_tokens": int(data.validation.numel()),
         "perplexity": rows,
         "vs_float": {arm: ppl / rows["float"] for arm, ppl in rows.items()},
     }
-    lines = ["| arm | perplexity | ×float |", "|---|---|---|"]
-    lines += [f"| {arm} | {ppl:.2f} | {result['vs_float'][arm]:.4f} |" for arm, ppl in rows.items()]
-    table = "\n".join(lines) + "\n"
-    print(table)
+    lines = table(
+        ["arm", "perplexity", "×float"], [[a, f"{p:.2f}", f"{result['vs_float'][a]:.4f}"] for a, p in rows.items()]
+    )
+    print("\n".join(lines))
     if args.out:
-        header = (
-            f"# Held-out perplexity after quantization\n\n- command: `{result['command']}`\n"
-            f"- date: {result['date']}; {result['validation_tokens']} validation tokens\n\n"
-        )
-        Path(args.out).with_suffix(".md").write_text(header + table)
-        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        note = f"{result['validation_tokens']} validation tokens"
+        write(Path(args.out), "Held-out perplexity after quantization", lines, data=result, notes=[note])
 
 
 if __name__ == "__main__":

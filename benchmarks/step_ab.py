@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _results import table, write
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -66,7 +68,6 @@ def main() -> None:
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then the arguments of `tensorslim bench`")
     args = parser.parse_args()
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     times: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory() as tmp:
         code = {name: Path(tmp) / name for name in times}
@@ -78,24 +79,30 @@ def main() -> None:
                     times[name].setdefault(label, []).append(seconds)
                 print(name, round_, result, flush=True)
     medians = {name: {label: statistics.median(t) for label, t in rows.items()} for name, rows in times.items()}
-    lines = ["| row | before (s) | after (s) | before / after |", "|---|---|---|---|"]
+    rows = []
     for label in medians["before"]:
         b, a = medians["before"][label], medians["after"][label]
-        lines.append(f"| {label} | {b:.3f} | {a:.3f} | {b / a:.3f}× |")
-    lines += ["", "| ratio | before | after |", "|---|---|---|"]
+        rows.append([label, f"{b:.3f}", f"{a:.3f}", f"{b / a:.3f}×"])
     before_r, after_r = ratios(medians["before"]), ratios(medians["after"])
-    lines += [f"| {key} | {before_r[key]:.3f}× | {after_r[key]:.3f}× |" for key in before_r]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    header = (
-        "# `tensorslim bench`, before and after, fresh processes in turns\n\n"
-        f"- command: `python {' '.join(sys.argv)}`\n"
-        f"- before {shas['before']}, after {shas['after']}; {args.rounds} rounds; each cell the median over rounds of "
-        f"one run's median step\n- load average at start {load}; a shared machine: thread CPU time is a diagnostic\n\n"
+    lines = [
+        *table(["row", "before (s)", "after (s)", "before / after"], rows),
+        *table(
+            ["ratio", "before", "after"], [[key, f"{before_r[key]:.3f}×", f"{after_r[key]:.3f}×"] for key in before_r]
+        ),
+    ]
+    print("\n".join(lines))
+    note = (
+        f"before {shas['before']}, after {shas['after']}; {args.rounds} rounds; each cell the median over rounds of "
+        "one run's median step"
     )
-    Path(args.out).with_suffix(".md").write_text(header + text)
-    record = {"command": sys.argv, "before": shas["before"], "after": shas["after"], "load": load, "times_s": times}
-    Path(args.out).with_suffix(".json").write_text(json.dumps(record, indent=1))
+    record = {"before": shas["before"], "after": shas["after"], "times_s": times}
+    write(
+        Path(args.out),
+        "`tensorslim bench`, before and after, fresh processes in turns",
+        lines,
+        data=record,
+        notes=[note],
+    )
 
 
 if __name__ == "__main__":
