@@ -54,13 +54,24 @@ def machine() -> dict[str, Any]:
 
 
 # Environment variables that change what a benchmark measures; a command line names those that are set.
-COMMAND_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "LD_PRELOAD", "HF_HUB_OFFLINE")
+COMMAND_ENV = (
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "LD_PRELOAD",
+    "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE",
+    "HF_HUB_OFFLINE",
+)
 
 
 def command() -> str:
-    """The command line that started this process, as a user would type it, with the :data:`COMMAND_ENV` set."""
+    """The command line that started this process, as a user would type it: the :data:`COMMAND_ENV` that are set,
+    then ``python`` or ``torchrun --nproc-per-node N``, then the script and its arguments."""
     env = [f"{name}={shlex.quote(os.environ[name])}" for name in COMMAND_ENV if name in os.environ]
-    return " ".join([*env, "python", shlex.join(sys.argv)])
+    launcher = "python"
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun, which sets these for every process it starts
+        launcher = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')}"
+    return " ".join([*env, launcher, shlex.join(sys.argv)])
 
 
 def header(title: str, *, info: dict[str, Any] | None = None, notes: Sequence[str] = ()) -> list[str]:

@@ -30,8 +30,6 @@ puts both in the accuracy table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -40,6 +38,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results, when loaded by path (tests)
+from _results import write  # noqa: E402
 
 # name → (registered method, deployed form)
 ARMS = {
@@ -215,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     step_seconds = step_times(train_batch(16, 16), args.steps, args.train_rounds)
     titles = inference(batches(args.batch, args.batches), args.rounds)
     record: dict[str, Any] = {
-        "command": "OMP_NUM_THREADS=1 python benchmarks/adapters_costs.py " + " ".join(argv or sys.argv[1:]),
         "batch": args.batch,
         "batches": args.batches,
         "rounds": args.rounds,
@@ -234,21 +234,17 @@ def main(argv: list[str] | None = None) -> int:
             ),
             **inference(batches(args.long_batch, args.batches, max_tokens=args.long_tokens), args.rounds),
         }
-    record["load_average"] = os.getloadavg()[0]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    out.with_suffix(".md").write_text(report(record, args))
-    print(out.with_suffix(".md").read_text())
+    title = "Adapter methods: train step against LoRA, inference against the frozen backbone"
+    print(write(Path(args.out), title, report(record, args), data=record).read_text())
     return 0
 
 
-def report(record: dict[str, Any], args: argparse.Namespace) -> str:
+def report(record: dict[str, Any], args: argparse.Namespace) -> list[str]:
     """The Markdown tables: train step against LoRA, inference against the frozen backbone, titles then (if run)
     the longer inputs side by side."""
     long = record.get("long")
     steps = record["step_seconds"]
-    load = f"One thread on a shared 2-core machine, load average {record['load_average']:.0f} at the end: noisy."
+    load = "One thread; on a shared machine the seconds are noisy, the ratios within a round less so."
     step_head = "| method | seconds per step | step / LoRA |"
     if long:
         step_head += f" seconds per step, {args.long_batch} × {args.long_tokens} | step / LoRA, {args.long_tokens} |"
@@ -276,7 +272,6 @@ def report(record: dict[str, Any], args: argparse.Namespace) -> str:
         else ""
     )
     lines = [
-        f"```\n{record['command']}\n```\n",
         f"**Train step** (titles: batch 16 × 16 tokens{long_step}; forward + backward + AdamW; median over "
         f"{args.train_rounds} interleaved rounds of {args.steps} steps). {load}\n",
         step_head,
@@ -293,7 +288,7 @@ def report(record: dict[str, Any], args: argparse.Namespace) -> str:
         "|---|---|---|" + ("---|---|" if long else ""),
         *inference_rows,
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":

@@ -28,10 +28,8 @@ with ``--processes`` for both, their processes taking turns):
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,10 +38,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import _results
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from tensorslim.bench.harness import machine_description
 from tensorslim.bench.timing import alternate
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss
@@ -57,12 +55,6 @@ PHASES = ("forward", "backward", "optimizer")
 # The work no change of precision bookkeeping removes: the products themselves and the one pass AdamW must make.
 FLOOR = ("GEMMs (blocks)", "LM head GEMMs", "attention (flash)", "attention (bmm)", "AdamW kernel")
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise")
-ENV_RECORDED = (
-    "OMP_WAIT_POLICY",
-    "GOMP_SPINCOUNT",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE",
-)
 VARIANTS = ("fp32", "autocast", "fp32+compile", "autocast+compile")
 # Profiler events whose self time is TorchInductor's generated (fused) kernels: they carry no event of their own.
 COMPILED = ("CompiledFxGraph", "CompiledFunction", "Compiled Region", "cpp_fused")
@@ -216,7 +208,6 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     keep_freed_memory()
-    load_before = os.getloadavg()
     torch.manual_seed(0)
     model, _, _ = build_for_method(args.preset, args.method, max_seq_len=args.seq_len)
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.0)
@@ -240,13 +231,12 @@ def main() -> None:
     if args.json:
         print(json.dumps({"times_s": times, "profiles": profiles, "first_step_wall_s": first_steps}))
         return None
-    write(args, load_before, times, profiles, {name: [t] for name, t in first_steps.items()})
+    report(args, times, profiles, {name: [t] for name, t in first_steps.items()})
     return None
 
 
 def drive(args: argparse.Namespace) -> None:
     """``--processes``: every variant in its own fresh process, in turns; the first round's children profile."""
-    load_before = os.getloadavg()
     times: dict[str, list[float]] = defaultdict(list)
     profiles: dict[str, dict] = {}
     first_steps: dict[str, list[float]] = defaultdict(list)
@@ -268,7 +258,7 @@ def drive(args: argparse.Namespace) -> None:
             for seconds in found["first_step_wall_s"].values():
                 first_steps[label].append(seconds)
             print(f"round {round_} {label}: {found['times_s'][name]}", file=sys.stderr, flush=True)
-    write(args, load_before, dict(times), profiles, dict(first_steps))
+    report(args, dict(times), profiles, dict(first_steps))
 
 
 def first_step_table(first_steps: dict[str, list[float]]) -> str:
@@ -281,39 +271,20 @@ def first_step_table(first_steps: dict[str, list[float]]) -> str:
     return text
 
 
-def write(
-    args: argparse.Namespace,
-    load_before: tuple[float, ...],
-    times: dict,
-    profiles: dict,
-    first_steps: dict[str, list[float]],
-) -> None:
+def report(args: argparse.Namespace, times: dict, profiles: dict, first_steps: dict[str, list[float]]) -> None:
+    """Print the tables and, with ``--out``, write them and the raw figures through ``_results``."""
     first = next(iter(times))
     threads = args.threads or torch.get_num_threads()
-    load_after = os.getloadavg()
     text = markdown(times, profiles, first) + first_step_table(first_steps)
     print(text)
     if args.out:
-        # The environment that changes what is measured (OpenMP waiting, Inductor's cache and kernel profiling).
-        env = [f"{k}={os.environ[k]}" for k in ENV_RECORDED if k in os.environ]
-        command = " ".join([*env, "python", *sys.argv])
-        loads = f"{' '.join(f'{x:.1f}' for x in load_before)} → {' '.join(f'{x:.1f}' for x in load_after)}"
-        Path(args.out).with_suffix(".md").write_text(
-            f"# bf16 train step ({args.method} {args.preset}, batch {args.batch_size} × {args.seq_len})\n\n"
-            f"- command: `{command}`\n- {args.timer} clock, {threads} thread(s); load average (1/5/15 "
-            f"min) {loads}; a shared machine: a diagnostic, not a goal figure. The profiler's self times are wall "
-            f"clock per op and grow with the load, so read the shares (and the GEMM rates as lower bounds).\n\n{text}"
+        note = (
+            f"{args.timer} clock, {threads} thread(s); a diagnostic. The profiler's self times are wall clock per op "
+            "and grow with the load, so read the shares (and the GEMM rates as lower bounds)"
         )
-        result = {
-            "command": command,
-            "args": vars(args),
-            "machine": machine_description(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "times_s": times,
-            "first_step_wall_s": first_steps,
-            "profiles": profiles,
-        }
-        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+        title = f"bf16 train step ({args.method} {args.preset}, batch {args.batch_size} × {args.seq_len})"
+        data = {"args": vars(args), "times_s": times, "first_step_wall_s": first_steps, "profiles": profiles}
+        _results.write(Path(args.out), title, text.splitlines(), data=data, notes=[note])
 
 
 if __name__ == "__main__":

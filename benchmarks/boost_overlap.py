@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _results import table, write
 
 from tensorslim.distributed import build_mesh
 from tensorslim.distributed.layout import TensorParallel
@@ -123,7 +122,7 @@ def main() -> None:
     vocab = build_for_method(args.preset, "cola", device="meta")[0].config.vocab_size
     generator = torch.Generator().manual_seed(0)
     data = [torch.randint(0, vocab, (args.batch, args.seq), generator=generator) for _ in range(args.steps + 1)]
-    before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    before = [round(x, 2) for x in os.getloadavg()]
     results = []
     for mesh_label in args.meshes.split(","):
         runs = [Run(mesh_label, overlap, args, data) for overlap in OVERLAPS]
@@ -133,48 +132,36 @@ def main() -> None:
         results += [run.summary() for run in runs]
         del runs
     if dist.get_rank() == 0:
-        report = {
-            "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 benchmarks/boost_overlap.py "
-            + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": f"{platform.node()}, {os.cpu_count()} cores",
-            "torch": torch.__version__,
-            "loadavg_before": before,
-            "loadavg_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-            "results": results,
-        }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-        text = markdown(report)
-        Path(args.out + ".md").write_text(text)
-        print(text)
+        notes = [
+            "gloo, 1 thread per process (4 processes on the machine's cores, shared with other jobs); the modes take "
+            "turns step by step; times are medians of the slowest rank",
+            f"load average before: {before}",
+        ]
+        title = "BOOST TP latent all-reduces: synchronous vs overlapped, 4 processes"
+        print(write(Path(args.out), title, markdown(results), data=results, notes=notes).read_text())
     dist.destroy_process_group()
 
 
-def markdown(report: dict) -> str:
-    lines = [
-        f"# BOOST TP latent all-reduces: synchronous vs overlapped, 4 processes ({report['date']})",
-        "",
-        f"Command: `{report['command']}`",
-        f"Machine: {report['machine']}; torch {report['torch']}; gloo, 1 thread per process (4 processes on the "
-        f"machine's cores, shared with other jobs). Load average before: {report['loadavg_before']}, after: "
-        f"{report['loadavg_after']}. The modes take turns step by step; times are medians of the slowest rank.",
-        "",
-        "| mesh | overlap | step (s) | vs none | blocked in TP collectives fwd (s) | bwd (s) | TP collectives "
-        "per step | TP MB per step | max loss gap to none |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    results = report["results"]
+def markdown(results: list[dict]) -> list[str]:
+    rows = []
     for r in results:
         base = next(x for x in results if x["mesh"] == r["mesh"] and x["overlap"] == "none")
         gap = max(abs(a - b) for a, b in zip(r["losses"], base["losses"], strict=True))
-        lines.append(
-            f"| {r['mesh']} | {r['overlap']} | {r['step_s_median']:.3f} "
-            f"| {r['step_s_median'] / base['step_s_median']:.3f} "
-            f"| {r['blocked_fwd_s_median']:.3f} | {r['blocked_bwd_s_median']:.3f} | {r['tp_collectives_per_step']} "
-            f"| {r['tp_bytes_per_step'] / 1e6:.2f} | {gap:.1e} |"
+        rows.append(
+            [
+                r["mesh"],
+                r["overlap"],
+                f"{r['step_s_median']:.3f}",
+                f"{r['step_s_median'] / base['step_s_median']:.3f}",
+                f"{r['blocked_fwd_s_median']:.3f}",
+                f"{r['blocked_bwd_s_median']:.3f}",
+                r["tp_collectives_per_step"],
+                f"{r['tp_bytes_per_step'] / 1e6:.2f}",
+                f"{gap:.1e}",
+            ]
         )
-    return "\n".join(lines) + "\n"
+    columns = ["mesh", "overlap", "step (s)", "vs none", "blocked in TP collectives fwd (s)", "bwd (s)"]
+    return table([*columns, "TP collectives per step", "TP MB per step", "max loss gap to none"], rows)
 
 
 if __name__ == "__main__":

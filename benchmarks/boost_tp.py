@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _results import cpu_kind
+from _results import table, write
 
 from tensorslim.distributed import build_mesh, parallelize
 from tensorslim.distributed.layout import clip_grad_norm_tp
@@ -56,10 +54,6 @@ def layer_formula(style: str, *, d: int, f: int, r: int) -> tuple[int, int]:
     if style == "vanilla":
         return 5 * d + 2 * f, 3 * d + f
     return 7 * r + 2, 7 * r + 2
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> float:
@@ -130,18 +124,15 @@ def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
 def memory(args: argparse.Namespace) -> None:
     vocab = model_config(args.preset).vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
-    lines = [f"# BTP latent checkpointing: saved activations ({datetime.datetime.now().isoformat(timespec='seconds')})"]
-    lines += ["", f"Command: `python benchmarks/boost_tp.py --memory --preset {args.preset} --batch {args.batch} "]
-    lines[-1] += f"--seq {args.seq}`; {platform.node()}, torch {torch.__version__}, one process (TP=1)."
-    lines.append("")
-    lines += ["| recompute | saved bytes (whole model incl. head and CE) |", "|---|---|"]
+    rows = []
     for recompute in ("none", "latent", "layer"):
         torch.manual_seed(0)
         full, _, _ = build_for_method(args.preset, "cola", max_seq_len=args.seq)
-        lines.append(f"| {recompute} | {saved_bytes(parallelize(full, None, 'btp', recompute=recompute), ids)} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(args.out + "_memory.md").write_text(text)
+        rows.append([recompute, saved_bytes(parallelize(full, None, "btp", recompute=recompute), ids)])
+    lines = table(["recompute", "saved bytes (whole model incl. head and CE)"], rows)
+    print("\n".join(lines))
+    title = "BTP latent checkpointing: saved activations, one process (TP=1)"
+    write(Path(args.out + "_memory"), title, lines, data=dict(rows))
 
 
 def main() -> None:
@@ -163,46 +154,29 @@ def main() -> None:
     vocab = model_config(args.preset).vocab_size
     generator = torch.Generator().manual_seed(0)
     data = [torch.randint(0, vocab, (args.batch, args.seq), generator=generator) for _ in range(args.steps + 1)]
-    load_before = load()
+    load_before = [round(x, 2) for x in os.getloadavg()]
     results = [bench_style(style, args, mesh, data) for style in args.styles.split(",")]
     if dist.get_rank() == 0:
-        report = {
-            "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/boost_tp.py "
-            + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "memory"),
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": f"{cpu_kind()}, {os.cpu_count()} cores",
-            "torch": torch.__version__,
-            "world_size": dist.get_world_size(),
-            "loadavg_before": load_before,
-            "loadavg_after": load(),
-            "results": results,
-        }
-        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-        print(markdown(report))
-        Path(args.out + ".md").write_text(markdown(report))
+        notes = [
+            f"TP={dist.get_world_size()}, gloo, 1 thread per process; the slowest rank's median step",
+            f"load average before: {load_before}",
+        ]
+        lines = markdown(results)
+        print("\n".join(lines))
+        write(Path(args.out), "BOOST TP: step time and bytes sent per style", lines, data=results, notes=notes)
     dist.destroy_process_group()
 
 
-def markdown(report: dict) -> str:
-    lines = [
-        f"# BOOST TP benchmark ({report['date']})",
-        "",
-        f"Command: `{report['command']}`",
-        f"Machine: {report['machine']}; torch {report['torch']}; TP={report['world_size']}, gloo, 1 thread/process.",
-        f"Load average (1/5/15 min) before: {report['loadavg_before']}, after: {report['loadavg_after']}.",
-        "",
-        "| style | step time (median, s) | MB/step (all) | MB/step (layers) | formula MB (layers) | collectives/step "
-        "| layer fwd elem/token | layer bwd elem/token |",
-        "|---|---|---|---|---|---|---|---|",
+def markdown(results: list[dict]) -> list[str]:
+    rows = [
+        [r["style"], f"{r['step_time_s_median']:.3f}", f"{r['bytes_per_step_total'] / 1e6:.2f}"]
+        + [f"{r['bytes_per_step_layers'] / 1e6:.2f}", f"{r['formula_bytes_layers'] / 1e6:.2f}"]
+        + [r["collectives_per_step"], f"{r['layer0_fwd_elements_per_token']:g}"]
+        + [f"{r['layer0_bwd_elements_per_token']:g}"]
+        for r in results
     ]
-    for r in report["results"]:
-        lines.append(
-            f"| {r['style']} | {r['step_time_s_median']:.3f} | {r['bytes_per_step_total'] / 1e6:.2f} "
-            f"| {r['bytes_per_step_layers'] / 1e6:.2f} | {r['formula_bytes_layers'] / 1e6:.2f} "
-            f"| {r['collectives_per_step']} | {r['layer0_fwd_elements_per_token']:g} "
-            f"| {r['layer0_bwd_elements_per_token']:g} |"
-        )
-    return "\n".join(lines) + "\n"
+    columns = ["style", "step time (median, s)", "MB/step (all)", "MB/step (layers)", "formula MB (layers)"]
+    return table([*columns, "collectives/step", "layer fwd elem/token", "layer bwd elem/token"], rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ The default ``--out`` is ``bench-out/cola_m_<preset>`` (ignored by git), never t
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -23,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _results import table, write
 
 ARMS = ("dense", "dense+gc", "cola", "cola+gc", "cola-m")
 
@@ -93,14 +94,10 @@ def formula(preset_name: str, tokens: int) -> dict[str, int]:
     }
 
 
-def table(result: dict) -> str:
+def results_table(result: dict) -> list[str]:
     rows = {row["arm"]: row for row in result["rows"]}
     cola = rows.get("cola")
-    lines = [
-        "| arm | saved activations (MiB) | × CoLA | accounting peak (MiB) | peak RSS (MiB) | RSS growth in steps (MiB) "
-        "| step (s, median) | × CoLA step |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    cells = []
     for arm in ARMS:
         if arm not in rows:
             continue
@@ -108,13 +105,21 @@ def table(result: dict) -> str:
         step = statistics.median(row["step_times_s"])
         ratio_saved = row["saved_bytes"] / cola["saved_bytes"] if cola else float("nan")
         ratio_step = step / statistics.median(cola["step_times_s"]) if cola else float("nan")
-        lines.append(
-            f"| {arm} | {row['saved_bytes'] / 2**20:,.1f} | {ratio_saved:.3f} | "
-            f"{row['accounting_peak_bytes'] / 2**20:,.0f} | {row['peak_rss_bytes'] / 2**20:,.0f} "
-            f"| {(row['peak_rss_bytes'] - row['rss_before_steps_bytes']) / 2**20:,.0f} | {step:.3f} "
-            f"| {ratio_step:.2f} |"
+        cells.append(
+            [
+                arm,
+                f"{row['saved_bytes'] / 2**20:,.1f}",
+                f"{ratio_saved:.3f}",
+                f"{row['accounting_peak_bytes'] / 2**20:,.0f}",
+                f"{row['peak_rss_bytes'] / 2**20:,.0f}",
+                f"{(row['peak_rss_bytes'] - row['rss_before_steps_bytes']) / 2**20:,.0f}",
+                f"{step:.3f}",
+                f"{ratio_step:.2f}",
+            ]
         )
-    return "\n".join(lines) + "\n"
+    columns = ["arm", "saved activations (MiB)", "× CoLA", "accounting peak (MiB)", "peak RSS (MiB)"]
+    columns += ["RSS growth in steps (MiB)", "step (s, median)", "× CoLA step"]
+    return table(columns, cells)
 
 
 def _merge(merged: dict[str, dict], row: dict) -> None:
@@ -137,16 +142,12 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--out", default=None)
     parser.add_argument("--assemble", action="store_true", help="build the table from the rows file of finished arms")
-    parser.add_argument("--rewrite-md", action="store_true", help="rewrite <out>.md from <out>.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--arm", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     stem = Path(args.out or f"bench-out/cola_m_{args.preset}")
     rows_path = stem.with_suffix(".rows.jsonl")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    if args.rewrite_md:
-        write_markdown(json.loads(stem.with_suffix(".json").read_text()), stem)
-        return
     if args.worker:
         row = worker(args)
         print(json.dumps(row))
@@ -154,7 +155,6 @@ def main() -> None:
             f.write(json.dumps({**row, "preset": args.preset, "batch_size": args.batch_size}) + "\n")
         return
     arms = [a for a in args.arms.split(",") if a]
-    command = "python " + " ".join(sys.argv)
     loads: list = [os.getloadavg()]
     merged: dict[str, dict] = {}
     if args.assemble:  # an interrupted sweep: the arms its workers finished
@@ -175,8 +175,6 @@ def main() -> None:
             loads.append(os.getloadavg())
     tokens = args.batch_size * args.seq_len
     result = {
-        "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "preset": args.preset,
         "batch_size": args.batch_size,
         "seq_len": args.seq_len,
@@ -185,31 +183,28 @@ def main() -> None:
         "formula": formula(args.preset, tokens),
         "rows": [merged[a] for a in arms],
     }
-    print(table(result))
+    lines = results_table(result)
+    print("\n".join(lines))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
         write_markdown(result, Path(args.out))
 
 
 def write_markdown(result: dict, stem: Path) -> None:
-    """``<stem>.md``: command, date, load averages, the formula check and the table."""
+    """``<stem>.md`` (load averages, the formula check and the table) and ``<stem>.json`` through ``_results``."""
     f, rows = result["formula"], {row["arm"]: row for row in result["rows"]}
-    lines = [
-        f"# CoLA-M memory and step time: `{result['preset']}`, batch {result['batch_size']} × {result['seq_len']}",
-        "",
-        f"- command: `{result['command']}`",
-        f"- date: {result['date']}; torch threads per arm: {sorted({r['torch_threads'] for r in result['rows']})}",
-        f"- 1-minute load averages before/after each arm: {[round(load[0], 1) for load in result['load_averages']]}",
+    notes = [
+        f"torch threads per arm: {sorted({r['torch_threads'] for r in result['rows']})}",
+        f"1-minute load averages before/after each arm: {[round(load[0], 1) for load in result['load_averages']]}",
     ]
     if "cola-m" in rows and "cola+gc" in rows:
         latents = (rows["cola-m"]["saved_bytes"] - rows["cola+gc"]["saved_bytes"]) / f["n_layers"]
-        lines.append(
-            f"- formula check: (CoLA-M − CoLA+GC saved bytes) / layers = {latents:,.0f} B = 7r·tokens·4 = "
+        notes.append(
+            f"formula check: (CoLA-M − CoLA+GC saved bytes) / layers = {latents:,.0f} B = 7r·tokens·4 = "
             f"{7 * f['r'] * result['tokens'] * 4:,} B; CoLA-M per layer (d + 7r)·tokens·4 = "
             f"{f['cola_m_bytes_per_layer']:,} B (paper's 2d + 7r: {f['paper_bytes_per_layer']:,} B)"
         )
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n\n" + table(result))
+    title = f"CoLA-M memory and step time: `{result['preset']}`, batch {result['batch_size']} × {result['seq_len']}"
+    write(stem, title, results_table(result), data=result, notes=notes)
 
 
 if __name__ == "__main__":

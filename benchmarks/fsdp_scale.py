@@ -36,9 +36,7 @@ import argparse
 import ctypes
 import datetime
 import gc
-import json
 import os
-import platform
 import resource
 import statistics
 import time
@@ -47,6 +45,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _results import table, write
 
 from tensorslim.distributed import build_mesh, parallelize
 from tensorslim.distributed.fsdp import local
@@ -318,7 +317,7 @@ def main() -> None:
     vocab = model_config(args.preset).vocab_size
     generator = torch.Generator().manual_seed(0)
     data = [torch.randint(0, vocab, (args.batch, args.seq), generator=generator) for _ in range(args.steps + 1)]
-    before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    before = [round(x, 2) for x in os.getloadavg()]
     counts = [count_layout(label, args) for label in args.count_layouts.split(",") if label]
     results = [bench_layout(label, args, data) for label in args.layouts.split(",") if label]
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
@@ -328,35 +327,19 @@ def main() -> None:
     if dist.get_rank() == 0:
         layouts = {r["layout"] for r in results}
         report = {
-            "command": "OMP_NUM_THREADS=1 torchrun --nproc-per-node 4 benchmarks/fsdp_scale.py " + _flags(args),
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": f"{platform.node()}, {os.cpu_count()} cores",
-            "torch": torch.__version__,
-            "loadavg_before": before,
-            "loadavg_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "peak_rss_bytes_per_process": [t.item() for t in rss_all],
             "counted": counts,
             "results": results,
             "projection": project(results, args.preset) if {"tp4", "fsdp dp2×tp2"} <= layouts else [],
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-        text = markdown(report)
-        Path(args.out + ".md").write_text(text)
-        print(text)
+        notes = [
+            "gloo, 1 thread per process; a shared machine: times are indicative",
+            f"load average before: {before}",
+            f"peak RSS per process (MB): {', '.join(_mb(x) for x in report['peak_rss_bytes_per_process'])}",
+        ]
+        title = "FSDP2 × BOOST TP, 4 processes"
+        print(write(Path(args.out), title, markdown(report), data=report, notes=notes).read_text())
     dist.destroy_process_group()
-
-
-def _flags(args: argparse.Namespace) -> str:
-    """``args`` as the command line that gives them."""
-    words = []
-    for key, value in vars(args).items():
-        flag = f"--{key.replace('_', '-')}"
-        if isinstance(value, bool):
-            words += [flag] if value else []
-        else:
-            words.append(f"{flag} {value!r}" if " " in str(value) or not str(value) else f"{flag} {value}")
-    return " ".join(words)
 
 
 def _mb(value: float) -> str:
@@ -368,55 +351,41 @@ def _ratio_to_ddp(row: dict, rows: list[dict]) -> str:
     return f"{row['state_bytes_max_rank']['total'] / twin['state_bytes_max_rank']['total']:.3f}" if twin else "–"
 
 
-def markdown(report: dict) -> str:
-    results, counts = report["results"], report.get("counted", [])
-    rss = report.get("peak_rss_bytes_per_process", [])
-    lines = [
-        f"# FSDP2 × BOOST TP, 4 processes ({report['date']})",
-        "",
-        f"Command: `{report['command']}`",
-        f"Machine: {report['machine']}; torch {report['torch']}; gloo, 1 thread per process. Load average before: "
-        f"{report['loadavg_before']}, after: {report['loadavg_after']} (a shared machine: times are indicative)."
-        + (f" Peak RSS per process (MB): {', '.join(_mb(x) for x in rss)}." if rss else ""),
-    ]
+def markdown(report: dict) -> list[str]:
+    results, counts = report["results"], report["counted"]
+    lines: list[str] = []
     if counts:
         lines += [
-            "",
             "## Per-process state counted on the meta device (largest rank; MB; no training)",
             "",
             f"Model: {counts[0]['model_params'] / 1e6:.1f} M parameters (fp32). Each layout built and sharded on "
             "meta tensors, a zero gradient per parameter, one AdamW step to create its moments, local tensors summed.",
             "",
-            "| layout | params | grads | AdamW moments | total | smallest rank total | vs DDP same tp |",
-            "|---|---|---|---|---|---|---|",
         ]
+        rows = []
         for r in counts:
             state = r["state_bytes_max_rank"]
-            lines.append(
-                f"| {r['layout']} | {_mb(state['params'])} | {_mb(state['grads'])} | {_mb(state['moments'])} "
-                f"| {_mb(state['total'])} | {_mb(r['state_bytes_min_rank_total'])} | {_ratio_to_ddp(r, counts)} |"
+            rows.append(
+                [r["layout"], *(_mb(state[k]) for k in ("params", "grads", "moments", "total"))]
+                + [_mb(r["state_bytes_min_rank_total"]), _ratio_to_ddp(r, counts)]
             )
+        columns = ["layout", "params", "grads", "AdamW moments", "total", "smallest rank total", "vs DDP same tp"]
+        lines += table(columns, rows)
     if not results:
-        return "\n".join(lines) + "\n"
-    lines += [
-        "",
-        "## Per-process state (largest rank; bytes of the local tensors, MB)",
-        "",
-        "| layout | params | grads | AdamW moments | total | vs DDP same tp | step time (s) | in TP collectives (s) "
-        "| final loss |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+        return lines
+    lines += ["## Per-process state (largest rank; bytes of the local tensors, MB)", ""]
+    rows = []
     for r in results:
         state = r["state_bytes_max_rank"]
-        ratio = _ratio_to_ddp(r, results)
-        lines.append(
-            f"| {r['layout']} | {_mb(state['params'])} | {_mb(state['grads'])} | {_mb(state['moments'])} "
-            f"| {_mb(state['total'])} | {ratio} | {r['step_time_s_median']:.2f} | {r['tp_blocked_s']:.2f} "
-            f"| {r['losses'][-1]:.5f} |"
+        rows.append(
+            [r["layout"], *(_mb(state[k]) for k in ("params", "grads", "moments", "total")), _ratio_to_ddp(r, results)]
+            + [f"{r['step_time_s_median']:.2f}", f"{r['tp_blocked_s']:.2f}", f"{r['losses'][-1]:.5f}"]
         )
-    lines += ["", "## Bytes per step by collective (rank 0, logical payload, MB; count in brackets)", ""]
+    columns = ["layout", "params", "grads", "AdamW moments", "total", "vs DDP same tp", "step time (s)"]
+    lines += table([*columns, "in TP collectives (s)", "final loss"], rows)
+    lines += ["## Bytes per step by collective (rank 0, logical payload, MB; count in brackets)", ""]
     kinds = sorted({k for r in results for k in r["bytes_by_collective"]})
-    lines += ["| layout | " + " | ".join(kinds) + " | total |", "|---" * (len(kinds) + 2) + "|"]
+    rows = []
     for r in results:
         cells = [
             f"{_mb(r['bytes_by_collective'][k]['bytes'])} ({r['bytes_by_collective'][k]['count']})"
@@ -424,10 +393,10 @@ def markdown(report: dict) -> str:
             else "–"
             for k in kinds
         ]
-        lines.append(f"| {r['layout']} | " + " | ".join(cells) + f" | {_mb(r['bytes_total'])} |")
+        rows.append([r["layout"], *cells, _mb(r["bytes_total"])])
+    lines += table(["layout", *kinds, "total"], rows)
     if report["projection"]:
         lines += [
-            "",
             "## Paper-scale projection — a MODEL, not a measurement",
             "",
             f"Bytes scale the measured ones (BTP latent elements per token and layer per unit of r; FSDP2 bytes per "
@@ -436,17 +405,16 @@ def markdown(report: dict) -> str:
             f"GPU across nodes, {GPUS_PER_NODE} GPUs per node, bf16 traffic with fp32 gradient reduction, BOOST's "
             "configs (TP 4, 4 × 4096 tokens per TP group and step). State = fp32 weights, grads and two moments.",
             "",
-            "| model | params | GPUs | tp × dp | TP GB/step | TP comm s | FSDP2 GB/step | FSDP2 comm s "
-            "| state GB/GPU FSDP2 | state GB/GPU DDP |",
-            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for p in report["projection"]:
-            lines.append(
-                f"| {p['model']} | {p['params'] / 1e9:.2f} B | {p['gpus']} | {p['tp']} × {p['dp']} "
-                f"| {p['tp_gb_per_step']:.2f} | {p['tp_time_s']:.3f} | {p['fsdp_gb_per_step']:.2f} "
-                f"| {p['fsdp_time_s']:.3f} | {p['state_gb_per_gpu_fsdp']:.2f} | {p['state_gb_per_gpu_ddp']:.2f} |"
-            )
-    return "\n".join(lines) + "\n"
+        rows = [
+            [p["model"], f"{p['params'] / 1e9:.2f} B", p["gpus"], f"{p['tp']} × {p['dp']}"]
+            + [f"{p['tp_gb_per_step']:.2f}", f"{p['tp_time_s']:.3f}", f"{p['fsdp_gb_per_step']:.2f}"]
+            + [f"{p['fsdp_time_s']:.3f}", f"{p['state_gb_per_gpu_fsdp']:.2f}", f"{p['state_gb_per_gpu_ddp']:.2f}"]
+            for p in report["projection"]
+        ]
+        columns = ["model", "params", "GPUs", "tp × dp", "TP GB/step", "TP comm s", "FSDP2 GB/step", "FSDP2 comm s"]
+        lines += table([*columns, "state GB/GPU FSDP2", "state GB/GPU DDP"], rows)
+    return lines
 
 
 if __name__ == "__main__":

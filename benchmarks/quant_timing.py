@@ -4,20 +4,18 @@ Runs are interleaved (gptq, comq, gptq, comq, ...) and the minimum of ``--reps``
 load changes within seconds. Gram collection is excluded (it is shared by both methods).
 
 Usage:
-    .venv/bin/python benchmarks/quant_timing.py --out benchmarks/results/quant_timing.json
+    python benchmarks/quant_timing.py --out benchmarks/results/quant_timing
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
-from _results import cpu_kind
+from _results import table, write
 
 from tensorslim.quant import COMQConfig, GPTQConfig, comq_quantize, gptq_quantize
 from tensorslim.quant.calibration import collect_grams, weight_matrix
@@ -60,14 +58,17 @@ def main() -> None:
             {"layer": name, "shape": list(w.shape), **{f"{m}_min_s": min(t) for m, t in times.items()}, "all": times}
         )
         print(json.dumps(rows[-1]), flush=True)
-    meta = {
-        "command": "python " + " ".join(sys.argv),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{cpu_kind()}, torch {torch.__version__}, threads {args.threads}",
-        "loadavg_at_end": os.getloadavg(),
-    }
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    cells = [
+        [r["layer"], tuple(r["shape"]), *(f"{r[f'{m}_min_s']:.3f}" for m in SOLVERS)]
+        + [f"{r['comq-greedy1_min_s'] / r['gptq_min_s']:.2f}"]
+        for r in rows
+    ]
+    lines = table(
+        ["layer", "shape (out, in)", "GPTQ s", "COMQ greedy ×1 s", "COMQ cyclic ×1 s", "greedy / GPTQ"], cells
+    )
+    print("\n".join(lines))
+    note = f"{args.threads} thread(s); interleaved, min of {args.reps} reps; Gram collection excluded"
+    write(Path(args.out), "Solver time per layer, GPTQ vs COMQ (MiniLM)", lines, data=rows, notes=[note])
 
 
 if __name__ == "__main__":

@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
-from _results import cpu_kind
+from _results import write
 
 LINES: list[str] = []
 
@@ -408,8 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     results: dict[str, list[dict[str, object]]] = {}
     with threadpool_limits(args.threads):
         if args.what in ("cp", "all"):
@@ -418,23 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             results["gmm"] = bench_gmm(args.seeds)
         if args.what in ("cpcheck", "all"):
             results["cpcheck"] = bench_cpcheck(args.repeats)
-    meta = {
-        "command": "python " + shlex.join(["benchmarks/tensor_methods.py", *(argv or sys.argv[1:])]),
-        "date_utc": started,
-        "machine": f"{cpu_kind()}, {os.cpu_count()} cores",
-        "threads": args.threads,
-        "versions": _versions(),
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
-    }
     out = args.out.with_name(f"{args.out.name}_{args.what}") if args.what != "all" else args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    report = [f"# Tensor methods benchmark ({args.what})", "", f"- command: `{meta['command']}`"]
-    report += [f"- date (UTC): {started}", f"- threads: {args.threads} (torch and BLAS)"]
-    report += [f"- versions: {meta['versions']}"]
-    report += [f"- load average before: {load_before}, after: {meta['load_average_after']}"]
-    report += ["- machine (`lscpu | head`):", "", "```", meta["machine"], "```", ""]
+    report = []
     if "cp" in results:
         report += summarize_cp(results["cp"])
     if "gmm" in results:
@@ -442,8 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     if "cpcheck" in results:
         report += summarize_cpcheck(results["cpcheck"])
     report += ["## Raw output", "", "```", *LINES, "```", ""]
-    out.with_suffix(".md").write_text("\n".join(report))
-    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
+    notes = [f"threads: {args.threads} (torch and BLAS)", f"versions: {_versions()}"]
+    path = write(out, f"Tensor methods benchmark ({args.what})", report, data=results, notes=notes)
+    print(f"wrote {path} and {path.with_suffix('.json')}")
     return 0
 
 

@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensorslim.bench.harness import machine_description
-from tensorslim.methods.recipes import recipe_for
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results, when loaded by path (tests)
+from _results import table, write  # noqa: E402
+
+from tensorslim.methods.recipes import recipe_for  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,6 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             }
             arm["step_speedup_vs_dense"] = dense["train_seconds"] / arm["train_seconds"]
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "benchmarks/time_to_quality.py", *sys.argv[1:]]),
-        "machine": {**machine_description(), **cpu_flags()},
         "config": {
             "preset": args.preset,
             "steps": args.steps,
@@ -201,53 +200,44 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
     }
 
 
-def cpu_flags() -> dict[str, bool]:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next(line for line in cpuinfo if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        flags = []
-    return {"avx512_bf16": "avx512_bf16" in flags, "amx_tile": "amx_tile" in flags}
+def title(result: dict[str, Any]) -> str:
+    config = result["config"]
+    steps = f"{config['steps']} steps of {config['batch_size']} × {config['seq_len']} tokens"
+    return f"Time to quality: {config['preset']}, {steps}"
 
 
-def markdown(result: dict[str, Any]) -> str:
-    config, machine = result["config"], result["machine"]
-    lines = [
-        f"# Time to quality: {config['preset']}, {config['steps']} steps of "
-        f"{config['batch_size']} × {config['seq_len']} tokens",
-        "",
-        f"- date: {result['date']}",
-        f"- command: `{result['command']}`",
-        f"- CPU: {machine['cpu']} ({machine['cores']} cores, {machine['torch_threads']} torch threads; "
-        f"avx512_bf16: {machine['avx512_bf16']}, amx_tile: {machine['amx_tile']}); torch {machine['torch']}",
-        f"- load average when reported: {', '.join(f'{x:.2f}' for x in machine['load_average'])} — a shared "
-        "machine; each arm's load before and after it is in the JSON",
-        f"- data: {config['data']}; {config['tokens_per_arm']:,} tokens per arm; validation on {config['eval_blocks']} "
+def notes(result: dict[str, Any]) -> list[str]:
+    """The run's settings, under the shared header (command, date, CPU kind, load when reported)."""
+    config = result["config"]
+    return [
+        "each arm's load average before and after it is in the JSON",
+        f"data: {config['data']}; {config['tokens_per_arm']:,} tokens per arm; validation on {config['eval_blocks']} "
         f"held-out sequences every {config['eval_every']} steps",
-        f"- device: {config['device']}, --dtype {config['dtype']}; every other setting the method's default",
-        "- wall time: summed train-step time (forward, backward, optimizer), validation and checkpoints excluded",
-        "",
+        f"device: {config['device']}, --dtype {config['dtype']}; every other setting the method's default",
+        "wall time: summed train-step time (forward, backward, optimizer), validation and checkpoints excluded",
     ]
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """The target and the table: every arm's final loss, time and the time and tokens it needs to reach dense's."""
+    lines = []
     target = result["target"]
     if target is not None:
         lines += [f"Target: the dense run's final validation loss, **{target:.4f}**.", ""]
-    lines += [
-        "| arm | params | final val loss | train time (s) | step speed × dense | time to dense's loss (s) "
-        "| × dense time | tokens to dense's loss |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, arm in result["arms"].items():
         reached = arm.get("to_dense_loss")
-        lines.append(
-            f"| {name} | {arm['params']:,} | {arm['final_val_loss']:.4f} | {arm['train_seconds']:.1f} | "
-            f"{arm.get('step_speedup_vs_dense', float('nan')):.2f} | "
+        rows.append(
+            [name, f"{arm['params']:,}", f"{arm['final_val_loss']:.4f}", f"{arm['train_seconds']:.1f}"]
+            + [f"{arm.get('step_speedup_vs_dense', float('nan')):.2f}"]
             + (
-                f"{reached['seconds']:.1f} | {reached['time_vs_dense']:.2f} | {reached['tokens']:,.0f} |"
+                [f"{reached['seconds']:.1f}", f"{reached['time_vs_dense']:.2f}", f"{reached['tokens']:,.0f}"]
                 if reached
-                else "not reached | — | — |"
+                else ["not reached", "—", "—"]
             )
         )
-    return "\n".join(lines) + "\n"
+    columns = ["arm", "params", "final val loss", "train time (s)", "step speed × dense", "time to dense's loss (s)"]
+    return lines + table([*columns, "× dense time", "tokens to dense's loss"], rows)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -292,12 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no finished arm under {runs}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"time_to_quality_{args.preset}_{result['date'][:10]}{args.tag}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(markdown(result) + f"\n![validation loss against time and tokens]({stem}.png)\n")
+    stem = f"time_to_quality_{args.preset}_{datetime.datetime.now(datetime.UTC):%Y-%m-%d}{args.tag}"
+    figure = f"![validation loss against time and tokens]({stem}.png)"
+    write(out / stem, title(result), [*markdown(result), figure], data=result, notes=notes(result))
     plot(result, out / f"{stem}.png")
-    print(markdown(result))
+    print("\n".join(markdown(result)))
     print(f"wrote {out / stem}.md, .json, .png")
     return 0
 

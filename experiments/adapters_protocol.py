@@ -480,12 +480,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 def use_costs(summary: dict[str, Any], measured: dict[str, Any]) -> None:
     """Put the inference ratios (``table``: method → ratio) and train-step seconds (``step_seconds``) of an
     ``adapters_costs.py`` result into the summary's rows, and its command beside the sweep's."""
+    figures = measured.get("result", measured)  # the shared result writer's record holds them under "result"
     for row in summary["table"]:
         method = row["method"].split(" (")[0]  # a variant's costs are its method's (a learning rate costs nothing)
-        if method in measured["table"]:
-            row["inference_ratio"] = measured["table"][method]
-        if method in measured.get("step_seconds", {}):
-            row["step_s"] = measured["step_seconds"][method]
+        if method in figures["table"]:
+            row["inference_ratio"] = figures["table"][method]
+        if method in figures.get("step_seconds", {}):
+            row["step_s"] = figures["step_seconds"][method]
     summary["commands"] = [*summary["commands"], measured["command"]]
 
 

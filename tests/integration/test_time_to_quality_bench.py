@@ -42,7 +42,7 @@ def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: py
     argv += ["--arms", "dense,cola+vocab", "--runs", "runs", "--out", "out", "--vocab-rank", "8"]
     assert module.main(argv) == 0
     (result_json,) = Path("out").glob("time_to_quality_tiny_*.json")
-    result = json.loads(result_json.read_text())
+    result = json.loads(result_json.read_text())["result"]  # under the shared header's command and machine
     assert set(result["arms"]) == {"dense", "cola+vocab"}
     dense, vocab = result["arms"]["dense"], result["arms"]["cola+vocab"]
     assert result["target"] == json.loads(Path("runs/dense/summary.json").read_text())["val_loss"]

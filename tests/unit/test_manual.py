@@ -28,7 +28,7 @@ _ISSUE_AS_VERB = r"a|an|one|its|their|the|warnings?|errors?|calls?|requests?|com
 PROCESS_WORDS: dict[str, re.Pattern[str]] = {
     "session": re.compile(r"\bsessions?\b", re.IGNORECASE),
     "numbered round": re.compile(rf"\b(?:{_ORDINAL})[\s-]+(?:round|wave)s?\b", re.IGNORECASE),
-    "round N": re.compile(r"\b(?:round|wave)s?\s+#?\d+\b", re.IGNORECASE),
+    "round N": re.compile(r"(?<!-)\b(?:round|wave)s?\s+#?\d+\b", re.IGNORECASE),  # not a flag: --rounds 2
     "issue": re.compile(rf"\bissue(?:s|'s)?\b(?!\s+(?:{_ISSUE_AS_VERB})\b)", re.IGNORECASE),
     "issue number": re.compile(r"(?<![\w&/])#\d+\b"),
     "goal": re.compile(r"\bgoals?\b", re.IGNORECASE),
@@ -67,6 +67,7 @@ def process_words(text: str) -> list[str]:
         ("a throwaway script", ["throwaway"]),
         ("rounding to nearest, a round-trip, round(x), round=5, rounds once", []),
         ("methods alternate within each round; in alternating order over rounds", []),
+        ("step_ab.py --rounds 2 --out ab", []),
         ("the loader issues a warning and issue an error; colour #1f77b4; a ## heading", []),
     ],
 )
