@@ -17,7 +17,7 @@ import torch
 from _results import table, write
 
 from tensorslim.data import build_lm_data
-from tensorslim.pretrained import load_pretrained
+from tensorslim.predict import load_pretrained  # knows the bases of training runs
 from tensorslim.quant import RTNConfig, quantize_
 from tensorslim.tasks.lm import lm_loss
 
