@@ -15,7 +15,10 @@ import pytest
 from tensorslim.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "tensorslim", "train"]
+# --standalone: the rendezvous store binds a port the kernel picks (localhost:0), not the fixed default 29500 that
+# another run on the same machine may hold
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+TORCHRUN += ["-m", "tensorslim", "train"]
 TITLE = "tensorslim train: tiny / lm / cola"
 
 

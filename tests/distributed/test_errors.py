@@ -127,15 +127,15 @@ def test_cli_reports_a_bad_mesh_in_one_line(monkeypatch: pytest.MonkeyPatch, cap
 
 
 def test_a_dead_peer_ends_the_survivor_by_its_reset_not_a_timeout(small_corpus: Path, tmp_path: Path) -> None:
-    port = workers.free_port()
     code = "import sys; from tests.distributed.workers import fault_main; fault_main(*sys.argv[1:])"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [str(port), str(small_corpus), str(tmp_path / "run")]
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(rank), *args], cwd=ROOT, env=env, stderr=subprocess.PIPE)
-        for rank in (0, 1)
-    ]
-    errors = [proc.communicate(timeout=1200)[1].decode() for proc in procs]
+    args = [str(small_corpus), str(tmp_path / "run")]
+    with workers.hosted_group() as group:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **group}
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code, str(rank), *args], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+            for rank in (0, 1)
+        ]
+        errors = [proc.communicate(timeout=1200)[1].decode() for proc in procs]
     assert procs[1].returncode == 3
     assert procs[0].returncode == 1, errors[0][-2000:]
     lost = next(line for line in errors[0].splitlines() if "lost contact" in line)

@@ -23,13 +23,14 @@ CODE = "import sys; from tests.distributed.workers import teardown_main; teardow
 
 def run_layout(layout: str, corpus: Path, out_dir: Path) -> list[str]:
     """Both ranks of a 2-process run in ``layout``; a list of failures, each naming the layout and the rank."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [str(workers.free_port()), str(corpus), str(out_dir), layout]
-    procs = [
-        subprocess.Popen([sys.executable, "-c", CODE, str(rank), *args], cwd=ROOT, env=env, stderr=subprocess.PIPE)
-        for rank in (0, 1)
-    ]
-    errors = [proc.communicate(timeout=600)[1].decode() for proc in procs]
+    args = [str(corpus), str(out_dir), layout]
+    with workers.hosted_group() as group:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **group}
+        procs = [
+            subprocess.Popen([sys.executable, "-c", CODE, str(rank), *args], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+            for rank in (0, 1)
+        ]
+        errors = [proc.communicate(timeout=600)[1].decode() for proc in procs]
     failures = []
     for rank, (proc, error) in enumerate(zip(procs, errors, strict=True)):
         if proc.returncode != 0 or "terminate called" in error:

@@ -26,7 +26,8 @@ def _spawn_once(fn, nprocs: int, factory: pytest.TempPathFactory, name: str) -> 
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
             partial = shared / f"tensorslim-{name}.partial.json"
-            mp.spawn(fn, args=(nprocs, workers.free_port(), str(partial)), nprocs=nprocs)
+            with workers.hosted_group() as group:
+                mp.spawn(fn, args=(nprocs, group, str(partial)), nprocs=nprocs)
             partial.rename(path)
     return json.loads(path.read_text())
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import socket
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,16 +17,25 @@ RANK = 16
 LR = 3e-3
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@contextlib.contextmanager
+def hosted_group(*, timeout_s: float = 600) -> Iterator[dict[str, str]]:
+    """The environment of processes that form one process group through a store this process hosts.
+
+    The store listens on a port the kernel picks as it binds (port 0) and holds it until the block ends, so no other
+    process can take the port between its choice and its use. (A port found free, closed and handed to a child that
+    binds it later can be taken in between: the group then fails to form, or its ranks talk to a stranger.) The
+    children join it as torchrun's workers join their agent's store (``TORCHELASTIC_USE_AGENT_STORE``): every rank is
+    a client, none binds a port of its own for the rendezvous; gloo's connections use ports the kernel picks.
+    """
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    # the store, and so its port, lives until the block ends (the generator's frame holds it)
+    yield {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
-def init(rank: int, world: int, port: int, *, timeout_s: float = 600) -> None:
-    """Join a gloo group of ``world``; ``timeout_s`` only bounds a hang (a loaded machine can start a rank minutes
-    after its peers)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def init(rank: int, world: int, group: dict[str, str], *, timeout_s: float = 600) -> None:
+    """Join a gloo group of ``world`` through the store of :func:`hosted_group` (its environment: ``group``);
+    ``timeout_s`` only bounds a hang (a loaded machine can start a rank minutes after its peers)."""
+    os.environ.update(group)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
@@ -171,11 +181,11 @@ def _write(path: str, payload: dict) -> None:
             json.dump(payload, f)
 
 
-def tp2_worker(rank: int, world: int, port: int, path: str) -> None:
+def tp2_worker(rank: int, world: int, group: dict[str, str], path: str) -> None:
     """Everything the 2-process tests check, in one process start-up."""
     from tensorslim.distributed import build_mesh
 
-    init(rank, world, port)
+    init(rank, world, group)
     mesh = build_mesh(world, world_size=world)
     out: dict = {}
     for style in ("btp", "vanilla", "megatron"):
@@ -230,11 +240,11 @@ def rmsnorm_check(mesh) -> dict:
     return out
 
 
-def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
+def tp4_worker(rank: int, world: int, group: dict[str, str], path: str) -> None:
     """TP=4 parity, and a (dp=2, tp=2) mesh against one process on the global batch."""
     from tensorslim.distributed import build_mesh, parallelize
 
-    init(rank, world, port)
+    init(rank, world, group)
     out: dict = {}
     mesh = build_mesh(4, world_size=world)
     out["btp_tp4"] = parity("btp", mesh=mesh)
@@ -256,16 +266,15 @@ def tp4_worker(rank: int, world: int, port: int, path: str) -> None:
     dist.destroy_process_group()
 
 
-def fault_main(rank: str, port: str, corpus: str, out_dir: str) -> None:
-    """The Trainer with TP=2 on rank ``rank``, as torchrun starts it (arguments as on its command line); rank 1 dies
-    abruptly after step 3. Rank 0 must leave with a clear error, not hang."""
+def fault_main(rank: str, corpus: str, out_dir: str) -> None:
+    """The Trainer with TP=2 on rank ``rank``, as torchrun starts it (arguments as on its command line, the group's
+    store in the environment: :func:`hosted_group`); rank 1 dies abruptly after step 3. Rank 0 must leave with a
+    clear error, not hang."""
     world = 2
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import train
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world)
-    )
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     # A dead peer is seen at once (its connection resets); the timeout only bounds a hang, and a rank that a loaded
     # machine starts minutes late must not be taken for a dead one.
     os.environ["TENSORSLIM_DIST_TIMEOUT"] = "600"
@@ -308,13 +317,13 @@ def checkpoints(path: str) -> Path:
     return Path(path).parent / f"{Path(path).name.split('.')[0]}-checkpoints"
 
 
-def fsdp4_worker(rank: int, world: int, port: int, path: str) -> None:
+def fsdp4_worker(rank: int, world: int, group: dict[str, str], path: str) -> None:
     """FSDP2 on (dp 2, tp 2) and (dp 4, tp 1) against one process; DDP's memory next to FSDP2's; a sharded
     checkpoint of the (2, 2) run after 10 of its 20 steps (in ``path``'s folder)."""
     from tensorslim.distributed import build_mesh
     from tensorslim.distributed.layout import TensorParallel
 
-    init(rank, world, port)
+    init(rank, world, group)
     data = batches(20)
     out: dict = {"ref": reference_curve("btp", data)}
     mesh = build_mesh(2, world_size=world)
@@ -341,12 +350,12 @@ def fsdp4_worker(rank: int, world: int, port: int, path: str) -> None:
     dist.destroy_process_group()
 
 
-def resume2_worker(checkpoint: str, rank: int, world: int, port: int, path: str) -> None:
+def resume2_worker(checkpoint: str, rank: int, world: int, group: dict[str, str], path: str) -> None:
     """Resume the (dp 2, tp 2) checkpoint at (dp 2 FSDP2, tp 1) for steps 11-15, write a checkpoint at 15, finish."""
     from tensorslim.distributed import build_mesh
     from tensorslim.distributed.layout import TensorParallel
 
-    init(rank, world, port)
+    init(rank, world, group)
     data = batches(20)
     layout = TensorParallel(build_mesh(1, world_size=world), style="btp", device=torch.device("cpu"), dp_shard=True)
     model = layout.shard(tiny_model("btp", seed=7))  # other weights: everything must come from the checkpoint
@@ -376,13 +385,13 @@ def method_reference(method: str, data: list[torch.Tensor]) -> list[float]:
     return single_process_losses(model, optimizer, data)
 
 
-def methods_worker(rank: int, world: int, port: int, path: str) -> None:
+def methods_worker(rank: int, world: int, group: dict[str, str], path: str) -> None:
     """The methods TP cannot shard, FSDP2-sharded on their own models over 2 ranks, against one process."""
     from tensorslim.distributed import build_mesh
     from tensorslim.distributed.chunks import sharded_state
     from tensorslim.distributed.layout import DataParallel, TensorParallel
 
-    init(rank, world, port)
+    init(rank, world, group)
     data = batches(5)
     mesh = build_mesh(1, world_size=world)
     out = {}
@@ -418,14 +427,15 @@ TEARDOWN_LAYOUTS = {
 }
 
 
-def teardown_main(rank: str, port: str, corpus: str, out_dir: str, layout: str) -> None:
+def teardown_main(rank: str, corpus: str, out_dir: str, layout: str) -> None:
     """Two steps of the Trainer on rank ``rank`` of 2 in ``layout`` (a key of :data:`TEARDOWN_LAYOUTS`), as torchrun
-    starts it; then the names of the gloo threads still alive in this process go to ``threads_<rank>.json``."""
+    starts it (the group's store in the environment: :func:`hosted_group`); then the names of the gloo threads still
+    alive in this process go to ``threads_<rank>.json``."""
     from tensorslim.distributed.teardown import gloo_threads
     from tensorslim.train.config import TrainConfig
     from tensorslim.train.trainer import train
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, LOCAL_RANK=rank, WORLD_SIZE="2")
+    os.environ.update(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE="2")
     os.environ["TENSORSLIM_DIST_TIMEOUT"] = "600"  # a slow peer on a loaded machine is not a dead one
     torch.set_num_threads(1)
     config = TrainConfig(
