@@ -131,18 +131,23 @@ def require_module(model: object, name: str = "model") -> None:
         raise TypeError(f"{name} of type {type(model).__name__} is invalid; allowed: a torch.nn.Module")
 
 
-def require_output(name: str, path: str | os.PathLike, *, folder: bool) -> None:
+def require_output(name: str, path: str | os.PathLike, *, folder: bool, overwrite: bool | None = None) -> None:
     """Raise ``ValueError`` unless ``path`` can be written as a folder (``folder=True``) or a file.
 
     The commands check their output paths before the work, so a bad one fails at once instead of after a run. A path
     that exists must be of the right kind; one that does not must lie under a writable folder (missing folders
-    between them are created when it is written).
+    between them are created when it is written). With ``overwrite=False`` an existing file, or a folder that holds
+    files, is refused too (the command's ``--overwrite`` allows it); None leaves that to the caller (a run folder's
+    own claim).
     """
     target = Path(path)
     kind = "folder" if folder else "file"
     if target.exists():
         if target.is_dir() != folder:
             raise ValueError(f"{name}={str(path)!r} is not a {kind}; allowed: a {kind} path")
+        if overwrite is False and (not folder or any(target.iterdir())):
+            what = "holds files" if folder else "exists"
+            raise ValueError(f"{name}={str(path)!r} {what}; allowed: a new {kind}, or --overwrite to replace it")
         if not os.access(target, os.W_OK):
             raise ValueError(f"{name}={str(path)!r} is not writable; allowed: a writable {kind}")
         return

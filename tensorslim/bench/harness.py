@@ -75,6 +75,7 @@ class BenchConfig:
         True, "CPU: keep freed memory in the process, as training does (no page faults each step)"
     )
     out: str | None = option(None, "output stem for .md/.json/.png (default: print only)")
+    overwrite: bool = option(False, "replace the .md/.json/.png of --out when they exist")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -21,6 +21,7 @@ class ConvertConfig:
     model: str | None = option(None, "local Hugging Face model folder instead of a preset")
     method: str = option("cola", "a method that converts layers (see `tensorslim train -h`)")
     save: str | None = option(None, "write the converted model to this folder (see docs/save_load.md)")
+    overwrite: bool = option(False, "write into a --save folder that holds files, replacing the files it writes")
 
 
 def description() -> str:
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(ConvertConfig, args)
     if config.save is not None:
-        require_output("save", config.save, folder=True)
+        require_output("save", config.save, folder=True, overwrite=config.overwrite)
     convert(config, options=options_from_args(args.method, method_owners(), args, what="method"))
     return 0
 

@@ -45,6 +45,7 @@ class DistillRunConfig:
     seed: int = option(0, "seed of student init and data order")
     out_dir: str | None = option(None, "run folder (default: runs/minilm-distill-tt-qat)")
     resume: bool = option(False, "continue from the run folder's latest checkpoint")
+    overwrite: bool = option(False, "replace the run in a non-empty out_dir, and an existing --out report")
     out: str | None = option(None, "write the JSON report here")
 
     def __post_init__(self) -> None:
@@ -87,6 +88,7 @@ def train_config(run: DistillRunConfig, *, options: Any, task_options: Any) -> T
         checkpoint_every=steps,
         out_dir=run.out_dir,
         resume=run.resume,
+        overwrite=run.overwrite,
     )
 
 
@@ -213,6 +215,6 @@ def run(args: argparse.Namespace) -> int:
     run_dir = train_config(run_config, options=options, task_options=task_options).run_dir
     require_output("out_dir", run_dir, folder=True)
     if run_config.out is not None:
-        require_output("out", run_config.out, folder=False)
+        require_output("out", run_config.out, folder=False, overwrite=run_config.overwrite)
     run_distill(run_config, options=options, task_options=task_options)
     return 0

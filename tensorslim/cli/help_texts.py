@@ -348,7 +348,7 @@ options:
                         [--seq-len INT] [--warmup INT] [--repeats INT] [--rank INT] [--seed INT]
                         [--device STR] [--threads INT] [--timer STR] [--dtype STR]
                         [--compile | --no-compile] [--keep-freed-memory | --no-keep-freed-memory]
-                        [--out STR]
+                        [--out STR] [--overwrite | --no-overwrite]
 
 measure params, FLOPs, step time and memory of methods vs dense
 
@@ -376,15 +376,17 @@ options:
   --keep-freed-memory, --no-keep-freed-memory
                                 CPU: keep freed memory in the process, as training does (no page
                                 faults each step) (default: True)
-  --out STR                     output stem for .md/.json/.png (default: print only)""",
+  --out STR                     output stem for .md/.json/.png (default: print only)
+  --overwrite, --no-overwrite   replace the .md/.json/.png of --out when they exist (default: False)""",
     ),
     "convert": (
-        """usage: tensorslim convert [-h] [--preset STR] [--model STR] [--method STR] [--save STR] [--rank INT]
-                          [--lora-alpha FLOAT] [--prefix-length INT] [--prefix-mlp INT]
-                          [--reduction INT] [--prompt-length INT] [--prompt-init-text STR]
-                          [--prompt-init-vocab INT] [--prompt-combine STR] [--prompt-lr-scale FLOAT]
-                          [--gates | --no-gates] [--train-pooler | --no-train-pooler]
-                          [--from-layer INT] [--lax-crossing STR] [--comera-target-ratio FLOAT]
+        """usage: tensorslim convert [-h] [--preset STR] [--model STR] [--method STR] [--save STR]
+                          [--overwrite | --no-overwrite] [--rank INT] [--lora-alpha FLOAT]
+                          [--prefix-length INT] [--prefix-mlp INT] [--reduction INT]
+                          [--prompt-length INT] [--prompt-init-text STR] [--prompt-init-vocab INT]
+                          [--prompt-combine STR] [--prompt-lr-scale FLOAT] [--gates | --no-gates]
+                          [--train-pooler | --no-train-pooler] [--from-layer INT]
+                          [--lax-crossing STR] [--comera-target-ratio FLOAT]
                           [--comera-late-fraction FLOAT] [--comera-gamma FLOAT]
                           [--comera-target-loss FLOAT]
                           [--comera-freeze-at-target | --no-comera-freeze-at-target]
@@ -404,7 +406,9 @@ options:
   --method STR                  a method that converts layers (see `tensorslim train -h`) (default:
                                 cola)
   --save STR                    write the converted model to this folder (see docs/save_load.md)
-                                (default: None)""",
+                                (default: None)
+  --overwrite, --no-overwrite   write into a --save folder that holds files, replacing the files it
+                                writes (default: False)""",
         METHOD_OPTIONS,
     ),
     "quantize": (
@@ -412,6 +416,7 @@ options:
                            [--init STR] [--order STR] [--sweeps INT]
                            [--update-scale | --no-update-scale] [--act-order | --no-act-order]
                            [--data STR] [--calib-docs INT] [--seq-len INT] [--out STR]
+                           [--overwrite | --no-overwrite]
 
 post-training quantization (COMQ, GPTQ, RTN) of a Hugging Face model folder
 
@@ -432,7 +437,8 @@ options:
   --data STR                    calibration corpus: 'bbcnews', 'stdlib' or a path (default: bbcnews)
   --calib-docs INT              calibration documents (first seq-len tokens of each) (default: 128)
   --seq-len INT                 tokens per calibration document (default: 128)
-  --out STR                     write the quantized model to this .safetensors file (default: None)""",
+  --out STR                     write the quantized model to this .safetensors file (default: None)
+  --overwrite, --no-overwrite   replace the --out file when it exists (default: False)""",
     ),
     "distill": (
         """usage: tensorslim distill [-h] [--rank INT] [--n-cores INT] [--init STR]
@@ -441,7 +447,7 @@ options:
                           [--task-steps INT] [--lr FLOAT] [--final-lr FLOAT] [--batch-size INT]
                           [--seq-len INT] [--eval-docs INT] [--eval-bbc | --no-eval-bbc]
                           [--head-docs INT] [--test-docs INT] [--seed INT] [--out-dir STR]
-                          [--resume | --no-resume] [--out STR]
+                          [--resume | --no-resume] [--overwrite | --no-overwrite] [--out STR]
 
 distill MiniLM into a TT + QAT student, layer by layer (an alias of train --task distill --method tt-qat)
 
@@ -476,6 +482,8 @@ options:
   --seed INT                    seed of student init and data order (default: 0)
   --out-dir STR                 run folder (default: runs/minilm-distill-tt-qat)
   --resume, --no-resume         continue from the run folder's latest checkpoint (default: False)
+  --overwrite, --no-overwrite   replace the run in a non-empty out_dir, and an existing --out report
+                                (default: False)
   --out STR                     write the JSON report here (default: None)""",
     ),
     "generate": (
@@ -522,9 +530,9 @@ options:
     ),
     "longeval": (
         """usage: tensorslim longeval [-h] [--run DIR | --preset PRESET] [--data DATA] [--length LENGTH]
-                           [--docs DOCS] [--compare] [--json PATH] [--capacity INT] [--policy STR]
-                           [--sinks INT] [--chunk INT] [--wait INT] [--tau FLOAT] [--recent INT]
-                           [--lra-insert | --no-lra-insert] [--memory POLICY]
+                           [--docs DOCS] [--compare] [--json PATH] [--overwrite] [--capacity INT]
+                           [--policy STR] [--sinks INT] [--chunk INT] [--wait INT] [--tau FLOAT]
+                           [--recent INT] [--lra-insert | --no-lra-insert] [--memory POLICY]
 
 perplexity / needle recall on long documents with a bounded attention memory (--memory lra --capacity N)
 
@@ -539,6 +547,7 @@ options:
   --docs DOCS                   documents read (default: 8)
   --compare                     also run every baseline at the same capacity
   --json PATH                   also write the rows as JSON
+  --overwrite                   replace the --json file when it exists
 
 memory (tensorslim.layers.memory.MemoryConfig):
   --capacity INT                entries per layer and key/value head kept between chunks (the memory
@@ -590,8 +599,8 @@ options:
     ),
     "predict": (
         """usage: tensorslim predict [-h] --run DIR [--file FILE] [--question QUESTION] [--out OUT]
-                          [--max-new-tokens MAX_NEW_TOKENS] [--greedy] [--temperature TEMPERATURE]
-                          [--seed SEED] [--device DEVICE]
+                          [--overwrite] [--max-new-tokens MAX_NEW_TOKENS] [--greedy]
+                          [--temperature TEMPERATURE] [--seed SEED] [--device DEVICE]
                           [inputs ...]
 
 predict with a trained run: labels (classify, lookahead), filled masks (mlm), continuations (lm), answers (longqa), embeddings (distill), masks (segment)
@@ -604,7 +613,9 @@ options:
   --run DIR                     run folder, model/ or checkpoint
   --file FILE                   read the texts from this file, one per line ('-': stdin)
   --question QUESTION           longqa: the question asked about each document
-  --out OUT                     segment: folder for the mask and overlay PNGs (default: predictions)
+  --out OUT                     segment: a new or empty folder for the mask and overlay PNGs
+                                (default: predictions)
+  --overwrite                   segment: write into an --out folder that holds files
   --max-new-tokens MAX_NEW_TOKENS
                                 lm: tokens to generate at most (default: 64)
   --greedy                      lm: take the most likely token at each step

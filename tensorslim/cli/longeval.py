@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs", type=int, default=8, help="documents read (default: 8)")
     parser.add_argument("--compare", action="store_true", help="also run every baseline at the same capacity")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--overwrite", action="store_true", help="replace the --json file when it exists")
     memory = parser.add_argument_group("memory (tensorslim.layers.memory.MemoryConfig)")
     add_dataclass_arguments(memory, MemoryConfig)
     # --memory POLICY is an alias of --policy POLICY.
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data not in DATA:
         raise ValueError(f"data={args.data!r} is unknown; allowed: {list(DATA)}")
     if args.json:
-        require_output("json", args.json, folder=False)
+        require_output("json", args.json, folder=False, overwrite=args.overwrite)
     if args.preset and not hasattr(get_model(args.preset).config, "vocab_size"):  # e.g. a U-Net
         raise ValueError(f"preset={args.preset!r} reads no tokens; allowed: a language model preset such as 'tiny'")
     model, tokenizer = _load(args)

@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="*", help="texts (classify, mlm), a prompt (lm) or image files (segment)")
     parser.add_argument("--file", help="read the texts from this file, one per line ('-': stdin)")
     parser.add_argument("--question", help="longqa: the question asked about each document")
-    parser.add_argument("--out", help="segment: folder for the mask and overlay PNGs (default: predictions)")
+    parser.add_argument(
+        "--out", help="segment: a new or empty folder for the mask and overlay PNGs (default: predictions)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="segment: write into an --out folder that holds files")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="lm: tokens to generate at most (default: 64)")
     parser.add_argument("--greedy", action="store_true", help="lm: take the most likely token at each step")
     parser.add_argument("--temperature", type=float, default=1.0, help="lm: divides the logits (default: 1.0)")
@@ -62,11 +65,14 @@ def _segment(predictor: object, args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from tensorslim._checks import require_output
+
     if not args.inputs:
         raise ValueError("no image files; allowed: one or more image files as arguments")
+    out = Path(args.out or "predictions")
+    require_output("out", out, folder=True, overwrite=args.overwrite)
     images = [_read_image(path) for path in args.inputs]
     masks = predictor.segment(images).numpy()
-    out = Path(args.out or "predictions")
     out.mkdir(parents=True, exist_ok=True)
     for path, image, mask in zip(args.inputs, images, masks, strict=True):
         stem = Path(path).stem

@@ -33,6 +33,7 @@ class QuantizeRunConfig:
     calib_docs: int = option(128, "calibration documents (first seq-len tokens of each)")
     seq_len: int = option(128, "tokens per calibration document")
     out: str | None = option(None, "write the quantized model to this .safetensors file")
+    overwrite: bool = option(False, "replace the --out file when it exists")
 
     def __post_init__(self) -> None:
         if self.method not in QUANT_METHODS:
@@ -96,6 +97,6 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(QuantizeRunConfig, args)
     if config.out is not None:
-        require_output("out", config.out, folder=False)
+        require_output("out", config.out, folder=False, overwrite=config.overwrite)
     run_quantize(config)
     return 0

@@ -110,6 +110,12 @@ def test_segment_run_writes_masks_and_overlays(tmp_path: Path, capsys: pytest.Ca
     assert main(["predict", "--run", str(run), *map(str, files), "--out", str(tmp_path / "pred")]) == 0
     assert (tmp_path / "pred" / "case0_mask.png").is_file() and (tmp_path / "pred" / "case1_overlay.png").is_file()
     assert len(capsys.readouterr().out.splitlines()) == 2
+    written = {p.name: p.read_bytes() for p in (tmp_path / "pred").iterdir()}
+    (tmp_path / "pred" / "case0_mask.png").write_bytes(b"mine")  # a used folder is refused, and left as it was
+    assert main(["predict", "--run", str(run), *map(str, files), "--out", str(tmp_path / "pred")]) == 2
+    assert "--overwrite" in capsys.readouterr().err and (tmp_path / "pred" / "case0_mask.png").read_bytes() == b"mine"
+    assert main(["predict", "--run", str(run), *map(str, files), "--out", str(tmp_path / "pred"), "--overwrite"]) == 0
+    assert {p.name: p.read_bytes() for p in (tmp_path / "pred").iterdir()} == written
 
 
 def test_a_minilm_lora_run_saves_its_adapters_and_exports_merged_to_a_folder_transformers_loads(
