@@ -3,8 +3,10 @@
 Every arm is measured in one process on the same texts: calibration on the first BBC News training articles, the
 embedding cosine to the original model (mean-pooled sentence embeddings) on held-out validation articles. Arms per
 size: each single family at its best (plain SVD with ranks by budget, input-whitened SVD with ranks by budget,
-Kronecker chosen per layer, COMQ/RTN 4-bit at 1/8 of the bytes) against ``tensorslim.compress`` over all families,
-before and after healing. Writes a markdown table and a PNG under ``benchmarks/results/``; rows are appended as they
+Kronecker chosen per layer, COMQ/RTN 4-bit for a bytes budget) against ``tensorslim.compress`` over all families
+(sequential calibration, its default, and with every layer fitted to the original inputs), before and after healing.
+For a bytes budget ``compress`` also runs at exactly the bytes that COMQ 4-bit takes (its scales and zero points
+make it a little more than 1/8 of fp32). Writes a markdown table and a PNG under ``benchmarks/results/``; rows are appended as they
 finish, so a stopped run keeps what it measured.
 
     HF_HUB_OFFLINE=1 python benchmarks/compress_minilm.py --heal-steps 100
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     heal(model, copy.deepcopy(original), cal, config=HealConfig(steps=args.heal_steps))
                     record(size, arm, model, kind, args.heal_steps, start)
             start = time.time()
-            model, _ = compress(original, budget, cal, families=("kron",))
+            model, _ = compress(original, budget, cal, families=("kron",), progress=False)
             record(size, "Kronecker (per layer)", model, kind, 0, start)
         else:
             for arm, config in (("RTN 4-bit", RTNConfig(bits=4)), ("COMQ 4-bit", COMQConfig(bits=4))):
@@ -141,12 +143,19 @@ def main(argv: list[str] | None = None) -> int:
                 model = copy.deepcopy(original)
                 quantize_(model, config, cal)
                 record(size, arm, model, kind, 0, start)
+            comq_share = linear_share(model, kind)
+            start = time.time()
+            model, _ = compress(original, Budget(bytes=comq_share), cal, progress=False)
+            record(f"{comq_share:.3f} {kind}", "compress (COMQ's bytes)", model, kind, 0, start)
         start = time.time()
-        model, report = compress(original, budget, cal)
+        model, report = compress(original, budget, cal, sequential=False, progress=False)
+        record(size, "compress, not sequential", model, kind, 0, start)
+        start = time.time()
+        model, report = compress(original, budget, cal, progress=False)
         record(size, "compress", model, kind, 0, start)
         if value == 0.5 and args.heal_steps:
             start = time.time()
-            model, report = compress(original, budget, cal, healing=HealConfig(steps=args.heal_steps))
+            model, report = compress(original, budget, cal, healing=HealConfig(steps=args.heal_steps), progress=False)
             record(size, "compress", model, kind, args.heal_steps, start)
         print(report.table(), flush=True)
     plot(rows, out / f"{stem}.png")

@@ -2,10 +2,11 @@
 
 1. Calibrate: the input Gram matrix of every dense linear layer (:func:`~tensorslim.compression.calibration.calibrate`).
 2. Choose: per layer, keep dense or take low rank (input-whitened, SVD-LLM arXiv 2403.07378 §3.1), Kronecker, TT,
-   8- or 4-bit, whichever minimises the summed relative calibration output error under the budget
-   (:mod:`tensorslim.compression.choose`).
-3. Build the structured layers (``convert_``), heal them by distillation from the original model, then quantize the
-   layers chosen for 8/4 bits with COMQ (arXiv 2403.07134) on the calibration inputs (``quantize_``).
+   8-, 4-, 3- or 2-bit COMQ (arXiv 2403.07134), whichever minimises the summed relative calibration output error under
+   the budget (:mod:`tensorslim.compression.choose`).
+3. Build the chosen layers in forward order, each fitted to the compressed model's inputs and the original's outputs
+   (:mod:`tensorslim.compression.build`). With healing, the quantized layers stay float while the others heal by
+   distillation from the original model, then ``quantize_`` solves them with COMQ on the calibration inputs.
 
 Healing is :func:`tensorslim.compression.heal.heal`.
 """
@@ -14,25 +15,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.budget import Budget
+from tensorslim.compression.build import build, build_sequentially
 from tensorslim.compression.calibration import Batch, calibrate
-from tensorslim.compression.choose import FAMILIES, Candidate, choose, layer_candidates
+from tensorslim.compression.choose import BITS, FAMILIES, Candidate, choose, layer_candidates
 from tensorslim.compression.heal import HealConfig, check_healable, heal
-from tensorslim.convert import convert_, output_head_ids
+from tensorslim.convert import output_head_ids
 from tensorslim.functional.threads import one_thread
 from tensorslim.layers._source import is_dense_linear
-from tensorslim.layers.kron import KronConfig
-from tensorslim.layers.lowrank import LossyConversionWarning, SVDConfig
-from tensorslim.layers.tt import TTConfig
 from tensorslim.quant import COMQConfig, quantize_
 from tensorslim.quant.distill import mean_pooled
 
@@ -120,27 +117,17 @@ def _validate(
         check_healable(model, list(heal_data) or list(batches))
 
 
-def _build(model: nn.Module, choices: dict[str, Candidate], calibration: Any) -> None:
-    """Replace every layer chosen for a structured family (low rank, Kronecker, TT) in place."""
-    for name, choice in choices.items():
-        config = {
-            "lowrank": lambda r: SVDConfig(rank=r, calibration=calibration),
-            "kron": lambda r: KronConfig(rank=r),
-            "tt": lambda r: TTConfig(rank=r),
-        }.get(choice.family)
-        if config is not None:
-            convert_(model, config(choice.setting), filter_fn=lambda m, n, target=name: n == target)
-
-
 def compress(
     model: nn.Module,
     budget: Budget,
     calibration: Sequence[Batch],
     *,
-    families: Sequence[str] = ("lowrank", "kron", "int8", "int4"),
+    families: Sequence[str] = ("lowrank", "kron", "int8", "int4", "int3"),
     held_out: Sequence[Batch] = (),
     healing: HealConfig | None = None,
     heal_data: Sequence[Batch] = (),
+    sequential: bool = True,
+    alignment: float = 1.0,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
     progress: bool = True,
 ) -> tuple[nn.Module, CompressReport]:
@@ -157,6 +144,11 @@ def compress(
         healing: heal the structured layers by distillation from the original model, layer by layer then end to
             end (:func:`~tensorslim.compression.heal.heal`); None: no healing.
         heal_data: the healing's inputs (default: ``calibration``); more text than the calibration heals better.
+        sequential: build the layers in forward order, each fitted to the inputs of the already compressed model
+            and the outputs of the original (:mod:`tensorslim.compression.build`); False fits every layer to the
+            original model's inputs.
+        alignment: how much a sequentially built layer matches the original model's outputs (1) rather than its own
+            outputs on the new inputs (0): ``β`` of :func:`~tensorslim.decomp.svd.aligned_target`.
         filter_fn: ``(module, name) -> bool`` choosing the candidate layers; default: every dense linear layer but
             the output heads.
         progress: progress bars for calibration, conversion and healing.
@@ -165,6 +157,10 @@ def compress(
         The compressed model (eval mode) and a :class:`CompressReport`.
     """
     _validate(model, budget, calibration, families, healing, heal_data)
+    if not isinstance(sequential, bool):
+        raise ValueError(f"sequential={sequential!r} is invalid; allowed: True or False")
+    if not (isinstance(alignment, int | float) and 0 <= alignment <= 1):
+        raise ValueError(f"alignment={alignment!r} is invalid; allowed: a number in [0, 1]")
     heads = output_head_ids(model)
     chosen_layers = {
         name: module
@@ -174,10 +170,10 @@ def compress(
     if not chosen_layers:
         raise ValueError("the model has no dense linear layer to compress; allowed: a model with nn.Linear layers")
     if budget.kind != "bytes":
-        families = [f for f in families if f not in ("int8", "int4")]
+        families = [f for f in families if f not in BITS]
         if not families:
             raise ValueError(
-                f"families int8/int4 save bytes only; allowed with Budget({budget.kind}=...): lowrank, kron, tt"
+                f"families {'/'.join(BITS)} save bytes only; allowed with Budget({budget.kind}=...): lowrank, kron, tt"
             )
     report = CompressReport(budget=budget)
     student = copy.deepcopy(model).eval()
@@ -201,18 +197,23 @@ def compress(
     dense = sum(opts[0].cost(kind) for opts in options)
     picks = choose(options, kind, budget.limit(dense))
     report.choices = {name: opts[i] for name, opts, i in zip(chosen_layers, options, picks, strict=True)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LossyConversionWarning)  # the report holds every layer's error
-        _build(student, report.choices, cal)
+    # with healing, the quantized layers stay float while the others heal, then quantize_ solves them on its inputs
+    skip = tuple(BITS) if healing is not None else ()
+    if sequential:
+        build_sequentially(
+            model.eval(), student, report.choices, calibration, cal, alignment=alignment, skip=skip, progress=progress
+        )
+    else:
+        build(student, report.choices, cal, skip=skip)
     stage("chosen, before healing")
     if healing is not None:
         teacher = copy.deepcopy(model)  # the distillation task freezes and re-configures its teacher
         config = dataclasses.replace(healing, progress=healing.progress and progress)
         heal(student, teacher, list(heal_data) or list(calibration), held_out=held_out, config=config, on_stage=stage)
-    for bits in (8, 4):
-        names = {n for n, c in report.choices.items() if c.family == f"int{bits}"}
-        if names:
-            quantize_(student, COMQConfig(bits=bits), list(calibration), filter_fn=lambda m, n, s=names: n in s)
-    if any(c.family.startswith("int") for c in report.choices.values()):
-        stage("quantized")
+        for family, bits in BITS.items():
+            names = {n for n, c in report.choices.items() if c.family == family}
+            if names:
+                quantize_(student, COMQConfig(bits=bits), list(calibration), filter_fn=lambda m, n, s=names: n in s)
+        if any(c.family in BITS for c in report.choices.values()):
+            stage("quantized")
     return student.eval(), report

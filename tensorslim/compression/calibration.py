@@ -8,7 +8,7 @@ factor. Padding tokens are left out when a batch carries an ``attention_mask``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -16,7 +16,8 @@ from torch import nn
 
 from tensorslim.decomp.svd import whitening_factor
 from tensorslim.functional.threads import one_thread
-from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
+from tensorslim.layers._source import is_dense_linear, linear_weight
+from tensorslim.quant.calibration import dense_target, padding_free, run_model, squared_output_error, stream_grams
 
 Batch = torch.Tensor | Mapping[str, Any]
 
@@ -69,29 +70,20 @@ class Calibration:
     def output_error(self, module: nn.Module, weight: torch.Tensor, *, name: str = "") -> float:
         """Squared output error ``tr(ΔW G ΔWᵀ)`` on the calibration inputs if ``module``'s weight became
         ``weight`` (``(d_out, d_in)``, ``nn.Linear`` layout)."""
-        delta = linear_weight(module)[0].detach().to(torch.float64) - weight.detach().to(torch.float64)
-        return float(((delta @ self.gram(module, name=name)) * delta).sum())
+        return float(
+            squared_output_error(linear_weight(module)[0].detach(), weight.detach(), self.gram(module, name=name))
+        )
 
     def output_energy(self, module: nn.Module, *, name: str = "") -> float:
         """``tr(W G Wᵀ) = ‖W X‖_F²``: the squared norm of the layer's (bias-free) outputs on the calibration inputs."""
-        weight = linear_weight(module)[0].detach().to(torch.float64)
-        return float(((weight @ self.gram(module, name=name)) * weight).sum())
+        weight = linear_weight(module)[0].detach()
+        return float(squared_output_error(weight, torch.zeros_like(weight), self.gram(module, name=name)))
 
 
 def _rows(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The input rows ``(n, d_in)`` of one call; the padded tokens left out when the mask fits ``x``'s leading axes."""
-    if mask is not None and x.ndim == 3 and tuple(x.shape[:2]) == tuple(mask.shape):
-        return x[mask.bool()]
+    x = padding_free(x, mask)
     return x.reshape(-1, x.shape[-1])
-
-
-def _forward(model: nn.Module, batch: Batch) -> None:
-    if isinstance(batch, torch.Tensor):
-        model(batch)
-    elif isinstance(batch, Mapping):
-        model(**batch)
-    else:
-        raise TypeError(f"calibration batch of type {type(batch).__name__} is invalid; allowed: a tensor or a dict")
 
 
 @torch.no_grad()
@@ -117,40 +109,128 @@ def calibrate(
         ValueError: no batch, or no layer saw an input.
     """
     layers = {
-        module: name
+        name: dense_target(name, module)
         for name, module in model.named_modules()
         if is_dense_linear(module) and (filter_fn is None or filter_fn(module, name))
     }
-    grams = {m: torch.zeros(linear_shape(m)[0], linear_shape(m)[0], dtype=torch.float64) for m in layers}
-    rows = dict.fromkeys(layers, 0)
-    state: dict[str, torch.Tensor | None] = {"mask": None}
-
-    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-        x = _rows(args[0].detach(), state["mask"]).to(torch.float64)  # (n, d_in)
-        with one_thread():  # a float64 product of this size gains nothing from threads that may spin-wait
-            grams[module] += (x.T @ x).cpu()
-        rows[module] += len(x)
-
-    from tqdm.auto import tqdm
-
-    handles = [module.register_forward_pre_hook(hook) for module in layers]
     was_training = model.training
     model.eval()
-    seen = 0
     try:
-        for batch in tqdm(batches, desc="calibration", unit="batch", disable=not progress):
-            state["mask"] = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-            _forward(model, batch)
-            seen += 1
+        stats, seen = stream_grams(model, layers, batches, drop_padding=True, progress=progress)
     finally:
-        for handle in handles:
-            handle.remove()
         model.train(was_training)
     if seen == 0:
         raise ValueError("calibrate() got no batch; allowed: one or more model inputs")
-    grams = {m: g for m, g in grams.items() if rows[m] > 0}
-    if not grams:
+    reached = {layers[name].module: s for name, s in stats.items() if s.rows > 0}
+    if not reached:
         raise ValueError(
             "no dense linear layer saw an input during calibration; allowed: a model with nn.Linear layers"
         )
-    return Calibration(grams, {m: rows[m] for m in grams}, damping=damping)
+    return Calibration(
+        {m: s.gram for m, s in reached.items()}, {m: s.rows for m, s in reached.items()}, damping=damping
+    )
+
+
+class _Enough(Exception):
+    """Raised by a hook to end a forward pass once every watched layer has seen its input."""
+
+
+def _run_until(model: nn.Module, batch: Batch, hooks: dict[nn.Module, Callable[[torch.Tensor], None]]) -> None:
+    """Run ``model`` on ``batch`` until every module of ``hooks`` has received its first input (later calls and the
+    rest of the network are skipped); each hook gets that input."""
+    waiting = set(hooks)
+
+    def pre_hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if module in waiting:
+            hooks[module](args[0])
+            waiting.discard(module)
+            if not waiting:
+                raise _Enough
+
+    handles = [module.register_forward_pre_hook(pre_hook) for module in hooks]
+    try:
+        run_model(model, batch)
+    except _Enough:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def call_groups(model: nn.Module, batch: Batch, names: Iterable[str]) -> list[list[str]]:
+    """The named layers in the order of their first call on ``batch``, grouped when consecutive layers take the same
+    input tensor (an attention block's query, key and value): the order in which sequential calibration compresses
+    them. Layers that ``batch`` never reaches are left out."""
+    modules = dict(model.named_modules())
+    wanted = {modules[name]: name for name in names}
+    groups: list[list[str]] = []
+    last: list[torch.Tensor | None] = [None]
+
+    def seen(module: nn.Module) -> Callable[[torch.Tensor], None]:
+        def record(x: torch.Tensor) -> None:
+            if groups and last[0] is x:
+                groups[-1].append(wanted[module])
+            else:
+                groups.append([wanted[module]])
+                last[0] = x
+
+        return record
+
+    was_training = model.training
+    model.eval()
+    try:
+        _run_until(model, batch, {module: seen(module) for module in wanted})
+    finally:
+        model.train(was_training)
+    return groups
+
+
+def _first_inputs(
+    model: nn.Module, batch: Batch, modules: dict[str, nn.Module], mask: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """The rows ``(n, d_in)`` (float64, padding left out) of each named module's first input on ``batch``."""
+    rows: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[[torch.Tensor], None]:
+        return lambda x: rows.__setitem__(name, _rows(x, mask).to(torch.float64))
+
+    _run_until(model, batch, {module: keep(name) for name, module in modules.items()})
+    return rows
+
+
+@torch.no_grad()
+def paired_grams(
+    original: nn.Module, compressed: nn.Module, batches: Iterable[Batch], names: Sequence[str]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """For each named layer, ``G = Σ x xᵀ`` of its inputs ``x`` in ``compressed`` and ``C = Σ x_f xᵀ`` against its
+    inputs ``x_f`` in ``original`` on the same tokens (float64, padding left out): the statistics of sequential
+    calibration (:func:`~tensorslim.decomp.svd.aligned_target`). Each forward pass stops once the named layers have
+    seen their first input.
+
+    Raises:
+        ValueError: a named layer was not reached.
+    """
+    inputs = {
+        side: {name: modules[name] for name in names}
+        for side, modules in (
+            ("original", dict(original.named_modules())),
+            ("compressed", dict(compressed.named_modules())),
+        )
+    }
+    grams: dict[str, torch.Tensor] = {}
+    cross: dict[str, torch.Tensor] = {}
+    for batch in batches:
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        seen = {
+            side: _first_inputs(model, batch, inputs[side], mask)
+            for side, model in (("original", original), ("compressed", compressed))
+        }
+        for name in names:
+            if name not in seen["compressed"] or name not in seen["original"]:
+                raise ValueError(f"layer {name!r} took no input; allowed: layers that the calibration batches reach")
+            x, x_f = seen["compressed"][name], seen["original"][name]
+            with one_thread():
+                grams[name] = grams.get(name, 0) + x.T @ x
+                cross[name] = cross.get(name, 0) + x_f.T @ x
+    return {name: (grams[name], cross[name]) for name in names}

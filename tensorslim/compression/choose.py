@@ -2,19 +2,24 @@
 
 Each dense linear layer gets a list of :class:`Candidate` replacements: kept dense, low rank at every rank (the
 input-whitened truncation of SVD-LLM, arXiv 2403.07378, §3.1, whose output error is its discarded whitened spectrum,
-Theorem 3.2), the nearest Kronecker product at a few ranks, TT at a few ranks, and 8-/4-bit round-to-nearest. The
-error of a candidate is its squared output error on the layer's calibration inputs relative to the layer's output
-energy, ``tr(ΔW G ΔWᵀ) / tr(W G Wᵀ)``, as ASVD (arXiv 2312.05821, §3.3) ranks layers by their measured sensitivity.
+Theorem 3.2), the nearest Kronecker product at a few ranks, TT at a few ranks, and 8-, 4-, 3- or 2-bit codes solved by
+COMQ (arXiv 2403.07134) on the layer's calibration Gram matrix, exactly as ``quantize_`` solves them, with their bytes
+counted as :class:`~tensorslim.quant.QuantLinear` stores them (packed codes, one float scale and one byte of zero
+point per output row, the float bias). The error of a candidate is its squared output error on the layer's
+calibration inputs relative to the layer's output energy, ``tr(ΔW G ΔWᵀ) / tr(W G Wᵀ)``, as ASVD (arXiv 2312.05821,
+§3.3) ranks layers by their measured sensitivity.
 
 The choice is a multiple-choice knapsack: minimise the summed errors under the summed costs. Its Lagrangian
 relaxation, each layer taking ``argmin(error + λ·cost)`` with λ bisected to the smallest value that fits, solves it
-on the lower convex hull of each layer's (cost, error) points; the leftover budget is then spent greedily.
+on the lower convex hull of each layer's (cost, error) points. Every uniform choice that fits (one family and setting
+for all layers, e.g. 4 bits everywhere) is a second starting point; the one with the smaller summed error is kept and
+the leftover budget is spent greedily, so the result never has a larger summed error than the best uniform choice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -25,9 +30,11 @@ from tensorslim.layers._source import linear_shape, linear_weight
 from tensorslim.layers.kron import KronConfig, KronLinear
 from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.layers.tt import TTConfig, TTLinear
-from tensorslim.quant.quantizer import dequantize, minmax_grid, packed_nbytes, quantize_codes
+from tensorslim.quant.comq import COMQConfig, comq_quantize
+from tensorslim.quant.quantizer import QuantResult, packed_nbytes
 
-FAMILIES = ("lowrank", "kron", "tt", "int8", "int4")
+FAMILIES = ("lowrank", "kron", "tt", "int8", "int4", "int3", "int2")
+BITS = {"int8": 8, "int4": 4, "int3": 3, "int2": 2}
 KRON_RANKS = (1, 2, 4, 8, 16)
 TT_RANKS = (8, 16, 32, 64)
 # The grid of low-rank candidates: at most this many ranks per layer (the spectrum gives every rank's error at once).
@@ -45,6 +52,7 @@ class Candidate:
         nbytes: bytes of its weights after the swap (float weights at the model's element size).
         flops: forward multiply-add FLOPs per token (2 per multiply-add).
         error: squared output error on the calibration inputs relative to the layer's output energy.
+        solution: the codes and grid of a quantized candidate (what ``quantize_`` with COMQ would store).
     """
 
     family: str
@@ -53,6 +61,7 @@ class Candidate:
     nbytes: int
     flops: int
     error: float
+    solution: QuantResult | None = field(default=None, compare=False, repr=False)
 
     def cost(self, kind: str) -> float:
         return {"params": self.params, "bytes": self.nbytes, "flops": self.flops}[kind]
@@ -103,17 +112,23 @@ def _structured(name: str, module: nn.Module, calibration: Calibration, size: in
     return out
 
 
-def quantized_nbytes(module: nn.Module, bits: int) -> tuple[int, torch.Tensor]:
-    """Bytes of ``module``'s weight stored as :class:`~tensorslim.quant.QuantLinear` stores it (packed per-channel
-    ``bits``-bit codes, a float scale and a one-byte zero point per row) plus its float bias, and the dequantized
-    round-to-nearest weight."""
+def quantized_nbytes(module: nn.Module, bits: int) -> int:
+    """Bytes of ``module``'s weight stored as :class:`~tensorslim.quant.QuantLinear` stores it: packed per-channel
+    ``bits``-bit codes, a float scale (the weight's dtype) and a one-byte zero point per output row, the float bias."""
     source = linear_weight(module)[0]
-    weight = source.detach().to(torch.float64)
-    grid = minmax_grid(weight, bits=bits)
-    codes = quantize_codes(weight, grid)
-    grid_bytes = weight.shape[0] * (source.element_size() + 1)
+    d_out = source.shape[0]
     bias = module.bias.numel() * module.bias.element_size() if module.bias is not None else 0
-    return packed_nbytes(weight.numel(), bits) + grid_bytes + bias, dequantize(codes, grid, dtype=torch.float64)
+    return packed_nbytes(source.numel(), bits) + d_out * (source.element_size() + 1) + bias
+
+
+def _quantized(name: str, module: nn.Module, calibration: Calibration, bits: int) -> Candidate:
+    """COMQ at ``bits`` with its defaults (``quantize_``'s solver) on the layer's calibration Gram matrix."""
+    d_in, d_out = linear_shape(module)
+    params = d_in * d_out + (d_out if module.bias is not None else 0)
+    weight = linear_weight(module)[0]
+    result = comq_quantize(weight, calibration.gram(module, name=name), COMQConfig(bits=bits))
+    error = _relative(calibration, name, module, result.dequantize(dtype=torch.float64))
+    return Candidate(f"int{bits}", bits, params, quantized_nbytes(module, bits), 2 * d_in * d_out, error, result)
 
 
 def layer_candidates(
@@ -131,9 +146,7 @@ def layer_candidates(
         elif family in ("kron", "tt"):
             out += _structured(name, module, calibration, size, family)
         else:
-            bits = 8 if family == "int8" else 4
-            nbytes, weight = quantized_nbytes(module, bits)
-            out.append(Candidate(family, bits, params, nbytes, flops, _relative(calibration, name, module, weight)))
+            out.append(_quantized(name, module, calibration, BITS[family]))
     return out
 
 
@@ -143,6 +156,21 @@ def _pick(options: Sequence[Sequence[Candidate]], kind: str, lam: float) -> list
 
 def _total(options: Sequence[Sequence[Candidate]], picks: Sequence[int], kind: str) -> float:
     return sum(c[i].cost(kind) for c, i in zip(options, picks, strict=True))
+
+
+def _error(options: Sequence[Sequence[Candidate]], picks: Sequence[int]) -> float:
+    return sum(c[i].error for c, i in zip(options, picks, strict=True))
+
+
+def uniform_choices(options: Sequence[Sequence[Candidate]], kind: str, limit: float) -> list[list[int]]:
+    """The picks of every (family, setting) that every layer offers, e.g. 4 bits everywhere, that fit ``limit``."""
+    keys = set.intersection(*({(c.family, c.setting) for c in choices} for choices in options))
+    uniforms = []
+    for key in sorted(keys):
+        picks = [next(i for i, c in enumerate(choices) if (c.family, c.setting) == key) for choices in options]
+        if _total(options, picks, kind) <= limit:
+            uniforms.append(picks)
+    return uniforms
 
 
 def choose(options: Sequence[Sequence[Candidate]], kind: str, limit: float) -> list[int]:
@@ -163,7 +191,7 @@ def choose(options: Sequence[Sequence[Candidate]], kind: str, limit: float) -> l
     for _ in range(60):  # bisection: the smallest λ whose picks fit
         mid = (low + high) / 2
         low, high = (low, mid) if _total(options, _pick(options, kind, mid), kind) <= limit else (mid, high)
-    picks = _pick(options, kind, high)
+    picks = min([_pick(options, kind, high), *uniform_choices(options, kind, limit)], key=lambda p: _error(options, p))
     used = _total(options, picks, kind)
     improved = True
     while improved:  # spend what is left on the single swap that lowers the error most

@@ -99,3 +99,41 @@ def whitened_truncation(weight: torch.Tensor, whitener: torch.Tensor, rank: int)
     weight_a = root[:, None] * v_unwhite
     weight_b = u[:, :rank] * root[None, :]
     return weight_a.to(weight.dtype), weight_b.to(weight.dtype)
+
+
+def aligned_target(
+    weight: torch.Tensor, gram: torch.Tensor, cross: torch.Tensor, whitener: torch.Tensor, *, alignment: float = 1.0
+) -> torch.Tensor:
+    """The dense matrix whose whitened truncation is the best rank-r layer for a compressed model's inputs.
+
+    A layer inside a partly compressed model sees inputs ``x`` (Gram ``G = Σ x xᵀ``) that differ from the original
+    model's ``x_f``. SAES-SVD's cumulative-error-aware objective (arXiv 2602.03051, CEALC) asks the compressed layer
+    ``M`` to reproduce the original outputs ``W x_f`` from ``x``. Its least-squares solution, ridge-regularised toward
+    ``W`` with the damping ``λ`` of ``whitener`` (``S Sᵀ = G + λI``), is
+
+        ``M₀ = W + β · W (C − G)(G + λI)⁻¹``,   ``C = Σ x_f xᵀ``,
+
+    where ``β = alignment`` weighs the original outputs (``β = 1``) against the layer's own outputs on its new
+    inputs (``β = 0``: ``M₀ = W``, plain sequential calibration). For any ``M``,
+    ``Σ ‖W̃ x − M x‖²`` with ``W̃ x = (1 − β) W x + β W x_f`` equals ``‖(M₀ − M) S‖_F²`` up to a constant (and the
+    ridge), so truncating the whitened SVD of ``M₀`` (:func:`whitened_truncation`) gives the best rank-r ``M`` and
+    quantizing ``M₀`` against ``G`` (GPTQ/COMQ) the best grid point.
+
+    Args:
+        weight: ``(d_out, d_in)`` original weight ``W``.
+        gram: ``(d_in, d_in)`` ``G = Σ x xᵀ`` of the compressed model's inputs.
+        cross: ``(d_in, d_in)`` ``C = Σ x_f xᵀ``, original inputs against compressed ones, row by row.
+        whitener: :func:`whitening_factor` of ``gram``.
+        alignment: ``β`` in ``[0, 1]``.
+
+    Returns:
+        ``M₀`` ``(d_out, d_in)`` in float64.
+    """
+    if not 0.0 <= alignment <= 1.0:
+        raise ValueError(f"alignment={alignment!r} is invalid; allowed: a number in [0, 1]")
+    w = weight.detach().to(torch.float64)
+    if alignment == 0.0:
+        return w
+    drift = w @ (cross.to(torch.float64) - gram.to(torch.float64))  # (d_out, d_in) W (C − G)
+    # D (S Sᵀ)⁻¹ as the solution Y of (S Sᵀ) Yᵀ = Dᵀ
+    return w + alignment * torch.cholesky_solve(drift.T, whitener.to(torch.float64)).T

@@ -3,7 +3,8 @@
 Both COMQ (in the Gram form, compress.md §1.2) and GPTQ (Frantar et al. 2022, §3, ``H = 2XXᵀ``) need the layer
 inputs only through ``H``, so calibration batches are streamed through the float model once, with a forward
 pre-hook per layer, and ``X`` itself is never stored. As in the COMQ release, every layer sees the inputs of the
-*float* model (not of the partly quantized one).
+*float* model (not of the partly quantized one). The same streaming serves
+:func:`tensorslim.compression.calibrate`, which leaves padded tokens out.
 
 Factored layers are quantized factor by factor, each against its own input: CoLA's ``A`` sees the layer input ``x``
 and ``B`` sees ``σ(A x)`` (arXiv 2502.10940 §3), computed in the hook from the float ``A``. A TT core has no input
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.functional.lowrank import activation_fn
+from tensorslim.functional.threads import one_thread
 from tensorslim.layers._source import is_hf_conv1d, linear_weight
 from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.layers.tt import TTLinear
@@ -158,6 +160,61 @@ def run_model(model: nn.Module, batch: object) -> object:
     return model(batch)
 
 
+def padding_free(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``x`` without its padded tokens, as rows ``(n, d)``, when ``mask`` fits its leading (batch, token) axes; else
+    ``x`` unchanged."""
+    if mask is not None and x.ndim == 3 and tuple(x.shape[:2]) == tuple(mask.shape):
+        return x[mask.bool()]
+    return x
+
+
+def stream_grams(
+    model: nn.Module,
+    targets: dict[str, QuantTarget],
+    calibration: Iterable[object],
+    *,
+    drop_padding: bool = False,
+    progress: bool = False,
+) -> tuple[dict[str, GramStats], int]:
+    """Stream ``calibration`` through ``model`` once and sum ``XᵀX`` of every target's input rows.
+
+    Args:
+        targets: the matrices whose inputs are watched (each with ``inputs``).
+        drop_padding: leave out the tokens a mapping batch's ``attention_mask`` marks as padding.
+        progress: a progress bar over the batches.
+
+    Returns:
+        The statistics by target name (``rows == 0`` for a layer never reached) and the number of batches.
+    """
+    from tqdm.auto import tqdm
+
+    stats = {
+        name: GramStats(torch.zeros(t.weight.shape[1], t.weight.shape[1], dtype=torch.float64))
+        for name, t in targets.items()
+    }
+    state: dict[str, torch.Tensor | None] = {"mask": None}
+
+    def hook_for(name: str, inputs: Callable[[torch.Tensor], torch.Tensor]):  # noqa: ANN202 - a torch hook
+        def hook(_: nn.Module, args: tuple) -> None:
+            with one_thread():  # a float64 product of this size gains nothing from threads that may spin-wait
+                stats[name].add(inputs(padding_free(args[0], state["mask"])))
+
+        return hook
+
+    handles = [t.module.register_forward_pre_hook(hook_for(name, t.inputs)) for name, t in targets.items()]
+    batches = 0
+    try:
+        with torch.no_grad():
+            for batch in tqdm(calibration, desc="calibration", unit="batch", disable=not progress):
+                state["mask"] = batch.get("attention_mask") if drop_padding and isinstance(batch, Mapping) else None
+                run_model(model, batch)
+                batches += 1
+    finally:
+        for handle in handles:
+            handle.remove()
+    return stats, batches
+
+
 def collect_grams(
     model: nn.Module, layers: dict[str, nn.Module | QuantTarget], calibration: Iterable[object]
 ) -> dict[str, GramStats]:
@@ -169,27 +226,7 @@ def collect_grams(
         ValueError: ``calibration`` yields no batch, or some layer never ran / saw zero rows.
     """
     targets = {name: t if isinstance(t, QuantTarget) else dense_target(name, t) for name, t in layers.items()}
-    stats = {
-        name: GramStats(torch.zeros(t.weight.shape[1], t.weight.shape[1], dtype=torch.float64))
-        for name, t in targets.items()
-    }
-
-    def hook_for(name: str, inputs: Callable[[torch.Tensor], torch.Tensor]):  # noqa: ANN202 - a torch hook
-        def hook(_: nn.Module, args: tuple) -> None:
-            stats[name].add(inputs(args[0]))
-
-        return hook
-
-    handles = [t.module.register_forward_pre_hook(hook_for(name, t.inputs)) for name, t in targets.items()]
-    batches = 0
-    try:
-        with torch.no_grad():
-            for batch in calibration:
-                run_model(model, batch)
-                batches += 1
-    finally:
-        for handle in handles:
-            handle.remove()
+    stats, batches = stream_grams(model, targets, calibration)
     if batches == 0:
         raise ValueError("calibration data is empty: pass at least one batch of model inputs")
     unseen = [name for name, s in stats.items() if s.rows == 0]
@@ -198,10 +235,14 @@ def collect_grams(
     return stats
 
 
+def squared_output_error(weight: torch.Tensor, approx: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """``‖X(W − W')ᵀ‖²_F = tr((W − W') H (W − W')ᵀ)`` from ``H = XᵀX`` alone (float64 scalar)."""
+    r = weight.to(torch.float64) - approx.to(torch.float64)  # (d_out, d_in)
+    return ((r @ gram.to(torch.float64)) * r).sum()
+
+
 def relative_output_error(weight: torch.Tensor, quantized: torch.Tensor, gram: torch.Tensor) -> float:
     """``‖X(W − Q)ᵀ‖_F / ‖XWᵀ‖_F`` computed from ``H = XᵀX`` alone: ``sqrt(tr(R H Rᵀ) / tr(W H Wᵀ))``."""
-    w = weight.to(torch.float64)
-    r = w - quantized.to(torch.float64)  # (d_out, d_in)
-    num = ((r @ gram) * r).sum()
-    den = ((w @ gram) * w).sum()
+    num = squared_output_error(weight, quantized, gram)
+    den = squared_output_error(weight, torch.zeros_like(weight), gram)
     return float(torch.sqrt(num.clamp(min=0) / den)) if den > 0 else float("nan")
