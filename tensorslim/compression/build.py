@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tensorslim.compression.calibration import Batch, Calibration, call_groups, paired_grams
+from tensorslim.compression.calibration import Batch, Calibration, call_groups, first_inputs, paired_grams
 from tensorslim.compression.choose import Candidate
 from tensorslim.decomp.svd import aligned_target, whitened_truncation, whitening_factor
 from tensorslim.layers._source import linear_shape, linear_weight
@@ -114,8 +114,10 @@ def build_sequentially(
 
     names = [n for n, c in choices.items() if c.family != "dense" and c.family not in skip]
     groups = call_groups(original, batches[0], names)
+    reached = [name for group in groups for name in group]
+    reference = first_inputs(original, batches, reached)  # the original's inputs, kept for every layer
     for group in tqdm(groups, desc="sequential build", unit="group", disable=not progress):
-        stats = paired_grams(original, model, batches, group)
+        stats = paired_grams(reference, model, batches, group)
         modules = dict(model.named_modules())
         for name in group:
             gram, cross = stats[name]
@@ -123,5 +125,4 @@ def build_sequentially(
                 modules[name], choices[name], gram, cross=cross, alignment=alignment, damping=calibration.damping
             )
             set_submodule(model, name, new)
-    reached = {name for group in groups for name in group}
-    build(model, {n: c for n, c in choices.items() if n in names and n not in reached}, calibration)
+    build(model, {n: c for n, c in choices.items() if n in names and n not in set(reached)}, calibration)

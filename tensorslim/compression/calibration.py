@@ -186,14 +186,26 @@ def call_groups(model: nn.Module, batch: Batch, names: Iterable[str]) -> list[li
     return groups
 
 
-def _first_inputs(
-    model: nn.Module, batch: Batch, modules: dict[str, nn.Module], mask: torch.Tensor | None
-) -> dict[str, torch.Tensor]:
-    """The rows ``(n, d_in)`` (float64, padding left out) of each named module's first input on ``batch``."""
+@torch.no_grad()
+def first_inputs(model: nn.Module, batches: Iterable[Batch], names: Sequence[str]) -> list[dict[str, torch.Tensor]]:
+    """Per batch, the rows ``(n, d_in)`` of each named layer's first input (padding left out, in the model's dtype;
+    layers that take the same input tensor share its rows). Each forward pass stops once every named layer has seen
+    its input."""
+    modules = dict(model.named_modules())
+    return [_batch_inputs(model, batch, {name: modules[name] for name in names}) for batch in batches]
+
+
+def _batch_inputs(model: nn.Module, batch: Batch, modules: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
     rows: dict[str, torch.Tensor] = {}
+    by_input: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # the input is kept so that its id stays unique
 
     def keep(name: str) -> Callable[[torch.Tensor], None]:
-        return lambda x: rows.__setitem__(name, _rows(x, mask).to(torch.float64))
+        def record(x: torch.Tensor) -> None:
+            by_input.setdefault(id(x), (x, _rows(x, mask)))
+            rows[name] = by_input[id(x)][1]
+
+        return record
 
     _run_until(model, batch, {module: keep(name) for name, module in modules.items()})
     return rows
@@ -201,35 +213,25 @@ def _first_inputs(
 
 @torch.no_grad()
 def paired_grams(
-    original: nn.Module, compressed: nn.Module, batches: Iterable[Batch], names: Sequence[str]
+    reference: Sequence[dict[str, torch.Tensor]], compressed: nn.Module, batches: Sequence[Batch], names: Sequence[str]
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """For each named layer, ``G = Σ x xᵀ`` of its inputs ``x`` in ``compressed`` and ``C = Σ x_f xᵀ`` against its
-    inputs ``x_f`` in ``original`` on the same tokens (float64, padding left out): the statistics of sequential
-    calibration (:func:`~tensorslim.decomp.svd.aligned_target`). Each forward pass stops once the named layers have
-    seen their first input.
+    """For each named layer, ``G = Σ x xᵀ`` of its inputs ``x`` in ``compressed`` and ``C = Σ x_f xᵀ`` against the
+    original model's inputs ``x_f`` on the same tokens (float64): the statistics of sequential calibration
+    (:func:`~tensorslim.decomp.svd.aligned_target`).
+
+    Args:
+        reference: :func:`first_inputs` of the original model on ``batches`` (covering ``names``).
 
     Raises:
         ValueError: a named layer was not reached.
     """
-    inputs = {
-        side: {name: modules[name] for name in names}
-        for side, modules in (
-            ("original", dict(original.named_modules())),
-            ("compressed", dict(compressed.named_modules())),
-        )
-    }
     grams: dict[str, torch.Tensor] = {}
     cross: dict[str, torch.Tensor] = {}
-    for batch in batches:
-        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-        seen = {
-            side: _first_inputs(model, batch, inputs[side], mask)
-            for side, model in (("original", original), ("compressed", compressed))
-        }
+    for original_rows, rows in zip(reference, first_inputs(compressed, batches, names), strict=True):
         for name in names:
-            if name not in seen["compressed"] or name not in seen["original"]:
+            if name not in rows or name not in original_rows:
                 raise ValueError(f"layer {name!r} took no input; allowed: layers that the calibration batches reach")
-            x, x_f = seen["compressed"][name], seen["original"][name]
+            x, x_f = rows[name].to(torch.float64), original_rows[name].to(torch.float64)
             with one_thread():
                 grams[name] = grams.get(name, 0) + x.T @ x
                 cross[name] = cross.get(name, 0) + x_f.T @ x

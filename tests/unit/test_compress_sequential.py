@@ -10,7 +10,7 @@ from torch import nn
 
 from tensorslim import Budget
 from tensorslim.compression import calibrate, compress
-from tensorslim.compression.calibration import call_groups, paired_grams
+from tensorslim.compression.calibration import call_groups, first_inputs, paired_grams
 from tensorslim.compression.choose import Candidate, choose, layer_candidates
 from tensorslim.decomp.svd import aligned_target, whitened_truncation, whitening_factor
 from tensorslim.quant import COMQConfig, quantize_
@@ -70,7 +70,7 @@ def test_paired_grams_of_an_unchanged_copy_equal_the_calibration() -> None:
     names = ["0", "2", "4"]
     assert call_groups(model, batches[0], names) == [["0"], ["2"], ["4"]]
     copy = _mlp()
-    stats = paired_grams(model, copy, batches, names)
+    stats = paired_grams(first_inputs(model, batches, names), copy, batches, names)
     cal = calibrate(model, batches, progress=False)
     for name in names:
         gram, cross = stats[name]
