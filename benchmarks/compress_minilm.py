@@ -6,8 +6,8 @@ size: each single family at its best (plain SVD with ranks by budget, input-whit
 Kronecker chosen per layer, COMQ/RTN 4-bit for a bytes budget) against ``tensorslim.compress`` over all families
 (sequential calibration, its default, and with every layer fitted to the original inputs), before and after healing.
 For a bytes budget ``compress`` also runs at exactly the bytes that COMQ 4-bit takes (its scales and zero points
-make it a little more than 1/8 of fp32). Writes a markdown table and a PNG under ``benchmarks/results/``; rows are appended as they
-finish, so a stopped run keeps what it measured.
+make it a little more than 1/8 of fp32). Writes a markdown table and a PNG under ``benchmarks/results/``; rows are
+appended as they finish, so a stopped run keeps what it measured.
 
     HF_HUB_OFFLINE=1 python benchmarks/compress_minilm.py --heal-steps 100
 """
