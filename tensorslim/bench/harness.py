@@ -92,8 +92,9 @@ class BenchConfig:
         require_int("warmup", self.warmup, minimum=0)
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid; allowed: 'cpu' or 'cuda'")
-        if self.threads is not None:
-            require_int("threads", self.threads)
+        for name in ("threads", "rank"):
+            if getattr(self, name) is not None:
+                require_int(name, getattr(self, name))
         if self.timer not in ("wall", "cpu", "thread") or (self.timer != "wall" and self.device == "cuda"):
             raise ValueError(f"timer={self.timer!r} is invalid; allowed: 'wall', or 'cpu' or 'thread' on device cpu")
         bad = [d for d in self.dtype_list if d not in DTYPES]

@@ -48,8 +48,19 @@ class BertConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "n_classes"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "d_ff",
+            "max_seq_len",
+            "n_classes",
+            "type_vocab_size",
+        ):
             require_int(name, getattr(self, name))
+        if not self.norm_eps > 0:  # LayerNorm divides by sqrt(var + eps): 0 or less can divide by zero or a negative
+            raise ValueError(f"norm_eps={self.norm_eps!r} is invalid; allowed: a finite number > 0")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if not 0 <= self.dropout < 1:

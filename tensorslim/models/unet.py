@@ -43,7 +43,7 @@ class UNetConfig:
             raise ValueError(f"channels={self.channels!r} is invalid; allowed: two or more positive ints")
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r} is unknown; allowed: {list(NORMS)}")
-        if self.image_size % self.multiple:
+        if self.image_size < 1 or self.image_size % self.multiple:
             raise ValueError(f"image_size={self.image_size} is invalid; allowed: a multiple of {self.multiple}")
 
     @property

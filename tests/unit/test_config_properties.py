@@ -152,6 +152,28 @@ def test_non_finite_numbers_are_refused(cls: type, value: float) -> None:
         cls(**{field: value})
 
 
+@pytest.mark.parametrize(
+    ("cls", "name", "value"),
+    [
+        (BertConfig, "type_vocab_size", 0),
+        (BertConfig, "type_vocab_size", -1),
+        (BertConfig, "norm_eps", 0.0),
+        (BertConfig, "norm_eps", -1e-5),
+        (UNetConfig, "image_size", 0),
+        (UNetConfig, "image_size", -16),
+        (BenchConfig, "rank", 0),
+        (BenchConfig, "rank", -8),
+    ],
+)
+def test_out_of_range_sizes_are_refused_in_one_line(cls: type, name: str, value: object) -> None:
+    """Values of the right type that no model can be built with (an embedding of no rows, a LayerNorm eps <= 0,
+    images of no pixels, a rank of 0) are refused by the config, not by a layer deep inside the build."""
+    with pytest.raises(ValueError) as caught:
+        cls(**{name: value})
+    message = str(caught.value)
+    assert message.startswith(f"{name}={value!r}") and "allowed" in message and "\n" not in message, message
+
+
 # --- the layer families through convert_ --------------------------------------------------------------------------
 
 LOW_RANK = [CoLAConfig, SVDConfig, CoLAMConfig, LaXCoLAConfig, LaXSVDConfig]
