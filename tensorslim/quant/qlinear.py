@@ -43,6 +43,8 @@ from tensorslim.layers.tt import TTLinear
 from tensorslim.quant import kernels
 from tensorslim.quant.quantizer import Grid, QuantResult, dequantize, pack_codes, packed_nbytes, unpack_codes
 
+KERNEL_FLOATS = (torch.float32, torch.bfloat16)  # the activation and scale dtypes the kernels serve
+
 
 class KernelOperands(NamedTuple):
     """What :mod:`~tensorslim.quant.kernels` multiplies by: ``kind`` (``"int4"`` or ``"int8"``), the kernel's 2-D
@@ -150,8 +152,13 @@ class QuantLinear(nn.Module):
     # --- derived tensors -----------------------------------------------------------------------------------------
 
     def _key(self) -> tuple:
-        """Identity of the codes, scales and zero points: storage, in-place version, dtype and device."""
-        return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in (self.packed, self.scale, self.zero))
+        """Identity of the codes, scales and zero points: storage, in-place version, dtype and device (read on every
+        forward, so spelled out flat: ``packed`` is always ``uint8`` and on the scales' device)."""
+        packed, scale, zero = self.packed, self.scale, self.zero
+        return (
+            packed.data_ptr(), packed._version, scale.data_ptr(), scale._version, scale.dtype, scale.device,
+            zero.data_ptr(), zero._version,
+        )  # fmt: skip
 
     def dequantized_weight(self) -> torch.Tensor:
         """The dequantized ``(d_out, d_in)`` weight: the cached copy while ``cache_weight`` holds and the codes,
@@ -217,12 +224,11 @@ class QuantLinear(nn.Module):
     def _uses_kernel(self, x: torch.Tensor) -> bool:
         """The kernels serve inference on CPU in fp32/bf16; gradients and other dtypes take the float weight."""
         needs_grad = torch.is_grad_enabled() and x.requires_grad
-        floats = (torch.float32, torch.bfloat16)
         return (
             not (self.cache_weight or needs_grad)
-            and x.device.type == "cpu"
-            and x.dtype in floats
-            and (self.scale.dtype in floats)
+            and x.is_cpu
+            and x.dtype in KERNEL_FLOATS
+            and self.scale.dtype in KERNEL_FLOATS
         )
 
     def _apply(self, fn, recurse=True):  # .to() / .half() / .cuda(): derived tensors belong to the old buffers
@@ -396,7 +402,7 @@ class QuantLowRankLinear(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        activation_fn(activation)  # a one-line ValueError for an unknown σ
+        self._sigma = activation_fn(activation)  # a one-line ValueError for an unknown σ
         self.in_features, self.out_features, self.rank, self.bits = in_features, out_features, rank, bits
         self.activation = activation
         self.a = QuantLinear(in_features, rank, bits=bits, bias=False, dtype=dtype)
@@ -425,7 +431,7 @@ class QuantLowRankLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
-        sigma = activation_fn(self.activation)
+        sigma = self._sigma
         if not (self.a._uses_kernel(x) and self.b._uses_kernel(x)):
             return self.b(sigma(self.a(x)))  # (..., r) in between
         # both factors on the kernels: σ(A x) stays in the kernels' activation dtype between them (bf16 rounds the
