@@ -415,8 +415,8 @@ options:
         """usage: tensorslim quantize [-h] [--model STR] [--method STR] [--bits INT] [--granularity STR]
                            [--init STR] [--order STR] [--sweeps INT]
                            [--update-scale | --no-update-scale] [--act-order | --no-act-order]
-                           [--data STR] [--calib-docs INT] [--seq-len INT] [--out STR]
-                           [--overwrite | --no-overwrite]
+                           [--embeddings | --no-embeddings] [--data STR] [--calib-docs INT]
+                           [--seq-len INT] [--out STR] [--overwrite | --no-overwrite]
 
 post-training quantization (COMQ, GPTQ, RTN) of a Hugging Face model folder
 
@@ -434,6 +434,9 @@ options:
   --update-scale, --no-update-scale
                                 COMQ least-squares scale update (default: True)
   --act-order, --no-act-order   GPTQ: columns by decreasing diag(H) (default: False)
+  --embeddings, --no-embeddings
+                                also quantize the token embeddings (RTN, one grid per token) and the
+                                output head, as llama.cpp does (default: False)
   --data STR                    calibration corpus: 'bbcnews', 'stdlib' or a path (default: bbcnews)
   --calib-docs INT              calibration documents (first seq-len tokens of each) (default: 128)
   --seq-len INT                 tokens per calibration document (default: 128)

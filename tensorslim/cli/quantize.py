@@ -29,6 +29,9 @@ class QuantizeRunConfig:
     sweeps: int = option(1, "COMQ sweeps")
     update_scale: bool = option(True, "COMQ least-squares scale update")
     act_order: bool = option(False, "GPTQ: columns by decreasing diag(H)")
+    embeddings: bool = option(
+        False, "also quantize the token embeddings (RTN, one grid per token) and the output head, as llama.cpp does"
+    )
     data: str = option("bbcnews", "calibration corpus: 'bbcnews', 'stdlib' or a path")
     calib_docs: int = option(128, "calibration documents (first seq-len tokens of each)")
     seq_len: int = option(128, "tokens per calibration document")
@@ -48,7 +51,7 @@ class QuantizeRunConfig:
         from tensorslim.quant.gptq import GPTQConfig
         from tensorslim.quant.rtn import RTNConfig
 
-        common = {"bits": self.bits, "granularity": self.granularity}
+        common = {"bits": self.bits, "granularity": self.granularity, "embeddings": self.embeddings}
         if self.method == "comq":
             return COMQConfig(
                 **common, init=self.init, order=self.order, sweeps=self.sweeps, update_scale=self.update_scale

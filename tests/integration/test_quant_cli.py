@@ -36,6 +36,30 @@ def test_quantize_cli_writes_a_loadable_packed_file(tmp_path: Path, capsys: pyte
         assert torch.isfinite(model(input_ids=ids).last_hidden_state).all()
 
 
+def test_quantize_cli_embeddings_flag_quantizes_the_token_tables_too(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from transformers import BertModel
+
+    from tensorslim.quant import QuantEmbedding
+    from tensorslim.quant.hf_inputs import model_folder
+
+    argv = ["quantize", "--method", "rtn", "--bits", "8", "--calib-docs", "2", "--seq-len", "16", "--data", "stdlib"]
+    sizes = {}
+    for flags in ([], ["--embeddings"]):
+        out = tmp_path / f"minilm-w8{''.join(flags)}.safetensors"
+        assert main([*argv, *flags, "--out", str(out)]) == 0
+        sizes[bool(flags)] = out.stat().st_size
+    model = load_quantized(BertModel.from_pretrained(model_folder("minilm")).eval(), out)
+    # the word table has a padding_idx and stays float; the position and token-type tables are quantized
+    tables = [model.embeddings.position_embeddings, model.embeddings.token_type_embeddings]
+    assert all(isinstance(table, QuantEmbedding) and table.bits == 8 for table in tables)
+    # each table entry shrinks from 4 bytes to 1 byte (plus a scale and zero point per row)
+    table_bytes = sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
+    assert sizes[True] < sizes[False] - 0.7 * table_bytes
+    ids = torch.tensor([[101, 7592, 2088, 102]])
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).last_hidden_state).all()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
