@@ -3,7 +3,9 @@
 ``DIR`` gets the :func:`tensorslim.save_pretrained` folder (what :func:`tensorslim.load_pretrained` and
 :func:`tensorslim.predict.predictor` read). With ``--merge-lora`` the LoRA updates are folded into their weights
 first (exact). When the model is then a plain Hugging Face model (no tensorslim layer left), ``DIR/hf`` also gets
-``save_pretrained`` files and the tokenizer, which ``transformers.AutoModel*.from_pretrained`` loads.
+``save_pretrained`` files and the tokenizer, which ``transformers.AutoModel*.from_pretrained`` loads. So does our
+own BERT masked LM when no layer of it is converted: its post-LN blocks and MLM head are BERT's, so its weights are
+renamed into a ``transformers.BertForMaskedLM`` with an untied decoder (:func:`hf_bert_mlm`).
 
 ``--format gguf`` instead writes ``DIR/model-<type>.gguf`` for llama.cpp (:func:`tensorslim.export.to_gguf`): our
 LLaMA with its byte-level BPE, in ``--gguf-type`` F16, Q8_0, Q4_0 or F32.
@@ -38,6 +40,57 @@ def is_plain_hf(model: object) -> bool:
     return _is_hf(model) and all(type(m).__module__.startswith(("transformers.", "torch.nn.")) for m in model.modules())
 
 
+def is_plain_bert_mlm(model: object) -> bool:
+    """Whether ``model`` is our BERT masked LM (:mod:`tensorslim.models.bert`) with no layer converted."""
+    from tensorslim.models.bert import BertForMaskedLM
+
+    own = ("tensorslim.models.bert", "tensorslim.functional.dropout")
+    return isinstance(model, BertForMaskedLM) and all(
+        type(m).__module__ in own or type(m).__module__.startswith("torch.nn.") for m in model.modules()
+    )
+
+
+def hf_bert_mlm(model: object) -> object:
+    """Our plain BERT masked LM as a ``transformers.BertForMaskedLM`` with the same weights (eval mode): the same
+    blocks under Hugging Face's names, GELU (erf) activations and an untied decoder."""
+    import transformers
+
+    from tensorslim.models.hf_bert import hf_config
+
+    encoder = model.encoder
+    config = hf_config(encoder.config)
+    config.tie_word_embeddings = False
+    names = {
+        "encoder.embeddings.word": "bert.embeddings.word_embeddings",
+        "encoder.embeddings.position": "bert.embeddings.position_embeddings",
+        "encoder.embeddings.token_type": "bert.embeddings.token_type_embeddings",
+        "encoder.embeddings.norm": "bert.embeddings.LayerNorm",
+        "transform": "cls.predictions.transform.dense",
+        "transform_norm": "cls.predictions.transform.LayerNorm",
+        "lm_head": "cls.predictions.decoder",
+    }
+    blocks = {
+        "attn.q": "attention.self.query",
+        "attn.k": "attention.self.key",
+        "attn.v": "attention.self.value",
+        "attn.o": "attention.output.dense",
+        "norm1": "attention.output.LayerNorm",
+        "ffn.fc1": "intermediate.dense",
+        "ffn.fc2": "output.dense",
+        "norm2": "output.LayerNorm",
+    }
+    for i in range(len(encoder.layers)):
+        names |= {f"encoder.layers.{i}.{ours}": f"bert.encoder.layer.{i}.{theirs}" for ours, theirs in blocks.items()}
+    state = {}
+    for key, tensor in model.state_dict().items():
+        module, _, field = key.rpartition(".")
+        state[f"{names[module]}.{field}"] = tensor
+    state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
+    hf = transformers.BertForMaskedLM(config)
+    hf.load_state_dict(state, strict=True)
+    return hf.eval()
+
+
 def export(run_dir: str, out: str, *, merge_lora: bool = False) -> list[Path]:
     """Write the run's model to ``out``; the folders written (``out``, and ``out/hf`` for a plain HF model)."""
     from tensorslim.layers.adapters.equip import merge_lora_
@@ -57,9 +110,10 @@ def export(run_dir: str, out: str, *, merge_lora: bool = False) -> list[Path]:
     else:
         shutil.copytree(folder, target, dirs_exist_ok=True)
     written = [target]
-    if is_plain_hf(model.model):
+    twin = hf_bert_mlm(model.model) if is_plain_bert_mlm(model.model) else model.model
+    if is_plain_hf(twin):
         hf = target / HF_FOLDER
-        model.model.save_pretrained(hf)
+        twin.save_pretrained(hf)
         if model.tokenizer is not None:
             _copy_tokenizer(Path(folder), hf)
         written.append(hf)

@@ -68,6 +68,7 @@ def test_classify_run_predicts_labels_and_exports(
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "shipped")]) == 2  # never over a folder
     again = predictor(tmp_path / "shipped")
     torch.testing.assert_close(again.class_probabilities(texts), loaded.class_probabilities(texts))
+    assert not (tmp_path / "shipped" / "hf").exists()  # SVD layers (and mean pooling) have no transformers twin
 
 
 def test_lm_run_generates_what_the_trained_model_generates(small_corpus: Path, tmp_path: Path) -> None:
@@ -82,13 +83,25 @@ def test_lm_run_generates_what_the_trained_model_generates(small_corpus: Path, t
     torch.testing.assert_close(model(ids), trainer.model.eval()(ids))
 
 
-def test_mlm_run_fills_the_mask(small_corpus: Path, tmp_path: Path) -> None:
+def test_mlm_run_fills_the_mask_and_exports_to_a_folder_transformers_loads(small_corpus: Path, tmp_path: Path) -> None:
+    """Our BERT trained dense has BERT's blocks and MLM head: the export's ``hf/`` is a ``BertForMaskedLM``."""
+    transformers = pytest.importorskip("transformers")
     run = tmp_path / "run"
     trainer = _train(run, preset="bert-tiny", task="mlm", method="dense", data=str(small_corpus), seq_len=32)
     texts = ["import [MASK] as np", "def [MASK](self):"]
     filled = predictor(run).fill_mask(texts)
     assert filled == _own(trainer).fill_mask(texts)
     assert all(row["filled"].startswith(row["text"].split("[MASK]")[0]) and len(row["tokens"]) == 1 for row in filled)
+
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert predictor(tmp_path / "out").fill_mask(texts) == filled
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "out" / "hf").eval()
+    ids = torch.randint(0, trainer.model.encoder.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 16:] = 0  # padding is masked out as the task masks it
+    with torch.no_grad():
+        expected = trainer.model.eval()(ids, attention_mask=mask)
+        torch.testing.assert_close(hf(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=1e-4)
 
 
 def test_segment_run_writes_masks_and_overlays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
