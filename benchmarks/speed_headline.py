@@ -26,7 +26,7 @@ def _row(result: dict[str, Any] | None, label: str) -> dict[str, Any] | None:
     return None if result is None else next((r for r in result["rows"] if r["label"] == label), None)
 
 
-def goals(out: Path) -> list[tuple[str, float | None, float, str]]:
+def headline_figures(out: Path) -> list[tuple[str, float | None, float, str]]:
     """``(figure, measured, target, source file)`` for every headline figure; measured is None when its run is
     missing."""
     rows: list[tuple[str, float | None, float, str]] = []
@@ -35,7 +35,7 @@ def goals(out: Path) -> list[tuple[str, float | None, float, str]]:
     rows.append(("350m CoLA train step, fp32, × dense", cola and cola["vs_dense"]["speedup"], 1.9, "train_350m"))
     bf16 = _row(train, "cola bf16")
     if train is not None and bf16 is None:
-        rows.append(("350m `--dtype auto`: chose fp32 (no native bf16), bf16 goals not applicable", None, 0, ""))
+        rows.append(("350m `--dtype auto`: chose fp32 (no native bf16), bf16 figures not applicable", None, 0, ""))
     else:
         rows.append(("350m CoLA bf16 (auto) × own fp32", bf16 and bf16["speedup_vs_baseline"], 2.0, "train_350m"))
         rows.append(("350m CoLA bf16 (auto) × dense bf16", bf16 and bf16["vs_dense"]["speedup"], 1.8, "train_350m"))
@@ -78,13 +78,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--log", type=Path, default=None)
-    parser.add_argument("--tiny", default="0", help="1: the tiny-size check run (its figures are no goal figures)")
+    parser.add_argument("--tiny", default="0", help="1: the tiny-size check run (not headline figures)")
     args = parser.parse_args()
     lines = []
     if args.tiny == "1":
         lines += ["**Tiny sizes (TINY=1): a check that every step runs; these are not the headline figures.**", ""]
     rows = []
-    for figure, measured, threshold, source in goals(args.out):
+    for figure, measured, threshold, source in headline_figures(args.out):
         if measured is None:
             rows.append([figure, "" if not source else "missing (see log)", "", "", source])
             continue

@@ -3,7 +3,7 @@
 ``--before`` and ``--after`` are git commits; each one's ``tensorslim/`` is exported (``git archive``) into a temporary
 directory, and every round runs ``python -m tensorslim bench <bench args>`` once with that directory first on
 ``PYTHONPATH`` (before, after; the next round after, before). Per version and row (method × precision) the table gives
-the median over rounds of each run's median step, and the ratios that the goals use: dense / method in the same
+the median over rounds of each run's median step, and the headline ratios: dense / method in the same
 precision, fp32 / bf16 of the same method, and before / after.
 
 Usage (the bench arguments follow ``--``):

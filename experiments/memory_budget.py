@@ -298,15 +298,15 @@ def model_line(run: Path) -> str:
     )
 
 
-def goal_lines(rows: list[dict]) -> list[str]:
-    """The issue's goals, read off the rows: perplexity at 25% relative to full attention, needles at 12.5%."""
+def target_lines(rows: list[dict]) -> list[str]:
+    """The targets, read off the rows: perplexity at 25% relative to full attention, needles at 12.5%."""
 
     def value(data: str, policy: str, budget: float) -> float:
         row = next(r for r in rows if r["data"] == data and r["policy"] == policy and r["budget"] == budget)
         return row.get("perplexity", row.get("accuracy"))
 
     labels = [label for label in dict.fromkeys(r["policy"] for r in rows) if label != "full attention"]
-    lines = ["Goals, read off the table below:", ""]
+    lines = ["Targets, read off the table below:", ""]
     for data in dict.fromkeys(r["data"] for r in rows):
         full = value(data, "full attention", 1.0)
         if data.startswith("needles"):
@@ -404,7 +404,7 @@ def write(rows: list[dict], checks: dict, dev_rows: list[dict], policies: tuple,
         "",
         *dev_lines(dev_rows),
         "",
-        *goal_lines(rows),
+        *target_lines(rows),
         "",
         "| data | policy | budget | capacity | perplexity / accuracy | peak entries | ms/token (shared CPU, load "
         f"{os.getloadavg()[0]:.1f} at the end, noisy) |",

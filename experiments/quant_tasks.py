@@ -6,7 +6,7 @@ Tasks:
     bbc: BBC News topic classification (``bbcnews_split`` fixed split) with the bundled MiniLM as a *frozen*
         encoder (mean-pooled) and a logistic-regression head trained on float features; the encoder's linear
         layers are quantized and the head is kept.
-    bbc-finetune: the issue's protocol: the whole MiniLM + a linear head on the mean-pooled output fine-tuned on the
+    bbc-finetune: the fine-tuning protocol: the whole MiniLM + a linear head on the mean-pooled output fine-tuned on the
         ``bbcnews_split`` train articles (seq 128, batch 16, AdamW, default 1 epoch), then the encoder's linear
         layers are quantized (calibration on train articles) and the float head is kept; test accuracy.
     llama: our tiny LLaMA from a ``tensorslim train`` checkpoint: validation perplexity (lm_head stays float).
