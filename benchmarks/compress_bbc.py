@@ -1,0 +1,199 @@
+"""MiniLM at half its linear layers' parameters on BBC News: embedding cosine and a fine-tuned classifier's accuracy,
+dense vs compressed vs healed (layer by layer, then end to end).
+
+Two arms, each in this one process:
+
+- **embedding**: the pretrained MiniLM encoder, compressed with ``tensorslim.compress`` (low rank, calibrated on the
+  first BBC training articles), healed on the BBC training articles; the mean cosine of its mean-pooled sentence
+  embeddings to the original's on the validation articles after every stage.
+- **classifier**: MiniLM fine-tuned on the BBC training articles (5 topics, the ``classify`` task on the Trainer),
+  its encoder compressed and healed the same way (the head kept); test-split accuracy after every stage.
+
+Every stage's wall time and process CPU time are recorded (the machine may be shared: CPU seconds are the figure
+that does not depend on the other jobs). Writes ``benchmarks/results/compress_bbc_<date>.md/.json/.png``.
+
+    HF_HUB_OFFLINE=1 python benchmarks/compress_bbc.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+import tempfile
+import time
+import warnings
+from contextlib import nullcontext
+from datetime import date
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from _results import table, write  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=float, default=0.5, help="budget: share of the linear layers' parameters")
+    parser.add_argument("--calibration", type=int, default=32, help="BBC training articles to calibrate on")
+    parser.add_argument("--heal-texts", type=int, default=0, help="BBC training articles to heal on (0: all)")
+    parser.add_argument("--held-out", type=int, default=0, help="BBC validation articles to score on (0: all)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--block-steps", type=int, default=None, help="layer-by-layer steps (default: HealConfig's)")
+    parser.add_argument("--block-lr", type=float, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="end-to-end steps (default: HealConfig's)")
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--arms", default="embedding,classifier", help="embedding, classifier or both")
+    parser.add_argument("--finetune-steps", type=int, default=60, help="steps of the classifier's fine-tuning")
+    parser.add_argument("--test-articles", type=int, default=0, help="BBC test articles to score on (0: all 445)")
+    parser.add_argument("--out", default=f"benchmarks/results/compress_bbc_{date.today():%Y-%m-%d}")
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from tensorslim import Budget
+    from tensorslim.compression import compress
+    from tensorslim.compression.heal import HealConfig, heal
+    from tensorslim.data import load_corpus
+    from tensorslim.models.registry import build_model
+    from tensorslim.tasks.base import model_tokenizer
+
+    warnings.simplefilter("ignore")
+    given = {k: getattr(args, k) for k in ("block_steps", "block_lr", "steps", "lr", "batch_size")}
+    healing = HealConfig(**{k: v for k, v in given.items() if v is not None})
+    tokenizer = AutoTokenizer.from_pretrained(model_tokenizer("minilm"))
+    corpus = load_corpus("bbcnews")
+
+    def batches(texts: list[str]) -> list[dict]:
+        return [
+            dict(tokenizer(texts[i : i + 8], truncation=True, max_length=args.seq_len, padding=True,
+                           return_tensors="pt"))
+            for i in range(0, len(texts), 8)
+        ]  # fmt: skip
+
+    train = list(corpus.train)
+    calibration = batches(train[: args.calibration])
+    heal_data = batches(train[: args.heal_texts or None])
+    held_out = batches(list(corpus.validation[: args.held_out or None]))
+    rows: list[list[object]] = []
+    data: dict[str, object] = {"healing": healing.__dict__, "heal_texts": len(train[: args.heal_texts or None])}
+    budget = Budget(params=args.params)
+
+    def clock() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def measure(arm: str, stage: str, quality: float, metric: str, since: tuple[float, float], params: int) -> None:
+        now = clock()
+        row = [
+            arm,
+            stage,
+            f"{params:,}",
+            f"{quality:.4f}",
+            metric,
+            f"{now[0] - since[0]:.0f}",
+            f"{now[1] - since[1]:.0f}",
+        ]
+        rows.append(row)
+        print(" | ".join(row), flush=True)
+
+    def size(model: torch.nn.Module) -> int:
+        return sum(p.numel() for p in model.parameters())
+
+    if "embedding" in args.arms:
+        from tensorslim.compression.api import agreement
+
+        original = build_model("minilm", task="embed").eval()
+        start = clock()
+        student, report = compress(original, budget, calibration, families=("lowrank",), held_out=held_out)
+        measure("embedding", "original", 1.0, "cosine", start, size(original))
+        measure("embedding", "compressed", report.stages[-1].quality, "cosine", start, size(student))
+        since = clock()
+
+        def embedding_stage(name: str) -> None:
+            nonlocal since
+            measure("embedding", name, agreement(student, original, held_out), "cosine", since, size(student))
+            since = clock()
+
+        heal(student, copy.deepcopy(original), heal_data, held_out=held_out, config=healing, on_stage=embedding_stage)
+
+    if "classifier" in args.arms:
+        from tensorslim.cli.finetune import finetune_config
+        from tensorslim.train.trainer import Trainer
+
+        with tempfile.TemporaryDirectory() as run_dir:
+            config = finetune_config(
+                model="minilm", method="dense", data="bbcnews", train_size=0, dev_size=0, steps=args.finetune_steps,
+                batch_size=16, seq_len=args.seq_len, lr=5e-5, seed=0, out_dir=run_dir,
+            )  # fmt: skip
+            start = clock()
+            trainer = Trainer(config)
+            trainer.run()
+        classifier = trainer.model.eval()
+
+        test, pad_id = trainer.data.validation
+        scored = dataclasses.replace(trainer.data, validation=(test[: args.test_articles or None], pad_id))
+
+        def accuracy(model: torch.nn.Module) -> float:
+            metrics = trainer.task.evaluate(model, scored, batch_size=32, autocast=nullcontext)
+            return metrics["val_accuracy"]
+
+        measure("classifier", f"fine-tuned ({args.finetune_steps} steps)", accuracy(classifier), "accuracy", start,
+                size(classifier))  # fmt: skip
+        start = clock()
+        encoder, _ = compress(classifier.bert, budget, calibration, families=("lowrank",))
+        small = copy.deepcopy(classifier)
+        small.bert = encoder
+        measure("classifier", "compressed", accuracy(small), "accuracy", start, size(small))
+        since = clock()
+
+        def classifier_stage(name: str) -> None:
+            nonlocal since
+            measure("classifier", name, accuracy(small), "accuracy", since, size(small))
+            since = clock()
+
+        heal(encoder, copy.deepcopy(classifier.bert), heal_data, held_out=held_out, config=healing,
+             on_stage=classifier_stage)  # fmt: skip
+
+    columns = ["arm", "stage", "params", "quality", "metric", "wall s", "CPU s"]
+    body = [
+        f"MiniLM at {args.params:.0%} of its linear layers' parameters (low rank, calibrated on {args.calibration} "
+        f"BBC training articles of {args.seq_len} tokens); healing on {data['heal_texts']} training articles with "
+        f"{healing}. Embedding cosine on the {sum(len(b['input_ids']) for b in held_out)} validation articles; "
+        f"accuracy on {'the first ' + str(args.test_articles) if args.test_articles else 'all'} articles of the BBC "
+        "test split. Times are per stage.",
+        "",
+        *table(columns, rows),
+    ]
+    data["rows"] = [dict(zip(columns, row, strict=True)) for row in rows]
+    path = write(Path(args.out), "MiniLM on BBC News: dense vs compressed vs healed", body, data=data)
+    plot(rows, path.with_suffix(".png"))
+    print(f"wrote {path}")
+    return 0
+
+
+def plot(rows: list[list[object]], path: Path) -> None:
+    """One line per arm: its quality after each stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm in dict.fromkeys(row[0] for row in rows):
+        mine = [row for row in rows if row[0] == arm]
+        ax.plot(range(len(mine)), [float(row[3]) for row in mine], marker="o", label=f"{arm} ({mine[0][4]})")
+        for i, row in enumerate(mine):
+            ax.annotate(str(row[1]).split(" (")[0], (i, float(row[3])), fontsize=7, rotation=15)
+    ax.set_xlabel("stage")
+    ax.set_ylabel("quality (cosine to the original / test accuracy)")
+    ax.set_title("MiniLM at half its linear parameters, BBC News")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
