@@ -98,6 +98,24 @@ def main(argv: list[str] | None = None) -> int:
         ]
         rows.append(row)
         print(" | ".join(row), flush=True)
+        save()  # after every row: a stopped run keeps what it measured
+
+    def save() -> Path:
+        columns = ["arm", "stage", "params", "quality", "metric", "wall s", "CPU s"]
+        body = [
+            f"MiniLM at {args.params:.0%} of its linear layers' parameters (low rank, calibrated on "
+            f"{args.calibration} BBC training articles of {args.seq_len} tokens); healing on {data['heal_texts']} "
+            f"training articles with {healing}. Embedding cosine on the "
+            f"{sum(len(b['input_ids']) for b in held_out)} validation articles; accuracy on "
+            f"{'the first ' + str(args.test_articles) if args.test_articles else 'all'} articles of the BBC test "
+            "split. Times are per stage.",
+            "",
+            *table(columns, rows),
+        ]
+        data["rows"] = [dict(zip(columns, row, strict=True)) for row in rows]
+        path = write(Path(args.out), "MiniLM on BBC News: dense vs compressed vs healed", body, data=data)
+        plot(rows, path.with_suffix(".png"))
+        return path
 
     def size(model: torch.nn.Module) -> int:
         return sum(p.numel() for p in model.parameters())
@@ -157,20 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         heal(encoder, copy.deepcopy(classifier.bert), heal_data, held_out=held_out, config=healing,
              on_stage=classifier_stage)  # fmt: skip
 
-    columns = ["arm", "stage", "params", "quality", "metric", "wall s", "CPU s"]
-    body = [
-        f"MiniLM at {args.params:.0%} of its linear layers' parameters (low rank, calibrated on {args.calibration} "
-        f"BBC training articles of {args.seq_len} tokens); healing on {data['heal_texts']} training articles with "
-        f"{healing}. Embedding cosine on the {sum(len(b['input_ids']) for b in held_out)} validation articles; "
-        f"accuracy on {'the first ' + str(args.test_articles) if args.test_articles else 'all'} articles of the BBC "
-        "test split. Times are per stage.",
-        "",
-        *table(columns, rows),
-    ]
-    data["rows"] = [dict(zip(columns, row, strict=True)) for row in rows]
-    path = write(Path(args.out), "MiniLM on BBC News: dense vs compressed vs healed", body, data=data)
-    plot(rows, path.with_suffix(".png"))
-    print(f"wrote {path}")
+    print(f"wrote {save()}")
     return 0
 
 

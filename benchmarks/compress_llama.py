@@ -73,6 +73,23 @@ def main(argv: list[str] | None = None) -> int:
         return sum(p.numel() for name, p in model.named_parameters() if ".layers." in f".{name}")
 
     rows: list[list[object]] = []
+
+    def save() -> Path:
+        columns = ["budget", "perplexity, compressed", "block params", "linear bytes", "perplexity, healed",
+                   "compress s", "compress + heal s"]  # fmt: skip
+        body = [
+            f"Run `{Path(args.run).name}` ({linear_params(original):,} parameters in its blocks); calibration on "
+            f"{args.calibration} training blocks of {args.seq_len} tokens, healing on {len(heal_data) * 8} blocks "
+            f"({healing}), perplexity on {len(held_out) * 8 if held_out else 0} validation blocks. The 1/8-bytes "
+            "arm chooses among low rank, Kronecker, 8- and 4-bit per layer; the others among low rank and Kronecker.",
+            "",
+            *table(columns, rows),
+        ]
+        path = write(Path(args.out), "A trained LLaMA run compressed and healed: perplexity", body, data={"rows": rows})
+        if len(rows) > 1:
+            plot(rows, path.with_suffix(".png"))
+        return path  # after every size: a stopped run keeps what it measured
+
     dense_ppl = perplexity(original)
     rows.append(["dense", "-", f"{linear_params(original):,}", "-", f"{dense_ppl:.2f}", "-", "0"])
     print(rows[-1], flush=True)
@@ -94,20 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{built:.0f}", f"{spent:.0f}"])  # fmt: skip
         print(rows[-1], flush=True)
         print(report.table().splitlines()[-1], flush=True)
+        save()
 
-    columns = ["budget", "perplexity, compressed", "block params", "linear bytes", "perplexity, healed",
-               "compress s", "compress + heal s"]  # fmt: skip
-    body = [
-        f"Run `{Path(args.run).name}` ({linear_params(original):,} parameters in its blocks); calibration on "
-        f"{args.calibration} training blocks of {args.seq_len} tokens, healing on {len(heal_data) * 8} blocks "
-        f"({healing}), perplexity on {len(held_out) * 8 if held_out else 0} validation blocks. The 1/8-bytes arm "
-        "chooses among low rank, Kronecker, 8- and 4-bit per layer; the others among low rank and Kronecker.",
-        "",
-        *table(columns, rows),
-    ]
-    path = write(Path(args.out), "A trained LLaMA run compressed and healed: perplexity", body, data={"rows": rows})
-    plot(rows, path.with_suffix(".png"))
-    print(f"wrote {path}")
+    print(f"wrote {save()}")
     return 0
 
 
