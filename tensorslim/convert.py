@@ -123,6 +123,8 @@ def _plan(
         report.layers.append(layer)
     if transform.check is not None:
         transform.check(model, config, candidates)
+    if transform.freezes and transform.keeps_trainable is not None:
+        report.kept_trainable = sum(p.numel() for p in transform.keeps_trainable(model, config))
     return report, transform, layer_configs
 
 
@@ -170,6 +172,8 @@ def convert_(
     report, transform, layer_configs = _plan(model, config, filter_fn, allow_larger)
     targets = dict(_candidates(model, transform, config, filter_fn))
     with unchanged_on_error(model), one_thread():
+        if transform.prepare is not None:
+            transform.prepare(model, config)
         for layer in tqdm(report.layers, desc=f"convert ({report.method})", unit="layer", leave=False, disable=None):
             new = transform.replacement(model, layer.name, targets[layer.name], layer_configs[layer.name])
             set_submodule(model, layer.name, new)

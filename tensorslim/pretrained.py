@@ -135,9 +135,12 @@ def _describe(model: nn.Module, name: str, at: str, module: nn.Module, *, in_pla
         return entries
     if family.owns is not None and family.owns(module):  # changed in place: first the layer its class describes
         entries += _describe(model, name, at, module, in_place=False)
-    elif family.wraps is not None:  # a family that changes layers in place describes what it wraps by its class
-        inner = getattr(module, family.wraps)
-        entries += _describe(model, _join(name, family.wraps), at, inner, in_place=family.owns is None)
+    elif (
+        wrapped := next((a for a in family.wraps if isinstance(getattr(module, a, None), nn.Module)), None)
+    ) is not None:
+        # a family that changes layers in place describes what it wraps by its class
+        inner = getattr(module, wrapped)
+        entries += _describe(model, _join(name, wrapped), at, inner, in_place=family.owns is None)
     config, state = family.describe(model, name, module)
     return [*entries, {"name": at, "kind": "convert", "config": _config_record(config), "state": state}]
 
@@ -292,7 +295,10 @@ def _as_tuples(value: Any) -> Any:
 def _config_from(record: dict[str, Any], types: dict[str, type]) -> Any:
     if record["type"] not in types:
         raise ValueError(f"config type {record['type']!r} is unknown; allowed: {sorted(types)}")
-    return types[record["type"]](**{k: _as_tuples(v) for k, v in record["fields"].items()})
+    kind = types[record["type"]]
+    if hasattr(kind, "from_dict"):  # a config of configs (the adapters' PELTConfig) rebuilds its parts itself
+        return kind.from_dict(record["fields"])
+    return kind(**{k: _as_tuples(v) for k, v in record["fields"].items()})
 
 
 def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:

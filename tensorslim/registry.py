@@ -82,6 +82,7 @@ class ConversionReport:
     budget: BudgetUse | None = None  # set when the config carried a budget
     model_trainable_before: int = 0
     freezes: bool = False  # the family freezes the model and trains only what it adds (LoRA)
+    kept_trainable: int = 0  # parameters a freezing family keeps trainable (a task head)
 
     @property
     def params_before(self) -> int:
@@ -100,7 +101,7 @@ class ConversionReport:
         """Trainable parameters once applied: only what the family adds when it freezes the model, else the trainable
         ones before with each replaced layer's parameters exchanged for its replacement's."""
         if self.freezes:
-            return self.params_after - self.params_before
+            return self.params_after - self.params_before + self.kept_trainable
         return self.model_trainable_before - self.params_before + self.params_after
 
     def table(self) -> str:
@@ -140,8 +141,9 @@ class Transform:
         allocate: optional model-level pre-pass ``(model, candidates, config) -> Allocation`` run by ``plan`` when
             the config carries a budget: it chooses each candidate's rank (``candidates`` are ``(name, module)``
             pairs) so that the converted layers fit the budget. Families without it refuse budgets.
-        layer_type: the class ``build`` returns; a built layer belongs to the family whose ``layer_type`` is its class
-            or nearest base class (see :func:`transform_for_layer`).
+        layer_type: the class ``build`` returns (or a tuple of the classes of a family that puts in several); a built
+            layer belongs to the family whose ``layer_type`` is its class or nearest base class (see
+            :func:`transform_for_layer`).
         describe: ``(model, qualified name, layer) -> (config, state)``: a config that rebuilds ``layer`` with every
             shape explicit and ``init="random"`` (nothing is read from weights), and the JSON-able state the config
             cannot carry (gate thresholds ...). Every registered family has one (the contract matrix checks it).
@@ -158,8 +160,11 @@ class Transform:
         grows: the family adds parameters by design (adapters, learned scales): the larger-than-dense refusal does not
             apply to it.
         freezes: the family freezes the model and trains only what it adds (LoRA); the report books what is trainable.
-        wraps: the attribute under which a built layer keeps the module it replaced (LoRA's ``base``); that module's
-            own record is saved under the built layer's name and rebuilt first.
+        keeps_trainable: optional ``(model, config) -> parameters`` a freezing family keeps trainable (a task head).
+        prepare: optional model-level step ``(model, config)`` before the first layer is built (freezing the model).
+        wraps: the attributes under which a built layer keeps the module it replaced (LoRA's ``base``, an adapter's
+            ``inner``), the first the layer has; that module's own record is saved under the built layer's name and
+            rebuilt first.
         transparent: a built layer keeps the replaced module's children under their names (a memory keeps the
             attention's projections), so their records are saved as they are and rebuilt first.
         owns: optional ``layer -> bool`` for a family that changes layers in place (QAT's parametrizations of TT
@@ -172,7 +177,7 @@ class Transform:
     build: Callable[[nn.Module, object], nn.Module] | None
     finalize: Callable[[nn.Module, object, ConversionReport], None] | None = None
     allocate: Callable[[nn.Module, list[tuple[str, nn.Module]], object], Allocation] | None = None
-    layer_type: type[nn.Module] | None = None
+    layer_type: type[nn.Module] | tuple[type[nn.Module], ...] | None = None
     describe: Callable[[nn.Module, str, nn.Module], tuple[object, dict[str, Any]]] | None = None
     restore: Callable[[nn.Module, dict[str, Any]], None] | None = None
     default_targets: Callable[[nn.Module], list[nn.Module]] | None = None
@@ -181,7 +186,9 @@ class Transform:
     build_in: Callable[[nn.Module, str, nn.Module, object], nn.Module] | None = None
     grows: bool = False
     freezes: bool = False
-    wraps: str | None = None
+    keeps_trainable: Callable[[nn.Module, object], list[nn.Parameter]] | None = None
+    prepare: Callable[[nn.Module, object], None] | None = None
+    wraps: tuple[str, ...] = ()
     transparent: bool = False
     owns: Callable[[nn.Module], bool] | None = None
 
@@ -240,7 +247,12 @@ def transform_for_layer(layer: nn.Module, *, in_place: bool = True) -> Transform
         owner = next((t for t in TRANSFORMS.values() if t.owns is not None and t.owns(layer)), None)
         if owner is not None:
             return owner
-    by_type = {transform.layer_type: transform for transform in TRANSFORMS.values() if transform.layer_type is not None}
+    by_type = {
+        cls: transform
+        for transform in TRANSFORMS.values()
+        if transform.layer_type is not None
+        for cls in (transform.layer_type if isinstance(transform.layer_type, tuple) else (transform.layer_type,))
+    }
     return next((by_type[cls] for cls in type(layer).__mro__ if cls in by_type), None)
 
 

@@ -306,7 +306,19 @@ def _refusals() -> list[Refusal]:
             lambda: dense_model(ROWS[0]),
             lambda m: equip_(m, PELTConfig(lora=GatedLoRAConfig(rank=2, targets=("up",)), prefix=PrefixConfig())),
         ),
-        Refusal("adapters-unipelt-on-an-mlp", lambda: dense_model(ROWS[0]), lambda m: equip_(m, unipelt())),
+        Refusal(
+            "adapters-unipelt-on-an-mlp",
+            lambda: dense_model(ROWS[0]),
+            lambda m: equip_(m, unipelt()),
+            family=PELTConfig,
+        ),
+        # rank 9 fits no layer of the toy: refused by the plan, before anything is frozen
+        Refusal(
+            "convert-adapters-lora-rank",
+            lambda: dense_model(ROWS[0]),
+            lambda m: convert_(m, PELTConfig(lora=GatedLoRAConfig(rank=9, targets=("up", "down")))),
+            family=PELTConfig,
+        ),
         Refusal("adapters-config-type", lambda: dense_model(ROWS[0]), lambda m: equip_(m, "lora"), TypeError),
         Refusal("qat-no-tt-layer", lambda: dense_model(ROWS[0]), lambda m: prepare_qat_(m, QATConfig())),
         Refusal("qat-twice", _qat_model, lambda m: prepare_qat_(m, QATConfig())),

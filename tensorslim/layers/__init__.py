@@ -4,6 +4,7 @@ Each family is one module holding its config dataclass, its layer (``from_dense`
 ``flops``) and its :func:`tensorslim.registry.register_transform` call; a new family is one more import here.
 """
 
+from tensorslim.layers import adapters as adapters
 from tensorslim.layers import cola_m as cola_m
 from tensorslim.layers import kron as kron
 from tensorslim.layers import lax as lax

@@ -194,19 +194,15 @@ def _build_adapter(module: nn.Module, config: LoRAConfig) -> LoRALinear:
     return LoRALinear(module, rank=config.rank, alpha=config.alpha, dropout=config.dropout)
 
 
-def _finish(model: nn.Module, config: LoRAConfig, report: ConversionReport) -> None:
-    """Freeze everything but the adapters (of this and earlier calls), cross the latents, and book the built model."""
-    adapters = {layer.name: model.get_submodule(layer.name) for layer in report.layers}
-    trained = [
-        p
-        for adapter in model.modules()
-        if isinstance(adapter, LoRALinear)
-        for name, p in adapter.named_parameters()
-        if not name.startswith("base.") and p.requires_grad
-    ]
+def _freeze(model: nn.Module, config: LoRAConfig) -> None:
+    """LoRA trains its adapters only: the model is frozen before they are built."""
+    del config
     model.requires_grad_(False)
-    for param in trained:
-        param.requires_grad_(True)
+
+
+def _finish(model: nn.Module, config: LoRAConfig, report: ConversionReport) -> None:
+    """Cross the adapters' latents and book the built model."""
+    adapters = {layer.name: model.get_submodule(layer.name) for layer in report.layers}
     if config.lax_gate is not None:
         _wire_crossings(model, adapters, config.lax_gate)
     report.layers[:] = [
@@ -233,7 +229,7 @@ def _describe_adapter(model: nn.Module, name: str, layer: LoRALinear) -> tuple[L
         raise ValueError(
             f"{name} is a {type(layer).__name__}; allowed here: LoRALinear (save adapters with save_adapters)"
         )
-    adapters = {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+    adapters = {n: m for n, m in model.named_modules() if type(m) is LoRALinear}
     kinds = {crossing_kind(m.gate) for m in adapters.values() if m.gate is not None}
     shapes = {(m.rank, m.scaling, getattr(m.dropout, "p", 0.0)) for m in adapters.values()}
     if len(shapes) > 1 or len(kinds) > 1:
@@ -294,6 +290,7 @@ register_transform(
         check=_check_targets,
         grows=True,
         freezes=True,
-        wraps="base",
+        prepare=_freeze,
+        wraps=("base",),
     ),
 )

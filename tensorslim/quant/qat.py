@@ -289,7 +289,7 @@ register_transform(
         select=_select_tt,
         check=_check_tt,
         grows=True,
-        wraps="layer",
+        wraps=("layer",),
         owns=_in_qat_form,
     ),
 )

@@ -171,3 +171,33 @@ def test_qat_survives_save_and_load(tmp_path: Path, mode: str) -> None:
     assert type(loaded.blocks[1].down) is kind
     assert [type(m).__name__ for m in loaded.modules()] == [type(m).__name__ for m in model.modules()]
     torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
+
+
+def test_unipelt_with_a_prompt_is_planned_and_survives_save_and_load(tmp_path: Path) -> None:
+    """The adapters family: the plan books what equip_ builds, and save_pretrained/load_pretrained rebuild the
+    prompt, prefixes, gated LoRA and bottlenecks as save_adapters/load_adapters (the adapters' own files) do."""
+    from tensorslim.layers.adapters import equip_, load_adapters, save_adapters, unipelt
+    from tests.unit.test_adapters import batch, randomize_, tiny_bert
+
+    config = unipelt(prompt=True)
+    model = tiny_bert()
+    planned = plan(model, config)
+    info = equip_(model, config)
+    assert planned.model_params_after == info["total"] == sum(p.numel() for p in model.parameters())
+    assert planned.model_trainable_after == info["trainable"]
+    assert [row.name for row in planned.layers if row.name != "pelt_prefix"] == [
+        name for kind in ("prompt", "lora", "prefix", "bottleneck") for name in info["layers"][kind]
+    ]
+    randomize_(model)
+    ids, mask = batch()
+    expected = model(input_ids=ids, attention_mask=mask).logits
+
+    save_pretrained(model, tmp_path / "unipelt")
+    loaded = load_pretrained(tmp_path / "unipelt")
+    assert [type(m).__name__ for m in loaded.modules()] == [type(m).__name__ for m in model.modules()]
+    torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask).logits, expected, rtol=0, atol=0)
+
+    save_adapters(model, tmp_path / "adapters")
+    reference = tiny_bert(seed=0)
+    load_adapters(reference, tmp_path / "adapters")
+    torch.testing.assert_close(reference(input_ids=ids, attention_mask=mask).logits, expected, rtol=0, atol=0)

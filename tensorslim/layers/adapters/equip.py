@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from tensorslim.layers.adapters.modules import (
 )
 from tensorslim.layers.lora import LoRALinear, check_rank
 from tensorslim.models import bert
-from tensorslim.registry import set_submodule, unchanged_on_error
+from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform, set_submodule
 
 CONFIG_FILE, WEIGHTS_FILE = "adapters.json", "adapters.safetensors"
 _LAYER = re.compile(r"\.(\d+)(?:\.|$)")
@@ -79,8 +80,16 @@ def _keep(name: str, from_layer: int) -> bool:
     return from_layer == 0 or (layer is not None and layer >= from_layer)
 
 
+# The tokenizer of the equip_ call in progress: a prompt initialized from text is built with it.
+_ENCODE: ContextVar[Callable[[str], list[int]] | None] = ContextVar("encode", default=None)
+PROMPT, PREFIX = "pelt_prompt", "pelt_prefix"  # where the model keeps its prompt and its shared prefix encoder
+
+
 def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list[int]] | None = None) -> dict:
     """Freeze ``model`` and add the modules of ``config`` in place.
+
+    The adapters are a family of :mod:`tensorslim.registry`: this is ``convert_(model, config)`` with ``encode`` for
+    the prompt (``plan`` previews it, ``save_pretrained`` records it), reported by kind.
 
     Args:
         model: a Hugging Face BERT-family model or one of our BERTs (every module), our LLaMA (LoRA, prompt), or
@@ -95,37 +104,148 @@ def equip_(model: nn.Module, config: PELTConfig, *, encode: Callable[[str], list
         ValueError: a target that matches no linear, a model without the layers a module needs, a prompt that does
             not fit the position table, a model equipped already, ``train_pooler`` on a model without a pooler.
     """
+    from tensorslim.convert import convert_
+
     if not isinstance(config, PELTConfig):
         raise TypeError(f"config of type {type(config).__name__} is invalid; allowed: PELTConfig (e.g. unipelt())")
+    token = _ENCODE.set(encode)
+    try:
+        kinds = {name: _kind_of(name, module) for name, module in _select(model, config)}
+        report = convert_(model, config)
+    finally:
+        _ENCODE.reset(token)
+    layers: dict[str, list[str]] = {}
+    for row in report.layers:
+        if row.name != PREFIX:
+            layers.setdefault(kinds[row.name], []).append(row.name)
+    return {**trainable_parameters(model), "layers": layers}
+
+
+def _kind_of(name: str, module: nn.Module) -> str:
+    """Which module goes at ``name`` (see :func:`_select`)."""
+    if name in (PROMPT, PREFIX):
+        return name.removeprefix("pelt_")
+    if _is_attention(module):
+        return "prefix"
+    return "lora" if isinstance(module, nn.Linear) else "bottleneck"
+
+
+def _select(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.Module]]:
+    """Every layer the config changes, in the order they are built: the prompt (at the word embedding), the LoRA
+    linears, the prefix encoder (on ``meta``: its books), the self-attentions, the feed-forward norms.
+
+    Raises:
+        ValueError: a model equipped already, ``train_pooler`` without a pooler, or a module without its layers.
+    """
     if getattr(model, "pelt_config", None) is not None:
         raise ValueError(f"{type(model).__name__} is equipped already; allowed: equip_ a fresh base model once")
-    pooler = _pooler_of(model) if config.train_pooler else None
-    if config.train_pooler and pooler is None:
+    if config.train_pooler and _pooler_of(model) is None:
         raise ValueError(f"train_pooler=True needs a base model with a pooler; {type(model).__name__} has none")
-    # The whole plan first: every module finds its layers (or refuses) before the model is frozen or changed.
-    prompt = _plan_prompt(model, config, encode) if config.prompt is not None else None
-    lora = _lora_targets(model, config) if config.lora is not None else None
-    attentions = _prefix_targets(model, config) if config.prefix is not None else None
-    norms = _bottleneck_targets(model, config) if config.bottleneck is not None else None
-    layers: dict[str, list[str]] = {}
-    with unchanged_on_error(model):
-        model.requires_grad_(False)
-        if prompt is not None:
-            layers["prompt"] = [_attach_prompt(model, *prompt)]
-        if lora is not None:
-            layers["lora"] = _add_lora(model, config, lora)
-        if attentions is not None:
-            layers["prefix"] = _add_prefix(model, config, attentions)
-        if norms is not None:
-            layers["bottleneck"] = _add_bottleneck(model, config, norms)
-        if config.train_head:
-            for param in _head_parameters(model):
-                param.requires_grad_(True)
-        if pooler is not None:
-            pooler.requires_grad_(True)
-        model.pelt_config = config
-        model.train(model.training)  # the new modules follow the model's mode (an eval model keeps dropout off)
-    return {**trainable_parameters(model), "layers": layers}
+    chosen = [(PROMPT, _prompt_site(model, config)[0])] if config.prompt is not None else []
+    chosen += _lora_targets(model, config) if config.lora is not None else []
+    if config.prefix is not None:
+        attentions = _prefix_targets(model, config)
+        with torch.device("meta"):
+            chosen.append((PREFIX, _prefix_encoder(model, config, attentions)))
+        chosen += attentions
+    return chosen + (_bottleneck_targets(model, config) if config.bottleneck is not None else [])
+
+
+def _plan_module(name: str, module: nn.Module, config: PELTConfig) -> LayerReport:
+    """The books of one module: what it adds to the layer it wraps (the prompt and the prefix encoder are new)."""
+    before = 0 if name in (PROMPT, PREFIX) else sum(p.numel() for p in module.parameters())
+    d_in, d_out = _widths(name, module)
+    if name == PROMPT:
+        added, shape = config.prompt.length * d_out, f"{config.prompt.length} prompt tokens"
+    elif name == PREFIX:
+        added, shape = sum(p.numel() for p in module.parameters()), f"{module.length} prefixes x {module.n_layers}"
+    elif isinstance(module, nn.Linear) and config.lora is not None and not _is_attention(module):
+        rank = config.lora.rank
+        added, shape = rank * (d_in + d_out) + _gate(d_in, config.lora.gate), f"+ {d_in}->{rank}->{d_out}"
+    elif _is_attention(module):
+        added, shape = _gate(d_in, config.prefix.gate), "+ prefix"
+    else:
+        hidden = max(1, d_in // config.bottleneck.reduction)
+        added = 2 * hidden * d_in + hidden + d_in + _gate(d_in, config.bottleneck.gate)
+        shape = f"+ {d_in}->{hidden}->{d_in}"
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(d_in, d_out),
+        new_shape=shape,
+        rank=config.lora.rank if config.lora is not None and isinstance(module, nn.Linear) else 0,
+        params_before=before,
+        params_after=before + added,
+    )
+
+
+def _gate(dim: int, gated: bool) -> int:
+    return dim + 1 if gated else 0  # Gate: Linear(dim, 1)
+
+
+def _is_attention(module: nn.Module) -> bool:
+    return isinstance(module, bert.SelfAttention) or hasattr(module, "attention_head_size")
+
+
+def _widths(name: str, module: nn.Module) -> tuple[int, int]:
+    if name == PROMPT:
+        return tuple(module.weight.shape)  # (V, d)
+    if name == PREFIX:
+        return module.dim, module.n_layers * 2 * module.dim
+    if _is_attention(module):
+        width = linear_weight(module.q if isinstance(module, bert.SelfAttention) else module.query).shape[1]
+        return width, width
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    return module.weight.shape[0], module.weight.shape[0]  # a LayerNorm
+
+
+def _build_module(model: nn.Module, name: str, module: nn.Module, config: PELTConfig) -> nn.Module:
+    """The module at ``name``; built in :func:`_select`'s order, so the prefix encoder precedes the attentions and
+    each attention's index is the number of prefix attentions built before it."""
+    if name == PROMPT:
+        return _build_prompt(model, config)
+    if name == PREFIX:
+        return _prefix_encoder(model, config, _prefix_targets(model, config))
+    if _is_attention(module):
+        wrapper = PrefixNativeAttention if isinstance(module, bert.SelfAttention) else PrefixSelfAttention
+        index = sum(isinstance(m, PrefixAttention) for m in model.modules())
+        return wrapper(module, model.get_submodule(PREFIX), index, gate=config.prefix.gate)
+    if isinstance(module, nn.Linear):
+        lora = config.lora
+        return GatedLoRALinear(module, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, gate=lora.gate)
+    return BottleneckNorm(module, reduction=config.bottleneck.reduction, gate=config.bottleneck.gate)
+
+
+def _freeze(model: nn.Module, config: PELTConfig) -> None:
+    """The base is frozen before the modules are built (they train)."""
+    del config
+    model.requires_grad_(False)
+
+
+def _finish(model: nn.Module, config: PELTConfig, report: ConversionReport) -> None:
+    """The head (and pooler) train, the model keeps its config, and the new modules follow the model's mode."""
+    del report
+    for param in _kept_trainable(model, config):
+        param.requires_grad_(True)
+    model.pelt_config = config
+    model.train(model.training)  # an eval model keeps the new modules' dropout off
+
+
+def _kept_trainable(model: nn.Module, config: PELTConfig) -> list[nn.Parameter]:
+    head = _head_parameters(model) if config.train_head else []
+    pooler = _pooler_of(model) if config.train_pooler else None
+    return head + (list(pooler.parameters()) if pooler is not None else [])
+
+
+def _describe_module(model: nn.Module, name: str, layer: nn.Module) -> tuple[PELTConfig, dict[str, Any]]:
+    """The model's config, one for all its modules (one call rebuilds them). Where the prompt started does not
+    matter once it is trained (the weights replace it), so the record needs no tokenizer."""
+    del name, layer
+    config = model.pelt_config
+    if config.prompt is not None:
+        config = replace(config, prompt=replace(config.prompt, init_text=None, init_vocab=None))
+    return config, {}
 
 
 def _lora_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.Linear]]:
@@ -146,17 +266,6 @@ def _lora_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.Li
     return targets
 
 
-def _add_lora(model: nn.Module, config: PELTConfig, targets: list[tuple[str, nn.Linear]]) -> list[str]:
-    lora = config.lora
-    for name, module in targets:
-        set_submodule(
-            model,
-            name,
-            GatedLoRALinear(module, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, gate=lora.gate),
-        )
-    return [name for name, _ in targets]
-
-
 def _no_layers(model: nn.Module, what: str) -> ValueError:
     return ValueError(
         f"{what} needs BERT-family layers (a Hugging Face self-attention with query/key/value and BertOutput, or "
@@ -171,24 +280,22 @@ def _prefix_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.
     return attentions
 
 
-def _add_prefix(model: nn.Module, config: PELTConfig, attentions: list[tuple[str, nn.Module]]) -> list[str]:
+def _prefix_encoder(model: nn.Module, config: PELTConfig, attentions: list[tuple[str, nn.Module]]) -> PrefixEncoder:
+    """The encoder of every adapted layer's prefixes, on the device of the attentions' weights (or the current
+    default device when they are on ``meta``... as :func:`_select` builds its books)."""
+    del model
     first = attentions[0][1]
     native = isinstance(first, bert.SelfAttention)
     weight = linear_weight(first.k if native else first.key)
-    encoder = PrefixEncoder(
+    return PrefixEncoder(
         length=config.prefix.length,
         dim=weight.shape[1],
         n_layers=len(attentions),
         n_heads=first.n_heads if native else first.num_attention_heads,
         mlp_dim=config.prefix.mlp_dim,
-        device=weight.device,
+        device=None if torch.get_default_device().type == "meta" else weight.device,
         dtype=weight.dtype,
     )
-    model.pelt_prefix = encoder
-    wrapper = PrefixNativeAttention if native else PrefixSelfAttention
-    for index, (name, module) in enumerate(attentions):
-        set_submodule(model, name, wrapper(module, encoder, index, gate=config.prefix.gate))
-    return [name for name, _ in attentions]
 
 
 def _bottleneck_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str, nn.Module]]:
@@ -196,13 +303,6 @@ def _bottleneck_targets(model: nn.Module, config: PELTConfig) -> list[tuple[str,
     if not norms:
         raise _no_layers(model, "the bottleneck adapter")
     return norms
-
-
-def _add_bottleneck(model: nn.Module, config: PELTConfig, norms: list[tuple[str, nn.Module]]) -> list[str]:
-    spec = config.bottleneck
-    for name, module in norms:
-        set_submodule(model, name, BottleneckNorm(module, reduction=spec.reduction, gate=spec.gate))
-    return [name for name, _ in norms]
 
 
 def _encoder_of(model: nn.Module) -> nn.Module:
@@ -235,45 +335,56 @@ def _native_prompt_site(model: nn.Module) -> tuple[nn.Module, nn.Module, int, st
     return None
 
 
-def _plan_prompt(
-    model: nn.Module, config: PELTConfig, encode: Callable[[str], list[int]] | None
-) -> tuple[PromptEmbedding, tuple | None, int]:
-    """The initialized soft prompt, where it goes (see :func:`_native_prompt_site`; None: a Hugging Face encoder) and
-    the position limit; nothing is attached yet."""
+def _prompt_site(model: nn.Module, config: PELTConfig) -> tuple[nn.Module, tuple | None, int]:
+    """The word embedding the prompt reads its width (and init) from, where it goes (see
+    :func:`_native_prompt_site`; None: a Hugging Face encoder) and the position limit; every check of the prompt.
+
+    Raises:
+        ValueError: no weight table, a prompt that leaves no position, an init that cannot be made.
+    """
     spec = config.prompt
     native = _native_prompt_site(model)
     if native is not None:
         _, embedding, positions, _ = native
-        words = getattr(embedding, "weight", None)
-        if words is None:  # a TT embedding keeps no table to read a width or an init from
+        if not isinstance(getattr(embedding, "weight", None), torch.Tensor):  # a TT embedding keeps no table
             raise ValueError(
                 f"prompt tuning needs a token embedding with a weight table; {type(model).__name__}'s is a "
                 f"{type(embedding).__name__}; allowed: nn.Embedding"
             )
     else:
         encoder = _encoder_of(model)
-        words = encoder.get_input_embeddings().weight  # (V, d)
+        embedding = encoder.get_input_embeddings()
         positions = encoder.embeddings.position_embeddings.num_embeddings
     if spec.length >= positions:
         raise ValueError(
             f"prompt length={spec.length} leaves no position for the input; allowed: < {positions} (the position table)"
         )
+    vocab = embedding.weight.shape[0]
+    if spec.init_vocab is not None and spec.init_vocab[1] > vocab:
+        raise ValueError(
+            f"prompt init_vocab={spec.init_vocab!r} reaches past the {vocab}-token vocabulary; allowed: stop <= {vocab}"
+        )
+    if spec.init_text is not None and _ENCODE.get() is None:
+        raise ValueError("prompt init_text needs a tokenizer; allowed: equip_(..., encode=text → token ids)")
+    return embedding, native, positions
+
+
+def _build_prompt(model: nn.Module, config: PELTConfig) -> PromptEmbedding:
+    """The initialized soft prompt, its hooks on the model in place (the model keeps it as ``pelt_prompt``)."""
+    spec = config.prompt
+    embedding, native, positions = _prompt_site(model, config)
+    words = embedding.weight  # (V, d)
     after_first = spec.combine == "prefix_after_bos"
     prompt = PromptEmbedding(
         spec.length, words.shape[1], after_first=after_first, device=words.device, dtype=words.dtype
     )
     if words.device.type != "meta":
-        _init_prompt(prompt, spec, words, encode)
-    return prompt, native, positions
-
-
-def _attach_prompt(model: nn.Module, prompt: PromptEmbedding, native: tuple | None, positions: int) -> str:
-    model.pelt_prompt = prompt
+        _init_prompt(prompt, spec, words, _ENCODE.get())
     if native is not None:
         _hook_native_prompt(*native, prompt)
     else:
         _encoder_of(model).register_forward_pre_hook(_prompt_hook(prompt, positions), with_kwargs=True)
-    return "pelt_prompt"
+    return prompt
 
 
 def _hook_native_prompt(site: nn.Module, embedding: nn.Module, limit: int, table: str, prompt: PromptEmbedding):
@@ -325,19 +436,12 @@ def _init_prompt(prompt: PromptEmbedding, spec: Any, words: torch.Tensor, encode
     with torch.no_grad():
         if spec.init_vocab is not None:
             start, stop = spec.init_vocab
-            if stop > words.shape[0]:
-                raise ValueError(
-                    f"prompt init_vocab={spec.init_vocab!r} reaches past the {words.shape[0]}-token vocabulary; "
-                    f"allowed: stop <= {words.shape[0]}"
-                )
             ids = torch.randint(start, stop, (spec.length,), dtype=torch.long)  # peft's SAMPLE_VOCAB draw
             prompt.weight.copy_(words[ids.to(words.device)])
             return
         if spec.init_text is None:
             prompt.weight.uniform_(-spec.init_scale, spec.init_scale)
             return
-        if encode is None:
-            raise ValueError("prompt init_text needs a tokenizer; allowed: equip_(..., encode=text → token ids)")
         ids = list(encode(spec.init_text))
         ids = (ids * -(-spec.length // len(ids)))[: spec.length]  # repeated, then cut: peft's TEXT init
         prompt.weight.copy_(words[torch.tensor(ids, device=words.device)])
@@ -503,3 +607,23 @@ def load_adapters(model: nn.Module, folder: str | Path) -> dict:
         for name, tensor in state.items():
             mine[name].copy_(tensor)
     return report
+
+
+register_transform(
+    PELTConfig,
+    Transform(
+        accepts=lambda module: False,  # the config names its layers (select)
+        plan_layer=_plan_module,
+        build=None,
+        build_in=_build_module,
+        finalize=_finish,
+        layer_type=(GatedLoRALinear, PrefixAttention, BottleneckNorm, PromptEmbedding, PrefixEncoder),
+        describe=_describe_module,
+        select=_select,
+        grows=True,
+        freezes=True,
+        keeps_trainable=_kept_trainable,
+        prepare=_freeze,
+        wraps=("base", "inner"),
+    ),
+)
