@@ -16,8 +16,9 @@ of every step that reuses the projector.
 
 Parallel runs (``torchrun``) write *sharded* checkpoints with ``torch.distributed.checkpoint`` (DCP) instead: every
 process writes the rectangles of the single-process tensors it holds (:mod:`tensorslim.distributed.chunks`), rank 0
-adds ``state.json``, and the folder is committed the same way (temporary folder, rename, ``latest``). DCP reads any
-other layout's rectangles back, so a run resumes at another world size, TP degree or on one process.
+adds ``state.json`` (with the SHA-256 of every file the ranks wrote, checked before they are read back), and the
+folder is committed the same way (temporary folder, rename, ``latest``). DCP reads any other layout's rectangles back,
+so a run resumes at another world size, TP degree or on one process.
 """
 
 from __future__ import annotations
@@ -260,13 +261,41 @@ def save_sharded_checkpoint(
         dcp.save({**tensors, "rng.torch": torch.get_rng_state()}, checkpoint_id=tmp, no_dist=not dist.is_initialized())
     barrier()  # every rank's shards are on disk
     if is_main:
+        digests = {file.name: _file_sha256(file) for file in sorted(tmp.iterdir()) if file.is_file()}
         with open(tmp / "state.json", "w") as f:
-            json.dump({"format": "dcp", "step": step, **state}, f)
+            json.dump({"format": "dcp", "step": step, **state, "sha256": digests}, f)
             f.flush()
             os.fsync(f.fileno())
         _commit(tmp, final, keep=keep)
     barrier()
     return final
+
+
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()  # streamed, in blocks
+
+
+def _check_files(path: Path, digests: object) -> None:
+    """Refuse a sharded checkpoint whose files are not the ones its ``state.json`` recorded (``digests``: ``{file
+    name: SHA-256}``; None for a checkpoint written before they were recorded, which is read unchecked)."""
+    if digests is None:
+        return
+    if not isinstance(digests, dict) or not all(
+        isinstance(name, str) and "/" not in name and name not in ("", ".", "..") and isinstance(digest, str)
+        for name, digest in digests.items()
+    ):
+        raise ValueError(f"checkpoint {path} has sha256={str(digests)[:80]!r}; allowed: an object of file names")
+    for name, expected in digests.items():
+        file = path / name
+        if not file.is_file() or file.is_symlink():
+            raise ValueError(f"checkpoint {path} is corrupt or incomplete: {name} is missing")
+        found = _file_sha256(file)
+        if found != expected:
+            raise ValueError(
+                f"checkpoint {path} is corrupt: {file} has SHA-256 {found[:16]}…, it was written with "
+                f"{expected[:16]}…; allowed: the file as saved (it was damaged or edited since)"
+            )
 
 
 def load_sharded_checkpoint(
@@ -286,6 +315,7 @@ def load_sharded_checkpoint(
     from torch.distributed.checkpoint import CheckpointException
 
     state = read_state(path)
+    _check_files(path, state.get("sha256"))
     if prepare is not None:
         prepare(state)
     wanted = {**tensors(), "rng.torch": torch.get_rng_state()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,52 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path
     for (_, p), (_, q) in zip(fresh.named_parameters(), model.named_parameters(), strict=True):
         assert torch.equal(fresh_optimizer.state[p]["exp_avg"], moments[id(q)]["exp_avg"])
         assert fresh_optimizer.state[p]["step"].item() == 1
+
+
+def _flip_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage", [_flip_middle, _cut_in_half])
+def test_a_damaged_shard_is_refused_naming_the_file_and_nothing_is_loaded(damage, tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    done = save_sharded_checkpoint(
+        tmp_path, step=1, tensors=_state(model, optimizer), state={}, is_main=True, barrier=lambda: None
+    )
+    recorded = json.loads((done / "state.json").read_text())["sha256"]
+    shard = max((f for f in done.iterdir() if f.suffix == ".distcp"), key=lambda f: f.stat().st_size)
+    assert set(recorded) == {f.name for f in done.iterdir()} - {"state.json"}  # every shard and DCP's index
+    damage(shard)
+    fresh = workers.tiny_model("btp", seed=3)
+    before = {name: p.detach().clone() for name, p in fresh.named_parameters()}
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=workers.LR)
+    with pytest.raises(ValueError) as error:
+        SingleProcess(torch.device("cpu")).load_checkpoint(
+            done, model=fresh, optimizer=fresh_optimizer, prepare=lambda _: None
+        )
+    message = str(error.value)
+    assert str(shard) in message and f"written with {recorded[shard.name][:16]}…" in message and "\n" not in message
+    assert all(torch.equal(p, before[name]) for name, p in fresh.named_parameters())
+    assert fresh_optimizer.state == {}
+
+
+def test_a_sharded_checkpoint_without_recorded_digests_still_loads(tmp_path: Path) -> None:
+    """Checkpoints written before the digests were recorded are read unchecked."""
+    model, optimizer = _trained()
+    done = save_sharded_checkpoint(
+        tmp_path, step=1, tensors=_state(model, optimizer), state={}, is_main=True, barrier=lambda: None
+    )
+    state = json.loads((done / "state.json").read_text())
+    del state["sha256"]
+    (done / "state.json").write_text(json.dumps(state))
+    fresh = workers.tiny_model("btp", seed=3)
+    SingleProcess(torch.device("cpu")).load_checkpoint(
+        done, model=fresh, optimizer=torch.optim.AdamW(fresh.parameters(), lr=workers.LR), prepare=lambda _: None
+    )
+    assert all(torch.equal(p, q) for p, q in zip(fresh.parameters(), model.parameters(), strict=True))
