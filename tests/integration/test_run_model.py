@@ -77,6 +77,8 @@ def test_lm_run_generates_what_the_trained_model_generates(small_corpus: Path, t
     prompt = "def main("
     expected = _own(trainer).generate(prompt, max_new_tokens=8, greedy=True)
     assert predictor(run).generate(prompt, max_new_tokens=8, greedy=True) == expected
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert predictor(tmp_path / "out").generate(prompt, max_new_tokens=8, greedy=True) == expected
     checkpoint = sorted((run / "checkpoints").glob("step_*"))[-1]  # a checkpoint loads into the same model
     model = load_pretrained(checkpoint)
     ids = torch.tensor([[1, 2, 3, 4]])
@@ -115,6 +117,8 @@ def test_segment_run_writes_masks_and_overlays(tmp_path: Path, capsys: pytest.Ca
     images = list(load_split("heart", "test", size=32, count=2).images)
     masks = predictor(run).segment(images)
     assert torch.equal(masks, _own(trainer).segment(images))
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert torch.equal(predictor(tmp_path / "out").segment(images), masks)
     files = []
     for i, image in enumerate(images):
         files.append(tmp_path / f"case{i}.png")
@@ -220,6 +224,8 @@ def test_a_longctx_run_loads_and_reads_through_the_same_memory_as_its_checkpoint
     assert main(["predict", "--run", str(run), prompt, "--max-new-tokens", "6", "--greedy"]) == 0
     expected = prompt + predictor(checkpoint).generate(prompt, max_new_tokens=6, greedy=True)
     assert capsys.readouterr().out.strip() == expected.strip()
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert prompt + predictor(tmp_path / "out").generate(prompt, max_new_tokens=6, greedy=True) == expected
 
 
 def _cli_rows(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[dict]:
