@@ -202,17 +202,24 @@ def test_a_damaged_run_folder_is_refused_naming_the_file(damage: Callable, where
         assert str(error.value) == message
 
 
-@pytest.mark.parametrize("damage", [_flip_data, _truncate])
-@pytest.mark.parametrize("file", ["model.safetensors", "state.safetensors"])
-def test_a_damaged_checkpoint_is_refused_and_nothing_is_loaded(damage: Callable, file: str, tmp_path: Path) -> None:
-    from tensorslim.checkpoint import load_checkpoint, save_checkpoint
+def _linear_checkpoint(tmp_path: Path) -> Path:
+    """A checkpoint of a ``Linear(64, 32)`` after one AdamW step (its optimizer state and RNG included)."""
+    from tensorslim.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 32)
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 64)).sum().backward()
     optimizer.step()
-    path = save_checkpoint(tmp_path / "checkpoints", step=1, model=model, optimizer=optimizer, state={})
+    return save_checkpoint(tmp_path / "checkpoints", step=2, model=model, optimizer=optimizer, state={})
+
+
+@pytest.mark.parametrize("damage", [_flip_data, _truncate])
+@pytest.mark.parametrize("file", ["model.safetensors", "state.safetensors"])
+def test_a_damaged_checkpoint_is_refused_and_nothing_is_loaded(damage: Callable, file: str, tmp_path: Path) -> None:
+    from tensorslim.checkpoint import load_checkpoint
+
+    path = _linear_checkpoint(tmp_path)
     damage(path / file)
     fresh = torch.nn.Linear(64, 32)
     before = {name: tensor.clone() for name, tensor in fresh.state_dict().items()}
@@ -325,17 +332,12 @@ def test_an_edited_checkpoint_pointer_never_leads_out(name: str, tmp_path: Path)
     ],
 )
 def test_an_edited_checkpoint_state_is_refused_in_one_line(edit: Callable, message: str, tmp_path: Path) -> None:
-    from tensorslim.checkpoint import load_checkpoint, save_checkpoint
+    from tensorslim.checkpoint import load_checkpoint
 
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, 4)).sum().backward()
-    optimizer.step()
-    path = save_checkpoint(tmp_path / "checkpoints", step=2, model=model, optimizer=optimizer, state={})
+    path = _linear_checkpoint(tmp_path)
     state = json.loads((path / "state.json").read_text())
     (path / "state.json").write_text(json.dumps(edit(state)))
-    fresh = torch.nn.Linear(4, 3)
+    fresh = torch.nn.Linear(64, 32)
     with pytest.raises(ValueError, match=message) as error:
         load_checkpoint(path, model=fresh, optimizer=torch.optim.AdamW(fresh.parameters()))
     assert "\n" not in str(error.value)
