@@ -3,6 +3,7 @@ continues prompts greedily with our tokens."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 
@@ -74,18 +75,42 @@ def test_f16_gguf_tokenizes_and_continues_like_our_model(tmp_path, model, tokeni
         torch.testing.assert_close(torch.tensor(their_logits), our_logits, rtol=0, atol=0.01 * float(our_logits.std()))
 
 
-# Q8_0 stores each weight to within half a step of its block's max/127 (about 0.4 % of the block's largest weight),
-# and llama.cpp also rounds the activations to 8 bits for these products. Logits shift by a comparable fraction of
-# their spread, so a near-tied greedy step may flip: instead of equal tokens the test bounds the logits of llama.cpp's
-# own greedy path against ours on the same tokens (5 % of their spread), and the share of agreeing argmaxes.
-@pytest.mark.parametrize(("dtype", "spread", "agree"), [("q8_0", 0.05, 0.9)])
-def test_quantized_gguf_logits_stay_near_ours(tmp_path, model, tokenizer, dtype: str, spread: float, agree: float):
+def _rounded_to_gguf_blocks(model: LlamaForCausalLM, dtype: str) -> LlamaForCausalLM:
+    """A copy of ``model`` whose matrices hold exactly the weights the GGUF file holds: each rounded by the ``gguf``
+    package's Q8_0/Q4_0 quantizer in blocks of 32 along the input (the q/k row permutation moves whole rows, so
+    rounding before or after it is the same)."""
+    kind = getattr(gguf.GGMLQuantizationType, dtype.upper())
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in rounded.modules():
+            if isinstance(module, torch.nn.Linear | torch.nn.Embedding) and module.weight.shape[1] % 32 == 0:
+                blocks = gguf.quants.quantize(module.weight.numpy(), kind)
+                module.weight.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, kind)))
+    return rounded
+
+
+# With our model rounded to the file's own blocks, what is left between llama.cpp and us is llama.cpp's arithmetic:
+# its Q8_0/Q4_0 dot products round the activations to 8 bits per block of 32 (about 0.4 % of the block's largest
+# value) and it keeps some intermediates in fp16. Measured on this model, along llama.cpp's own greedy path: an RMS
+# logit difference of 2 % (Q8_0) and 3-4 % (Q4_0) of the logits' spread (against 5 % and 50 % when compared with the
+# unrounded float model), and a different greedy token only where our top two logits lie within 3 % of the spread.
+# The tolerance: RMS within 6 % of the spread, and the same greedy token wherever our lead exceeds 25 % of it.
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_quantized_gguf_matches_our_model_rounded_to_the_same_blocks(tmp_path, model, tokenizer, dtype: str) -> None:
     path = tmp_path / f"model-{dtype}.gguf"
     to_gguf(model, path, tokenizer=tokenizer, dtype=dtype)
-    prompt_ids = tokenizer.encode_batch([PROMPTS[0]])[0]
-    theirs, their_logits = _llama_cpp_greedy(path, prompt_ids)
-    with torch.no_grad():
-        ours = model(torch.tensor([prompt_ids + theirs[:-1]]))[0, len(prompt_ids) - 1 :]  # (NEW_TOKENS, V)
-    their_logits = torch.tensor(their_logits)
-    assert (their_logits - ours).pow(2).mean().sqrt() <= spread * ours.std()
-    assert (their_logits.argmax(-1) == ours.argmax(-1)).float().mean() >= agree
+    rounded = _rounded_to_gguf_blocks(model, dtype)
+    decided = 0
+    for text in PROMPTS[:2]:
+        prompt_ids = tokenizer.encode_batch([text])[0]
+        theirs, their_logits = _llama_cpp_greedy(path, prompt_ids)
+        their_logits = torch.tensor(their_logits)
+        with torch.no_grad():
+            ours = rounded(torch.tensor([prompt_ids + theirs[:-1]]))[0, len(prompt_ids) - 1 :]  # (NEW_TOKENS, V)
+        spread = ours.std()
+        assert (their_logits - ours).pow(2).mean().sqrt() <= 0.06 * spread
+        top2 = ours.topk(2, dim=-1).values  # (NEW_TOKENS, 2)
+        clear = top2[:, 0] - top2[:, 1] > 0.25 * spread
+        assert torch.equal(their_logits.argmax(-1)[clear], ours.argmax(-1)[clear])
+        decided += int(clear.sum())
+    assert decided >= NEW_TOKENS  # most steps are decided: the token check is not vacuous
