@@ -609,7 +609,7 @@ options:
 predict with a trained run: labels (classify, lookahead), filled masks (mlm), continuations (lm), answers (longqa), embeddings (distill), masks (segment)
 
 positional arguments:
-  inputs                        texts (classify, mlm), a prompt (lm) or image files (segment)
+  inputs                        texts, a prompt (lm), documents (longqa) or image files (segment)
 
 options:
   -h, --help                    show this help message and exit

@@ -23,7 +23,7 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", dest="run_dir", required=True, metavar="DIR", help="run folder, model/ or checkpoint")
-    parser.add_argument("inputs", nargs="*", help="texts (classify, mlm), a prompt (lm) or image files (segment)")
+    parser.add_argument("inputs", nargs="*", help="texts, a prompt (lm), documents (longqa) or image files (segment)")
     parser.add_argument("--file", help="read the texts from this file, one per line ('-': stdin)")
     parser.add_argument("--question", help="longqa: the question asked about each document")
     parser.add_argument(
