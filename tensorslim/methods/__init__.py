@@ -1,7 +1,7 @@
 """Training methods: importing this package registers every method (see :mod:`tensorslim.methods.registry`)."""
 
 from tensorslim.methods import adapters, adaptive, comera, dense, kron, lowrank, qat  # noqa: F401 - each module registers its methods
-from tensorslim.methods.build import apply_method, build_for_method, method_options
+from tensorslim.methods.build import apply_method, build_for_method, build_run_model, initial_model, method_options
 from tensorslim.methods.registry import METHODS, Method, MethodContext, get_method, register_method
 
 __all__ = [
@@ -10,7 +10,9 @@ __all__ = [
     "MethodContext",
     "apply_method",
     "build_for_method",
+    "build_run_model",
     "get_method",
+    "initial_model",
     "method_options",
     "register_method",
 ]

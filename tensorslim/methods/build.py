@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from tensorslim.checkpoint import latest_checkpoint, read_state
 from tensorslim.methods.registry import MethodContext, get_method
 from tensorslim.methods.vocab import factor_vocabulary_
 from tensorslim.options import resolve_options
-from tensorslim.pretrained import register_base
+from tensorslim.pretrained import MANIFEST, load_pretrained, read_manifest, read_weights, register_base
 
 
 def method_options(method: str, options: Any = None) -> Any:
@@ -79,6 +81,35 @@ def build_for_method(
     return model, reports, context
 
 
+def build_run_model(
+    model_name: str,
+    method: str,
+    *,
+    init: str | None = None,
+    init_base: str | None = None,
+    **build: Any,
+) -> tuple[nn.Module, list, MethodContext]:
+    """The model a training run starts from: :func:`build_for_method`'s, with the weights of ``init_base`` (a run
+    or a saved model, ``--init-base``) loaded before the method converts it, or replaced by the model saved in
+    ``init`` (``--init``), which must have exactly its parameters.
+
+    Args:
+        model_name, method: as :func:`build_for_method`.
+        init: a ``save_pretrained`` folder of the model this run builds (same preset, task, vocabulary, method).
+        init_base: a run folder, checkpoint folder or ``save_pretrained`` folder of the unconverted model.
+        build: the other arguments of :func:`build_for_method` (``task``, ``options``, ``steps`` ...).
+
+    Raises:
+        ValueError: a folder that holds no such model, or one whose parameters differ from the built model's.
+    """
+    base_state = _base_state(init_base) if init_base else None
+    device = "meta" if init else None  # the saved model replaces it: only its shapes are needed
+    model, reports, context = build_for_method(model_name, method, device=device, base_state=base_state, **build)
+    if init is not None:
+        model = initial_model(init, like=model)
+    return model, reports, context
+
+
 def apply_method(model: nn.Module, method: str, context: MethodContext) -> list:
     """Restructure ``model`` in place as ``method`` does (nothing for full-rank methods); the conversion reports."""
     spec = get_method(method)
@@ -135,6 +166,44 @@ def build_from_record(record: dict[str, Any], *, device: str = "cpu") -> nn.Modu
         **record["overrides"],
     )
     return model
+
+
+def initial_model(folder: str, *, like: nn.Module) -> nn.Module:
+    """The model saved in ``folder`` (``--init``), which must have exactly the parameters of ``like``, the model this
+    run would build (same preset, task, vocabulary and method)."""
+    model = load_pretrained(folder).train()
+    want = {name: tuple(p.shape) for name, p in like.named_parameters()}
+    have = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    if want != have:
+        diff = sorted(set(want.items()) ^ set(have.items()))[:3]
+        raise ValueError(
+            f"init={folder!r} does not hold the model this run builds (first differences: {diff}); allowed: a folder "
+            "saved from the same preset, task, vocabulary size and method"
+        )
+    return model
+
+
+def _base_state(path: str) -> dict[str, torch.Tensor]:
+    """The model weights of a run (``--init-base``): its run folder (the latest checkpoint), one checkpoint folder, or
+    a folder written by ``save_pretrained``; tied weights under each of their names.
+
+    Raises:
+        ValueError: a path that holds none of these, or a corrupt weights file.
+    """
+    folder = Path(path)
+    if (folder / "checkpoints").is_dir():
+        folder = latest_checkpoint(folder / "checkpoints") or folder
+    if (folder / MANIFEST).is_file():
+        manifest = read_manifest(folder)
+        if "base_weights" in manifest:  # the file holds the adapters only; the base supplies the rest
+            return load_pretrained(folder).state_dict()
+        return read_weights(folder / manifest["weights"], manifest["aliases"])
+    if (folder / "model.safetensors").is_file() and (folder / "state.json").is_file():
+        return read_weights(folder / "model.safetensors", read_state(folder).get("aliases", {}))
+    raise ValueError(
+        f"init_base={path!r} holds no model.safetensors with a state.json or a save_pretrained manifest; allowed: a "
+        "run folder with a checkpoint, a checkpoint folder or a save_pretrained folder"
+    )
 
 
 register_base("method", build_from_record)

@@ -38,7 +38,7 @@ from torch import nn
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.distributed.layout import Layout, SingleProcess, parallel_layout
-from tensorslim.methods import build_for_method, get_method
+from tensorslim.methods import build_for_method, build_run_model, get_method, initial_model
 from tensorslim.methods.hooks import TrainHook
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
@@ -227,22 +227,22 @@ class Trainer:
             model, self.reports, context = self._given_model, [], None
             books = _model_books(model, seq_len=config.seq_len)
             self.books = {**books, **{f"dense_{key}": value for key, value in books.items()}}
+            if config.init is not None:
+                model = initial_model(config.init, like=model)
         else:
             self.books = self._books()
-            model, self.reports, context = build_for_method(
+            model, self.reports, context = build_run_model(
                 config.preset,
                 config.method,
                 task=config.model_task,
                 options=config.options,
                 steps=config.steps,
                 run_dir=self.run_dir,
-                device="meta" if config.init else None,
-                base_state=_base_state(config.init_base) if config.init_base else None,
+                init=config.init,
+                init_base=config.init_base,
                 factor_vocab=config.factor_vocab,
                 **self.data.model_overrides,
             )
-        if config.init is not None:
-            model = _initial_model(config.init, like=model)
         self.model = self.layout.shard(model.to(self.device))
         self.dtype, probe = resolve_dtype(config.dtype, self.device)
         self.precision = {"requested": config.dtype, "used": self.dtype, "probe": probe and probe.to_dict()}
@@ -618,49 +618,6 @@ def _check_static_step(config: TrainConfig, *, cuda_graphs: bool, on_nonfinite: 
             f"{what} needs a method without a training hook that trains with AdamW; method {config.method!r} "
             f"(optimizer {method.optimizer!r}) does not fit"
         )
-
-
-def _initial_model(folder: str, *, like: nn.Module) -> nn.Module:
-    """The model saved in ``folder`` (``--init``), which must have exactly the parameters of ``like``, the model this
-    run would build (same preset, task, vocabulary and method)."""
-    from tensorslim.pretrained import load_pretrained
-
-    model = load_pretrained(folder).train()
-    want = {name: tuple(p.shape) for name, p in like.named_parameters()}
-    have = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    if want != have:
-        diff = sorted(set(want.items()) ^ set(have.items()))[:3]
-        raise ValueError(
-            f"init={folder!r} does not hold the model this run builds (first differences: {diff}); allowed: a folder "
-            "saved from the same preset, task, vocabulary size and method"
-        )
-    return model
-
-
-def _base_state(path: str) -> dict[str, torch.Tensor]:
-    """The model weights of a run (``--init-base``): its run folder (the latest checkpoint), one checkpoint folder, or
-    a folder written by ``save_pretrained``; tied weights under each of their names.
-
-    Raises:
-        ValueError: a path that holds none of these, or a corrupt weights file.
-    """
-    from tensorslim.checkpoint import latest_checkpoint, read_state
-    from tensorslim.pretrained import MANIFEST, load_pretrained, read_manifest, read_weights
-
-    folder = Path(path)
-    if (folder / "checkpoints").is_dir():
-        folder = latest_checkpoint(folder / "checkpoints") or folder
-    if (folder / MANIFEST).is_file():
-        manifest = read_manifest(folder)
-        if "base_weights" in manifest:  # the file holds the adapters only; the base supplies the rest
-            return load_pretrained(folder).state_dict()
-        return read_weights(folder / manifest["weights"], manifest["aliases"])
-    if (folder / "model.safetensors").is_file() and (folder / "state.json").is_file():
-        return read_weights(folder / "model.safetensors", read_state(folder).get("aliases", {}))
-    raise ValueError(
-        f"init_base={path!r} holds no model.safetensors with a state.json or a save_pretrained manifest; allowed: a "
-        "run folder with a checkpoint, a checkpoint folder or a save_pretrained folder"
-    )
 
 
 def _validation_progress(config: TrainConfig) -> Any:
