@@ -1,6 +1,8 @@
-"""Reading the dense weight out of the module types that ``convert_`` replaces."""
+"""Reading the dense weight out of the module types that ``convert_`` replaces, and writing one back."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,3 +31,30 @@ def linear_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]
     """The weight in ``nn.Linear`` layout ``(d_out, d_in)`` and the bias (or None)."""
     weight = module.weight if isinstance(module, nn.Linear) else module.weight.t()
     return weight, module.bias
+
+
+def factored_like(cls: type[nn.Module], module: nn.Module, config: Any) -> tuple[nn.Module, tuple, torch.Tensor]:
+    """A ``cls`` layer of the shape ``config.resolve(d_in, d_out)`` chooses for the dense ``module``, on its
+    weight's device and dtype, with a bias where it has one; with that shape and the weight ``(d_out, d_in)``."""
+    d_in, d_out = linear_shape(module)
+    weight, bias = linear_weight(module)
+    shape = config.resolve(d_in, d_out)
+    layer = cls(*shape, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    return layer, shape, weight
+
+
+def require_weights(weight: torch.Tensor, init: str) -> None:
+    """Raise ``ValueError`` for a decomposing ``init`` of a meta-device module (it has no weights to decompose)."""
+    if weight.is_meta:
+        raise ValueError(f"init={init!r} needs real weights, got a meta-device module; use init='random'")
+
+
+def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An ``nn.Linear`` holding copies of ``weight`` ``(d_out, d_in)`` and ``bias``, on their device and dtype."""
+    d_out, d_in = weight.shape
+    dense = nn.Linear(d_in, d_out, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        dense.weight.copy_(weight)
+        if bias is not None:
+            dense.bias.copy_(bias)
+    return dense

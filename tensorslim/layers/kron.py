@@ -21,7 +21,13 @@ from tensorslim._checks import check_fields
 from tensorslim.decomp.kron import nearest_kronecker
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.functional.kron import kron_linear, kron_linear_flops, kron_order
-from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
+from tensorslim.layers._source import (
+    dense_linear,
+    factored_like,
+    is_dense_linear,
+    linear_shape,
+    require_weights,
+)
 from tensorslim.registry import LayerReport, Transform, register_transform
 
 Init = Literal["nkp", "random"]
@@ -143,19 +149,15 @@ class KronLinear(nn.Module):
         """Build from an ``nn.Linear`` or GPT-2 ``Conv1D``: the nearest sum of ``rank`` Kronecker products
         (``init="nkp"``, exact when the weight is such a sum) or fresh random factors; the bias is copied."""
         config = config or KronConfig()
-        d_in, d_out = linear_shape(module)
-        weight, bias = linear_weight(module)  # (d_out, d_in)
-        in_factors, out_factors, rank = config.resolve(d_in, d_out)
-        layer = cls(in_factors, out_factors, rank, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+        layer, (in_factors, out_factors, rank), weight = factored_like(cls, module, config)  # weight: (d_out, d_in)
         if config.init == "nkp":
-            if weight.is_meta:
-                raise ValueError("init='nkp' needs real weights, got a meta-device module; use init='random'")
+            require_weights(weight, config.init)
             factor_a, factor_b = nearest_kronecker(weight, out_factors=out_factors, in_factors=in_factors, rank=rank)
             with torch.no_grad():
                 layer.factor_a.copy_(factor_a)
                 layer.factor_b.copy_(factor_b)
-                if bias is not None:
-                    layer.bias.copy_(bias)
+                if module.bias is not None:
+                    layer.bias.copy_(module.bias)
         return layer
 
     def weight_matrix(self) -> torch.Tensor:
@@ -164,18 +166,8 @@ class KronLinear(nn.Module):
 
     def to_dense(self) -> nn.Linear:
         """The equivalent ``nn.Linear``."""
-        dense = nn.Linear(
-            self.in_features,
-            self.out_features,
-            bias=self.bias is not None,
-            device=self.factor_a.device,
-            dtype=self.factor_a.dtype,
-        )
         with torch.no_grad():
-            dense.weight.copy_(self.weight_matrix())
-            if self.bias is not None:
-                dense.bias.copy_(self.bias)
-        return dense
+            return dense_linear(self.weight_matrix(), self.bias)
 
     @staticmethod
     def count_params(in_factors: tuple[int, int], out_factors: tuple[int, int], rank: int, *, bias: bool) -> int:

@@ -25,7 +25,13 @@ from tensorslim._checks import check_fields
 from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
 from tensorslim.decomp.svd import squared_singular_values, truncated_svd, whitened_svd, whitened_truncation
 from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
-from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
+from tensorslim.layers._source import (
+    dense_linear,
+    is_dense_linear,
+    linear_shape,
+    linear_weight,
+    require_weights,
+)
 from tensorslim.layers.tt import GATE_THRESHOLD
 from tensorslim.registry import Allocation, ConversionReport, LayerReport, Transform, register_transform
 
@@ -273,8 +279,7 @@ class LowRankLinear(nn.Module):
         if config.rank_gates:
             layer.enable_gates()
         if config.init == "svd":
-            if weight.is_meta:
-                raise ValueError("init='svd' needs real weights, got a meta-device module; use init='random'")
+            require_weights(weight, "svd")
             calibration = config.calibration
             if calibration is None:
                 weight_a, weight_b = truncated_svd(weight, layer.rank)
@@ -295,18 +300,8 @@ class LowRankLinear(nn.Module):
                 f"to_dense() is exact only for activation='identity'; this layer uses {self.activation!r}, "
                 "whose B·σ(A·x) has no dense equivalent"
             )
-        dense = nn.Linear(
-            self.in_features,
-            self.out_features,
-            bias=self.bias is not None,
-            device=self.weight_a.device,
-            dtype=self.weight_a.dtype,
-        )
         with torch.no_grad():
-            dense.weight.copy_(self.gated_weight_b() @ self.weight_a)
-            if self.bias is not None:
-                dense.bias.copy_(self.bias)
-        return dense
+            return dense_linear(self.gated_weight_b() @ self.weight_a, self.bias)
 
     @staticmethod
     def count_params(in_features: int, out_features: int, rank: int, *, bias: bool, gates: bool = False) -> int:

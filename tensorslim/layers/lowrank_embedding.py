@@ -18,6 +18,7 @@ from torch import nn
 
 from tensorslim._checks import check_fields, require_int
 from tensorslim.decomp.svd import truncated_svd
+from tensorslim.layers._source import require_weights
 from tensorslim.layers.tt_embedding import is_embedding, token_tables
 from tensorslim.registry import LayerReport, Transform, register_transform
 
@@ -100,8 +101,7 @@ class LowRankEmbedding(nn.Module):
         if config.init == "random":
             layer.reset_parameters(std=config.init_std)
             return layer
-        if weight.is_meta:
-            raise ValueError("init='svd' needs real weights, got a meta-device module; use init='random'")
+        require_weights(weight, "svd")
         # The table as a d -> V linear map: W (V, d) ≈ B (V, r) · A (r, d), i.e. T = B and P = Aᵀ.
         projection, table = truncated_svd(weight, rank)
         with torch.no_grad():

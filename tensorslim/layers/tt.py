@@ -31,7 +31,14 @@ from tensorslim.functional.tt import (
     tt_linear_factors,
     tt_linear_flops,
 )
-from tensorslim.layers._source import is_dense_linear, linear_shape, linear_weight
+from tensorslim.layers._source import (
+    dense_linear,
+    factored_like,
+    is_dense_linear,
+    linear_shape,
+    linear_weight,
+    require_weights,
+)
 from tensorslim.registry import Allocation, LayerReport, Transform, register_transform
 
 Init = Literal["tt_svd", "random"]
@@ -47,6 +54,16 @@ def check_tt_rank(rank: object) -> None:
     """Raise ``ValueError`` unless ``rank`` is an integer >= 1 (every internal bond) or a full rank list."""
     if isinstance(rank, bool) or not isinstance(rank, int | tuple | list) or (isinstance(rank, int) and rank < 1):
         raise ValueError(f"rank={rank!r} is invalid; allowed: an integer >= 1 or a full rank list")
+
+
+def check_tt_config(config: Any, *, decomposed: str) -> None:
+    """The checks every TT config shares: its fields' types, ``rank`` (:func:`check_tt_rank`), ``n_cores >= 2``
+    and ``init``: the decomposition ``decomposed`` (``"tt_svd"``, ``"ttm_svd"``) or ``"random"``."""
+    check_fields(config)
+    check_tt_rank(config.rank)
+    require_int("n_cores", config.n_cores, minimum=2)
+    if config.init not in (decomposed, "random"):
+        raise ValueError(f"init={config.init!r} is invalid; allowed: {decomposed!r} or 'random'")
 
 
 def resolve_ranks(rank: int | tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -101,11 +118,7 @@ class TTConfig:
     budget: Budget | None = None
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        check_tt_rank(self.rank)
-        require_int("n_cores", self.n_cores, minimum=2)
-        if self.init not in ("tt_svd", "random"):
-            raise ValueError(f"init={self.init!r} is invalid; allowed: 'tt_svd' or 'random'")
+        check_tt_config(self, decomposed="tt_svd")
         if self.budget is not None and not isinstance(self.budget, Budget):
             raise ValueError(f"budget={self.budget!r} is invalid; allowed: None or a Budget, e.g. Budget(params=0.5)")
         if self.budget is not None and self.rank != DEFAULT_RANK:
@@ -237,19 +250,15 @@ class TTLinear(GatedCores):
         """Build from an ``nn.Linear`` or GPT-2 ``Conv1D``: TT-SVD of the weight (``init="tt_svd"``) or CoMERA's
         random init. At full ranks the TT-SVD reproduces the dense layer exactly; the bias is copied."""
         config = config or TTConfig()
-        d_in, d_out = linear_shape(module)
-        weight, bias = linear_weight(module)  # (d_out, d_in)
-        in_factors, out_factors, ranks = config.resolve(d_in, d_out)
-        layer = cls(in_factors, out_factors, ranks, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+        layer, (in_factors, out_factors, ranks), weight = factored_like(cls, module, config)  # weight: (d_out, d_in)
         if config.init == "tt_svd":
-            if weight.is_meta:
-                raise ValueError("init='tt_svd' needs real weights, got a meta-device module; use init='random'")
+            require_weights(weight, config.init)
             cores = tt_matrix_svd(weight.t(), in_factors, out_factors, ranks[1:-1])
             with torch.no_grad():
                 for param, core in zip(layer.cores, cores, strict=True):
                     param.copy_(core)
-                if bias is not None:
-                    layer.bias.copy_(bias)
+                if module.bias is not None:
+                    layer.bias.copy_(module.bias)
         if config.rank_gates:
             layer.enable_gates()
         return layer
@@ -261,18 +270,8 @@ class TTLinear(GatedCores):
 
     def to_dense(self) -> nn.Linear:
         """The equivalent ``nn.Linear`` (gates folded in)."""
-        dense = nn.Linear(
-            self.in_features,
-            self.out_features,
-            bias=self.bias is not None,
-            device=self.cores[0].device,
-            dtype=self.cores[0].dtype,
-        )
         with torch.no_grad():
-            dense.weight.copy_(self.weight_matrix().t())
-            if self.bias is not None:
-                dense.bias.copy_(self.bias)
-        return dense
+            return dense_linear(self.weight_matrix().t(), self.bias)
 
     @staticmethod
     def count_params(dims: tuple[int, ...], ranks: tuple[int, ...], *, bias: int = 0) -> int:

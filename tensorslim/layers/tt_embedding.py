@@ -20,7 +20,6 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from tensorslim._checks import check_fields, require_int
 from tensorslim.decomp.shapes import check_factors, factorize, pad_and_factorize
 from tensorslim.decomp.tt import ttm_svd, ttm_to_full
 from tensorslim.functional.threads import one_thread_graph
@@ -31,7 +30,8 @@ from tensorslim.functional.tt import (
     ttm_lookup_flops,
     ttm_lookup_halves,
 )
-from tensorslim.layers.tt import GATE_THRESHOLD, GatedCores, check_tt_rank, resolve_ranks
+from tensorslim.layers._source import require_weights
+from tensorslim.layers.tt import GATE_THRESHOLD, GatedCores, check_tt_config, resolve_ranks
 from tensorslim.registry import LayerReport, Transform, register_transform
 
 Init = Literal["ttm_svd", "random"]
@@ -61,11 +61,7 @@ class TTEmbeddingConfig:
     rank_gates: bool = False
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        check_tt_rank(self.rank)
-        require_int("n_cores", self.n_cores, minimum=2)
-        if self.init not in ("ttm_svd", "random"):
-            raise ValueError(f"init={self.init!r} is invalid; allowed: 'ttm_svd' or 'random'")
+        check_tt_config(self, decomposed="ttm_svd")
         if self.lookup not in ("halves", "chain"):
             raise ValueError(f"lookup={self.lookup!r} is invalid; allowed: 'halves' or 'chain'")
 
@@ -171,8 +167,7 @@ class TTEmbedding(GatedCores):
             module.num_embeddings, rows, cols, ranks, lookup=config.lookup, device=weight.device, dtype=weight.dtype
         )
         if config.init == "ttm_svd":
-            if weight.is_meta:
-                raise ValueError("init='ttm_svd' needs real weights, got a meta-device module; use init='random'")
+            require_weights(weight, "ttm_svd")
             with torch.no_grad():
                 for param, core in zip(layer.cores, ttm_svd(weight, rows, cols, ranks[1:-1]), strict=True):
                     param.copy_(core)
