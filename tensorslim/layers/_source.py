@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
+
+from tensorslim.registry import LayerReport
+
+T = TypeVar("T")
 
 
 def is_hf_conv1d(module: nn.Module) -> bool:
@@ -58,3 +63,25 @@ def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
         if bias is not None:
             dense.bias.copy_(bias)
     return dense
+
+
+def resolve_for(name: str, module: nn.Module, resolve: Callable[[int, int], T]) -> T:
+    """``resolve(d_in, d_out)`` for the dense ``module`` (a config's shape choice), its error naming the layer."""
+    try:
+        return resolve(*linear_shape(module))
+    except ValueError as error:
+        raise ValueError(f"layer {name!r}: {error}") from None
+
+
+def replacement_report(name: str, module: nn.Module, *, new_shape: str, rank: int, params_after: int) -> LayerReport:
+    """The ``convert_`` report row for replacing the dense ``module`` by a layer of ``params_after`` parameters."""
+    d_in, d_out = linear_shape(module)
+    return LayerReport(
+        name=name,
+        kind=type(module).__name__,
+        old_shape=(d_in, d_out),
+        new_shape=new_shape,
+        rank=rank,
+        params_before=d_in * d_out + (d_out if module.bias is not None else 0),
+        params_after=params_after,
+    )

@@ -25,8 +25,9 @@ from tensorslim.layers._source import (
     dense_linear,
     factored_like,
     is_dense_linear,
-    linear_shape,
+    replacement_report,
     require_weights,
+    resolve_for,
 )
 from tensorslim.registry import LayerReport, Transform, register_transform
 
@@ -192,21 +193,14 @@ class KronLinear(nn.Module):
 
 def plan_kron(name: str, module: nn.Module, config: KronConfig) -> LayerReport:
     """The ``convert_`` report row for replacing a dense linear layer by a :class:`KronLinear` (nothing built)."""
-    d_in, d_out = linear_shape(module)
-    try:
-        in_factors, out_factors, rank = config.resolve(d_in, d_out)
-    except ValueError as error:
-        raise ValueError(f"layer {name!r}: {error}") from None
-    has_bias = module.bias is not None
+    in_factors, out_factors, rank = resolve_for(name, module, config.resolve)
     (n1, n2), (m1, m2) = in_factors, out_factors
-    return LayerReport(
-        name=name,
-        kind=type(module).__name__,
-        old_shape=(d_in, d_out),
+    return replacement_report(
+        name,
+        module,
         new_shape=f"Kron {m1}x{n1} ⊗ {m2}x{n2} r={rank}",
         rank=rank,
-        params_before=d_in * d_out + (d_out if has_bias else 0),
-        params_after=KronLinear.count_params(in_factors, out_factors, rank, bias=has_bias),
+        params_after=KronLinear.count_params(in_factors, out_factors, rank, bias=module.bias is not None),
     )
 
 

@@ -30,7 +30,9 @@ from tensorslim.layers._source import (
     is_dense_linear,
     linear_shape,
     linear_weight,
+    replacement_report,
     require_weights,
+    resolve_for,
 )
 from tensorslim.layers.tt import GATE_THRESHOLD
 from tensorslim.registry import Allocation, ConversionReport, LayerReport, Transform, register_transform
@@ -333,19 +335,15 @@ class LowRankLinear(nn.Module):
 def plan_low_rank(name: str, module: nn.Module, config: LowRankConfig) -> LayerReport:
     """The ``convert_`` report row for replacing a dense linear layer by a :class:`LowRankLinear` (nothing built)."""
     d_in, d_out = linear_shape(module)
-    try:
-        rank = config.resolve_rank(d_in, d_out)
-    except ValueError as error:
-        raise ValueError(f"layer {name!r}: {error}") from None
-    has_bias = module.bias is not None
-    return LayerReport(
-        name=name,
-        kind=type(module).__name__,
-        old_shape=(d_in, d_out),
+    rank = resolve_for(name, module, config.resolve_rank)
+    return replacement_report(
+        name,
+        module,
         new_shape=f"{d_in}->{rank}->{d_out}",
         rank=rank,
-        params_before=d_in * d_out + (d_out if has_bias else 0),
-        params_after=LowRankLinear.count_params(d_in, d_out, rank, bias=has_bias, gates=config.rank_gates),
+        params_after=LowRankLinear.count_params(
+            d_in, d_out, rank, bias=module.bias is not None, gates=config.rank_gates
+        ),
     )
 
 

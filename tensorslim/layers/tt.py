@@ -37,7 +37,9 @@ from tensorslim.layers._source import (
     is_dense_linear,
     linear_shape,
     linear_weight,
+    replacement_report,
     require_weights,
+    resolve_for,
 )
 from tensorslim.registry import Allocation, LayerReport, Transform, register_transform
 
@@ -313,20 +315,14 @@ def tt_factors(layers: tuple[TTLinear, ...]) -> list[tuple[torch.Tensor, torch.T
 
 def plan_tt_linear(name: str, module: nn.Module, config: TTConfig) -> LayerReport:
     """The ``convert_`` report row for replacing ``module`` by a :class:`TTLinear` (nothing is built)."""
-    d_in, d_out = linear_shape(module)
-    try:
-        in_factors, out_factors, ranks = config.resolve(d_in, d_out)
-    except ValueError as error:
-        raise ValueError(f"layer {name!r}: {error}") from None
-    bias = d_out if module.bias is not None else 0
+    in_factors, out_factors, ranks = resolve_for(name, module, config.resolve)
+    bias = linear_shape(module)[1] if module.bias is not None else 0  # d_out
     gates = sum(ranks[1:-1]) if config.rank_gates else 0
-    return LayerReport(
-        name=name,
-        kind=type(module).__name__,
-        old_shape=(d_in, d_out),
+    return replacement_report(
+        name,
+        module,
         new_shape=f"TT {list(in_factors)}|{list(out_factors)} r={list(ranks)}",
         rank=max(ranks),
-        params_before=d_in * d_out + bias,
         params_after=TTLinear.count_params(in_factors + out_factors, ranks, bias=bias) + gates,
     )
 

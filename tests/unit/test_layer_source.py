@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from tensorslim.layers._source import dense_linear, factored_like, require_weights
+from tensorslim.layers._source import dense_linear, factored_like, replacement_report, require_weights, resolve_for
 from tensorslim.layers.kron import KronConfig, KronLinear
 
 
@@ -26,3 +26,12 @@ def test_factored_like_shapes_a_layer_as_the_config_resolves_the_dense_one() -> 
     assert layer.bias is None and layer.factor_a.dtype == torch.float64
     with pytest.raises(ValueError, match="^init='nkp' needs real weights, got a meta-device module"):
         require_weights(torch.empty(2, 2, device="meta"), "nkp")
+
+
+def test_a_replacement_row_counts_the_dense_layer_and_names_it_in_errors() -> None:
+    linear = nn.Linear(8, 6)
+    row = replacement_report("fc", linear, new_shape="x", rank=2, params_after=10)
+    assert (row.old_shape, row.params_before, row.kind) == ((8, 6), 8 * 6 + 6, "Linear")
+    assert resolve_for("fc", linear, lambda d_in, d_out: (d_in, d_out)) == (8, 6)
+    with pytest.raises(ValueError, match="^layer 'fc': rank=9 is out of range"):
+        resolve_for("fc", linear, KronConfig(rank=9, in_factors=(2, 4), out_factors=(2, 3)).resolve)
