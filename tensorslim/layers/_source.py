@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -85,3 +86,11 @@ def replacement_report(name: str, module: nn.Module, *, new_shape: str, rank: in
         params_before=d_in * d_out + (d_out if module.bias is not None else 0),
         params_after=params_after,
     )
+
+
+def uniform_bias_(bias: torch.Tensor | None, fan: int) -> None:
+    """Fill ``bias`` (if any) from ``U(±1/√fan)`` in place, as ``nn.Linear`` does with ``fan = d_in``; callers
+    that follow their paper's reference code pass its fan (CoMERA and CoLA: ``d_out``)."""
+    if bias is not None:
+        with torch.no_grad():
+            bias.uniform_(-1 / math.sqrt(fan), 1 / math.sqrt(fan))

@@ -10,7 +10,6 @@ never forms ``A_k ⊗ B_k``: it computes ``A_k·X·B_kᵀ`` on the ``n1×n2`` re
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +27,7 @@ from tensorslim.layers._source import (
     replacement_report,
     require_weights,
     resolve_for,
+    uniform_bias_,
 )
 from tensorslim.registry import LayerReport, Transform, register_transform
 
@@ -138,9 +138,7 @@ class KronLinear(nn.Module):
         with torch.no_grad():
             self.factor_a.normal_(0.0, std)
             self.factor_b.normal_(0.0, std)
-            if self.bias is not None:
-                bound = 1 / math.sqrt(self.in_features)
-                self.bias.uniform_(-bound, bound)
+        uniform_bias_(self.bias, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kron_linear(x, self.factor_a, self.factor_b, self.bias, order=self.order)  # (..., d_out)

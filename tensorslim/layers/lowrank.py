@@ -33,6 +33,7 @@ from tensorslim.layers._source import (
     replacement_report,
     require_weights,
     resolve_for,
+    uniform_bias_,
 )
 from tensorslim.layers.tt import GATE_THRESHOLD
 from tensorslim.registry import Allocation, ConversionReport, LayerReport, Transform, register_transform
@@ -214,11 +215,9 @@ class LowRankLinear(nn.Module):
         with torch.no_grad():
             self.weight_a.normal_(0.0, std)
             self.weight_b.normal_(0.0, std)
-            if self.bias is not None:
-                bound = 1 / math.sqrt(self.out_features)
-                self.bias.uniform_(-bound, bound)
             if self.gated:
                 self.gate.fill_(1.0)
+        uniform_bias_(self.bias, self.out_features)
 
     @property
     def gated(self) -> bool:

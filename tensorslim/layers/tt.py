@@ -40,6 +40,7 @@ from tensorslim.layers._source import (
     replacement_report,
     require_weights,
     resolve_for,
+    uniform_bias_,
 )
 from tensorslim.registry import Allocation, LayerReport, Transform, register_transform
 
@@ -224,9 +225,7 @@ class TTLinear(GatedCores):
         with torch.no_grad():
             for core in self.cores:
                 core.normal_().mul_(scale / math.sqrt(core.shape[-1]))
-            if self.bias is not None:
-                bound = 1 / math.sqrt(self.out_features)
-                self.bias.uniform_(-bound, bound)
+        uniform_bias_(self.bias, self.out_features)
 
     def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``L (d_in, r_mid)`` and ``R (r_mid, d_out)`` of ``W = L R`` from the gated cores (:func:`tt_factors`)."""

@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from tensorslim.layers._source import dense_linear, factored_like, replacement_report, require_weights, resolve_for
+from tensorslim.layers._source import (
+    dense_linear,
+    factored_like,
+    replacement_report,
+    require_weights,
+    resolve_for,
+    uniform_bias_,
+)
 from tensorslim.layers.kron import KronConfig, KronLinear
 
 
@@ -35,3 +42,10 @@ def test_a_replacement_row_counts_the_dense_layer_and_names_it_in_errors() -> No
     assert resolve_for("fc", linear, lambda d_in, d_out: (d_in, d_out)) == (8, 6)
     with pytest.raises(ValueError, match="^layer 'fc': rank=9 is out of range"):
         resolve_for("fc", linear, KronConfig(rank=9, in_factors=(2, 4), out_factors=(2, 3)).resolve)
+
+
+def test_uniform_bias_draws_within_one_over_the_root_of_the_fan() -> None:
+    bias = torch.zeros(4000)
+    uniform_bias_(bias, 16)
+    assert bias.abs().max() <= 0.25 and bias.abs().max() > 0.24 and abs(float(bias.mean())) < 0.02
+    uniform_bias_(None, 16)  # a layer without a bias: nothing to do
