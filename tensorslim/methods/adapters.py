@@ -407,36 +407,22 @@ DEFAULT_LR = {
     "peft-lora": 5e-3,
     "peft-prompt": 5e-2,
 }
-for _name, _modules in MODULES.items():
+# peft's own modules on Hugging Face models, as references for ours.
+_PEFT = {
+    "peft-lora": ("Hugging Face peft's LoRA on query/value (reference)", _peft_lora),
+    "peft-prompt": ("Hugging Face peft's prompt tuning (reference)", _peft_prompt),
+}
+for _name, (_help, _converter) in {**{n: (_HELP[n], _convert(n)) for n in MODULES}, **_PEFT}.items():
+    _modules = MODULES.get(_name, ())
     register_method(
         Method(
             name=_name,
-            help=_HELP[_name],
-            convert=_convert(_name),
+            help=_help,
+            convert=_converter,
             options=PELTOptions,
-            families=FAMILIES.get(_modules, _BERT_ONLY),
+            families=FAMILIES.get(_modules, _BERT_ONLY) if _name in MODULES else ("hf-bert",),
             lr=DEFAULT_LR[_name],
             hook=_prompt_hook(_name) if "prompt" in _modules else None,
             positions=_prompt_positions if "prompt" in _modules else None,
         )
     )
-register_method(
-    Method(
-        name="peft-lora",
-        help="Hugging Face peft's LoRA on query/value (reference)",
-        convert=_peft_lora,
-        options=PELTOptions,
-        families=("hf-bert",),
-        lr=DEFAULT_LR["peft-lora"],
-    )
-)
-register_method(
-    Method(
-        name="peft-prompt",
-        help="Hugging Face peft's prompt tuning (reference)",
-        convert=_peft_prompt,
-        options=PELTOptions,
-        families=("hf-bert",),
-        lr=DEFAULT_LR["peft-prompt"],
-    )
-)

@@ -22,10 +22,10 @@ from torch import nn
 
 from tensorslim.convert import convert_
 from tensorslim.layers.lowrank import CoLAConfig
-from tensorslim.methods.comera import CoMERAOptions, stage_hook
+from tensorslim.methods.comera import CoMERAOptions, stage_hook, staged_method
 from tensorslim.methods.comera.train_hook import LR_SCALES, CoMERAHook
 from tensorslim.methods.recipes import recipe_for
-from tensorslim.methods.registry import LINEAR_FAMILIES, Method, MethodContext, register_method
+from tensorslim.methods.registry import MethodContext, register_method
 from tensorslim.options import option
 
 # The factors ("cores") and the rest at the run's rate, as fixed-rank CoLA trains them; gates at CoMERA's 10×.
@@ -62,15 +62,12 @@ def _hook(context: MethodContext) -> CoMERAHook:
 
 
 register_method(
-    Method(
+    staged_method(
         name="cola-adaptive",
         help="rank-adaptive CoLA: CoMERA's rank gates and two stages on CoLA's latent (beyond arXiv 2502.10940)",
         convert=_convert,
         hook=_hook,
         options=AdaptiveOptions,
-        data_parallel=(),
-        parallel_note="its stages slice dead ranks out of A and B between steps, which DDP's buckets and FSDP2's "
-        "shards (fixed when the model is wrapped) cannot follow",
-        families=LINEAR_FAMILIES,
+        sliced="A and B",
     )
 )

@@ -124,17 +124,27 @@ def stage_hook(context: MethodContext, **extra: Any) -> CoMERAHook:
     )
 
 
+def staged_method(*, sliced: str, note: str = "", **fields: Any) -> Method:
+    """A method trained in CoMERA's two rank-adaptive stages (``fields``: name, help, convert, hook, options). It
+    applies to the linear families and runs on one data-parallel rank: its stages slice dead ranks out of
+    ``sliced`` between steps, which DDP's buckets and FSDP2's shards cannot follow."""
+    return Method(
+        **fields,
+        data_parallel=(),
+        parallel_note=f"its stages slice dead ranks out of {sliced} between steps, which DDP's buckets and FSDP2's "
+        f"shards (fixed when the model is wrapped) cannot follow{note}",
+        families=LINEAR_FAMILIES,
+    )
+
+
 register_method(
-    Method(
+    staged_method(
         name="comera",
         help="CoMERA: TT layers with rank gates, trained in two rank-adaptive stages (arXiv 2405.14377)",
         convert=_convert,
         hook=stage_hook,
         options=CoMERAOptions,
-        data_parallel=(),
-        parallel_note="its stages slice dead ranks out of the TT cores between steps, which DDP's buckets and FSDP2's "
-        "shards (fixed when the model is wrapped) cannot follow; the plain TT layers ('tt', 'lax-tt') run "
-        "data-parallel",
-        families=LINEAR_FAMILIES,
+        sliced="the TT cores",
+        note="; the plain TT layers ('tt', 'lax-tt') run data-parallel",
     )
 )
