@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -87,24 +88,13 @@ class GMMMomentResult:
         return gm
 
 
-def gmm_moments(
-    samples: np.ndarray,
-    n_components: int,
-    *,
-    refine: bool = True,
-    n_trials: int = 5,
-    var_floor: float = 1e-6,
-    random_state: int | None = 0,
-) -> GMMMomentResult:
+def gmm_moments(samples: np.ndarray, n_components: int, **solver: Any) -> GMMMomentResult:
     """Fit a diagonal Gaussian mixture to samples by the method of moments (Guo-Nie-Yang, arXiv:2102.04500).
 
     Args:
         samples: Data, shape ``(N, d)``.
         n_components: Number of components ``r``; needs ``d >= 2 r + 2``.
-        refine: Run the Levenberg-Marquardt refinement of weights and means on ``(M1, F_Omega)``.
-        n_trials: Random choices of index sets / diagonalizing combination; the best residual is kept.
-        var_floor: Lower bound for the recovered variances.
-        random_state: Seed for the trials.
+        solver: ``refine``, ``n_trials``, ``var_floor``, ``random_state`` as :func:`gmm_from_moments` takes them.
 
     Returns:
         A :class:`GMMMomentResult`; ``.to_sklearn()`` and ``.sklearn_init()`` hand it to scikit-learn.
@@ -118,9 +108,7 @@ def gmm_moments(
     start = time.perf_counter()
     m1, m2, m3 = sample_moments(y)
     seconds = time.perf_counter() - start
-    result = gmm_from_moments(
-        m1, m2, m3, n_components, refine=refine, n_trials=n_trials, var_floor=var_floor, random_state=random_state
-    )
+    result = gmm_from_moments(m1, m2, m3, n_components, **solver)
     result.timings["moments"] = seconds
     return result
 
@@ -160,6 +148,13 @@ def gmm_from_moments(
         3. ``lambda_s = w_s mu_sk0^3`` from ``F_Omega``, ``beta_s = w_s mu_sk0`` from ``M1``: ``w``, ``mu``.
         4. Optional Levenberg-Marquardt on ``[F(w, mu)_Omega - F_Omega; sum w mu - M1; sum w - 1]``.
         5. Variances from ``M3_jjk`` (all k) and ``M2_jj`` by nonnegative least squares.
+
+    Args:
+        m1, m2, m3: the moments; ``n_components``: the number of components ``r``.
+        refine: Run the Levenberg-Marquardt refinement of weights and means on ``(M1, F_Omega)`` (step 4).
+        n_trials: Random choices of index sets / diagonalizing combination; the best residual is kept.
+        var_floor: Lower bound for the recovered variances.
+        random_state: Seed for the trials.
 
     Raises:
         ValueError: For inconsistent shapes, a non-symmetric ``M2``/``M3`` or ``d < 2 r + 2``.

@@ -8,23 +8,18 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tensorslim._checks import check_fields, require_int
 from tensorslim.convert import convert_
 from tensorslim.layers.kron import KronConfig
+from tensorslim.methods.lowrank import RankOptions
 from tensorslim.methods.registry import Method, MethodContext, register_method
 from tensorslim.options import option
 
 
 @dataclass(frozen=True, kw_only=True)
-class KronOptions:
-    """The number of Kronecker terms per layer."""
+class KronOptions(RankOptions):
+    """The number of Kronecker terms per layer (checked as the low-rank methods' rank)."""
 
     rank: int | None = option(None, "Kronecker terms per layer (default: 1)")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.rank is not None:
-            require_int("rank", self.rank)
 
 
 def _convert(model: nn.Module, context: MethodContext) -> list:
