@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tensorslim.books import count_params, flops_per_token
 from tensorslim.checkpoint import latest_checkpoint, read_state
 from tensorslim.methods.registry import MethodContext, get_method
 from tensorslim.methods.vocab import factor_vocabulary_
@@ -108,6 +109,38 @@ def build_run_model(
     if init is not None:
         model = initial_model(init, like=model)
     return model, reports, context
+
+
+def model_books(model: nn.Module, *, seq_len: int, prefix: str = "") -> dict[str, float]:
+    """``model``'s parameters (all, and without the embeddings) and forward FLOPs per token at ``seq_len``, under
+    keys starting with ``prefix``."""
+    params = count_params(model)
+    return {
+        f"{prefix}params_total": params.total,
+        f"{prefix}params_non_embedding": params.non_embedding,
+        f"{prefix}flops_per_token": flops_per_token(model, seq_len=seq_len),
+    }
+
+
+def method_books(
+    model_name: str,
+    method: str,
+    *,
+    seq_len: int,
+    task: str | None = None,
+    options: Any = None,
+    factor_vocab: int = 0,
+    **overrides: Any,
+) -> dict[str, float]:
+    """:func:`model_books` of ``model_name`` built for ``method`` and of the dense baseline (keys ``dense_...``),
+    counted on meta models (nothing is allocated); the arguments as :func:`build_for_method` takes them."""
+    books: dict[str, float] = {}
+    for prefix, name, method_options, rank in (("", method, options, factor_vocab), ("dense_", "dense", None, 0)):
+        model, _, _ = build_for_method(
+            model_name, name, task=task, options=method_options, device="meta", factor_vocab=rank, **overrides
+        )
+        books.update(model_books(model, seq_len=seq_len, prefix=prefix))
+    return books
 
 
 def apply_method(model: nn.Module, method: str, context: MethodContext) -> list:

@@ -35,10 +35,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tensorslim.books import count_params, flops_per_token
 from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.distributed.layout import Layout, SingleProcess, parallel_layout
-from tensorslim.methods import build_for_method, build_run_model, get_method, initial_model
+from tensorslim.methods import build_run_model, get_method, initial_model, method_books, model_books
 from tensorslim.methods.hooks import TrainHook
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
@@ -107,23 +106,20 @@ class TrainResult:
     model_note: str | None = None
 
 
-def _model_books(model: nn.Module, *, seq_len: int, prefix: str = "") -> dict[str, float]:
-    params = count_params(model)
-    return {
-        f"{prefix}params_total": params.total,
-        f"{prefix}params_non_embedding": params.non_embedding,
-        f"{prefix}flops_per_token": flops_per_token(model, seq_len=seq_len),
-    }
+def _shapes(model: nn.Module) -> list[tuple[int, ...]]:
+    return [tuple(p.shape) for p in model.parameters()]
 
 
-def _trained_books(model: nn.Module, books: dict[str, float], *, seq_len: int, start_params: int) -> dict[str, float]:
+def _trained_books(
+    model: nn.Module, books: dict[str, float], *, seq_len: int, start_shapes: list[tuple[int, ...]]
+) -> dict[str, float]:
     """``books`` with the method's entries recounted when training changed the model's shapes (CoMERA truncates
-    dead ranks; ``start_params`` counts the trained model before training), on a meta copy so the count costs no
-    compute and follows the same code path as at the start."""
-    if count_params(model).total == start_params:
+    dead ranks; ``start_shapes`` are the trained model's parameter shapes before training), on a meta copy so the
+    count costs no compute and follows the same code path as at the start."""
+    if _shapes(model) == start_shapes:
         return books
     shapes_only = copy.deepcopy(model).to("meta")
-    return {**books, **_model_books(shapes_only, seq_len=seq_len)}
+    return {**books, **model_books(shapes_only, seq_len=seq_len)}
 
 
 class _StopRequests:
@@ -225,12 +221,20 @@ class Trainer:
         torch.manual_seed(config.seed)  # every rank builds the same full weights; a parallel layout keeps its slices
         if self._given_model is not None:
             model, self.reports, context = self._given_model, [], None
-            books = _model_books(model, seq_len=config.seq_len)
+            books = model_books(model, seq_len=config.seq_len)
             self.books = {**books, **{f"dense_{key}": value for key, value in books.items()}}
             if config.init is not None:
                 model = initial_model(config.init, like=model)
         else:
-            self.books = self._books()
+            self.books = method_books(
+                config.preset,
+                config.method,
+                seq_len=config.seq_len,
+                task=config.model_task,
+                options=config.options,
+                factor_vocab=config.factor_vocab,
+                **self.data.model_overrides,
+            )
             model, self.reports, context = build_run_model(
                 config.preset,
                 config.method,
@@ -248,7 +252,7 @@ class Trainer:
         self.precision = {"requested": config.dtype, "used": self.dtype, "probe": probe and probe.to_dict()}
         if config.compile:
             compile_model(self.model)
-        self.start_params = count_params(self.model).total
+        self.start_shapes = _shapes(self.model)
         self.hook: TrainHook = self.method.hook(context) if self.method.hook is not None else TrainHook()
         self.optimizer = (
             self.hook.build_optimizer(self.model, lr=config.peak_lr(), weight_decay=config.weight_decay)
@@ -261,25 +265,6 @@ class Trainer:
         self.skipped_steps = 0
         if config.resume:
             self._resume()
-
-    def _books(self) -> dict[str, float]:
-        """Parameters and forward FLOPs per token of the method and of the dense baseline, on meta models."""
-        config, books = self.config, {}
-        for prefix, method, options, rank in (
-            ("", config.method, config.options, config.factor_vocab),
-            ("dense_", "dense", None, 0),
-        ):
-            model, _, _ = build_for_method(
-                config.preset,
-                method,
-                task=config.model_task,
-                options=options,
-                device="meta",
-                factor_vocab=rank,
-                **self.data.model_overrides,
-            )
-            books.update(_model_books(model, seq_len=config.seq_len, prefix=prefix))
-        return books
 
     def _default_optimizer(self) -> torch.optim.Optimizer:
         config = self.config
@@ -526,7 +511,7 @@ class Trainer:
         result = TrainResult(
             run_dir=str(self.run_dir),
             steps=self.step,
-            **_trained_books(self.model, self.books, seq_len=self.config.seq_len, start_params=self.start_params),
+            **_trained_books(self.model, self.books, seq_len=self.config.seq_len, start_shapes=self.start_shapes),
             # The first step pays for lazy initialization; the median of the rest is the steady state.
             tokens_per_s=statistics.median(speeds[1:] or speeds) if speeds else 0.0,
             memory={**asdict(memory), "total": memory.total},
