@@ -182,6 +182,17 @@ class TrainConfig:
         """The head the model is built with: the task's own, or the one it names (``distill`` builds ``embed``)."""
         return get_task(self.task).model_task or self.task
 
+    def model_spec(self) -> dict[str, Any]:
+        """The run's model as :func:`tensorslim.methods.build_for_method` builds it (preset, method, head, the
+        method's options, a factored vocabulary), for every place that builds or counts it."""
+        return {
+            "model_name": self.preset,
+            "method": self.method,
+            "task": self.model_task,
+            "options": self.options,
+            "factor_vocab": self.factor_vocab,
+        }
+
     @property
     def run_dir(self) -> str:
         if self.out_dir:

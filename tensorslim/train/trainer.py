@@ -226,25 +226,13 @@ class Trainer:
             if config.init is not None:
                 model = initial_model(config.init, like=model)
         else:
-            self.books = method_books(
-                config.preset,
-                config.method,
-                seq_len=config.seq_len,
-                task=config.model_task,
-                options=config.options,
-                factor_vocab=config.factor_vocab,
-                **self.data.model_overrides,
-            )
+            self.books = method_books(seq_len=config.seq_len, **config.model_spec(), **self.data.model_overrides)
             model, self.reports, context = build_run_model(
-                config.preset,
-                config.method,
-                task=config.model_task,
-                options=config.options,
+                **config.model_spec(),
                 steps=config.steps,
                 run_dir=self.run_dir,
                 init=config.init,
                 init_base=config.init_base,
-                factor_vocab=config.factor_vocab,
                 **self.data.model_overrides,
             )
         self.model = self.layout.shard(model.to(self.device))
