@@ -24,14 +24,13 @@ def _flag_type(annotation: Any) -> type:
     return hint
 
 
-def _add(parser: argparse._ActionsContainer, flag: str, annotation: Any, text: str, *, default: Any) -> None:
+def _add(parser: argparse._ActionsContainer, flag: str, annotation: Any, text: str, *, default: Any) -> argparse.Action:
     kind = _flag_type(annotation)
     if default is not argparse.SUPPRESS and "(default" not in text:
         text = f"{text} (default: {default})"
     if kind is bool:
-        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
-    else:
-        parser.add_argument(flag, type=kind, default=default, help=text, metavar=kind.__name__.upper())
+        return parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+    return parser.add_argument(flag, type=kind, default=default, help=text, metavar=kind.__name__.upper())
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
@@ -87,7 +86,8 @@ def add_option_arguments(parser: argparse.ArgumentParser, owners: dict[str, type
     """The flags of every owner's options, in one group; none has a default (the owner's own applies)."""
     group = parser.add_argument_group(title)
     for flag, owned in _option_flags(owners).items():
-        _add(group, "--" + flag, owned[0][1].type, _option_help(owned), default=argparse.SUPPRESS)
+        action = _add(group, "--" + flag, owned[0][1].type, _option_help(owned), default=argparse.SUPPRESS)
+        action.usage_summary = title.split(" (")[0]  # the usage names the group once (cli.main.HelpFormatter)
 
 
 def options_from_args(owner: str, owners: dict[str, type], args: argparse.Namespace, *, what: str) -> dict[str, Any]:

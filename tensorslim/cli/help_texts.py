@@ -141,28 +141,8 @@ options:
                         [--out-dir STR] [--resume | --no-resume] [--overwrite | --no-overwrite]
                         [--device STR] [--cuda-graphs | --no-cuda-graphs]
                         [--progress | --no-progress] [--tensorboard | --no-tensorboard] [--tp INT]
-                        [--tp-style STR] [--dp-shard INT] [--tp-overlap STR] [--rank INT]
-                        [--lora-alpha FLOAT] [--prefix-length INT] [--prefix-mlp INT]
-                        [--reduction INT] [--prompt-length INT] [--prompt-init-text STR]
-                        [--prompt-init-vocab INT] [--prompt-combine STR] [--prompt-lr-scale FLOAT]
-                        [--gates | --no-gates] [--train-pooler | --no-train-pooler]
-                        [--from-layer INT] [--lax-crossing STR] [--comera-target-ratio FLOAT]
-                        [--comera-late-fraction FLOAT] [--comera-gamma FLOAT]
-                        [--comera-target-loss FLOAT]
-                        [--comera-freeze-at-target | --no-comera-freeze-at-target]
-                        [--comera-truncate-every INT] [--prune-at-end | --no-prune-at-end]
-                        [--galore-update-proj-gap INT] [--galore-scale FLOAT] [--n-cores INT]
-                        [--tt-init STR] [--tt-embedding | --no-tt-embedding] [--embedding-rank INT]
-                        [--qat STR] [--bits INT] [--bits-intermediate INT] [--train-size INT]
-                        [--dev-size INT] [--steps-per-layer INT] [--needles FLOAT]
-                        [--needle-keys INT] [--mentions INT] [--repeats FLOAT] [--fact-share FLOAT]
-                        [--key-weight FLOAT] [--max-distance INT] [--examples INT] [--reader STR]
-                        [--skip-k INT] [--skip-alpha FLOAT] [--pooling STR] [--skip-lengths STR]
-                        [--qa-docs INT] [--dev-docs INT] [--doc-tokens INT] [--passage-tokens INT]
-                        [--fact-lead INT] [--distractors INT] [--answer-weight FLOAT]
-                        [--dataset STR] [--inputs STR] [--train-cases INT] [--train-pool INT]
-                        [--image-size INT] [--augment | --no-augment] [--intensity STR]
-                        [--mask-dropout FLOAT]
+                        [--tp-style STR] [--dp-shard INT] [--tp-overlap STR]
+                        [method options] [task options]
 
 train a registered model with a method on a task (default: tiny CoLA on the stdlib corpus)
 
@@ -381,19 +361,8 @@ options:
     ),
     "convert": (
         """usage: tensorslim convert [-h] [--preset STR] [--model STR] [--method STR] [--save STR]
-                          [--overwrite | --no-overwrite] [--rank INT] [--lora-alpha FLOAT]
-                          [--prefix-length INT] [--prefix-mlp INT] [--reduction INT]
-                          [--prompt-length INT] [--prompt-init-text STR] [--prompt-init-vocab INT]
-                          [--prompt-combine STR] [--prompt-lr-scale FLOAT] [--gates | --no-gates]
-                          [--train-pooler | --no-train-pooler] [--from-layer INT]
-                          [--lax-crossing STR] [--comera-target-ratio FLOAT]
-                          [--comera-late-fraction FLOAT] [--comera-gamma FLOAT]
-                          [--comera-target-loss FLOAT]
-                          [--comera-freeze-at-target | --no-comera-freeze-at-target]
-                          [--comera-truncate-every INT] [--prune-at-end | --no-prune-at-end]
-                          [--galore-update-proj-gap INT] [--galore-scale FLOAT] [--n-cores INT]
-                          [--tt-init STR] [--tt-embedding | --no-tt-embedding]
-                          [--embedding-rank INT] [--qat STR] [--bits INT] [--bits-intermediate INT]
+                          [--overwrite | --no-overwrite]
+                          [method options]
 
 show (or apply and save) a method's conversion of a registered model or a Hugging Face folder
 

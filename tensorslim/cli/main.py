@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tensorslim.cli.openmp import apply_wait_policy
 
@@ -47,6 +47,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, width=HELP_WIDTH, max_help_position=32)
+
+    def add_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        """The usage line, with each group of owners' options (``--rank``, ``--lora-alpha`` ...: every method's
+        and task's options, listed in full below it) named once, as ``[method options]``."""
+        summaries = [name for name in dict.fromkeys(getattr(a, "usage_summary", None) for a in actions) if name]
+        kept = [action for action in actions if not getattr(action, "usage_summary", None)]
+        kept += [argparse.Action([], f"<{name}>", nargs="?", metavar=name) for name in summaries]
+        super().add_usage(usage, kept, groups, prefix)
 
 
 class ArgumentParser(argparse.ArgumentParser):
