@@ -34,9 +34,20 @@ from tensorslim.options import option
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches, model_tokenizer, register_task
 
 
-def _check_window(window: int, k: int) -> None:
-    if window % k:
-        raise ValueError(f"seq_len={window} is invalid for reading; allowed: a multiple of skip_k={k}")
+class _ReadingTask(Task):
+    """A causal-LM task whose data a reader walks window by window (skipping ``skip_k``-token blocks)."""
+
+    model_task = "lm"
+
+    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+        window, k = config.seq_len, self.settings.skip_k
+        if window % k:
+            raise ValueError(f"seq_len={window} is invalid for reading; allowed: a multiple of skip_k={k}")
+        return self._read(config, model_name=model_name)
+
+    def _read(self, config: Any, *, model_name: str) -> TaskData:
+        """The task's data, once its window has been checked."""
+        raise NotImplementedError
 
 
 def _token_losses(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -70,17 +81,15 @@ def _lm_windows(docs: Sequence[np.ndarray], spans: Sequence[Span], *, window: in
 
 
 @register_task
-class ReadLM(Task):
+class ReadLM(_ReadingTask):
     name = "readlm"
     help = "causal LM pre-training that reads each document with a reader (--reader, random access: skips)"
     options = ReadLMOptions
-    model_task = "lm"
 
-    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+    def _read(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import build_lm_data
         from tensorslim.models.registry import get_model
 
-        _check_window(config.seq_len, self.settings.skip_k)
         data = build_lm_data(
             config.data,
             tokenizer=config.tokenizer or model_tokenizer(model_name),
@@ -408,14 +417,12 @@ def build_qa_set(config: Any, options: LongQAOptions, *, model_name: str, valida
 
 
 @register_task
-class LongQA(Task):
+class LongQA(_ReadingTask):
     name = "longqa"
     help = "QA over long synthetic documents (facts in BBC text), read window by window with a reader (--reader)"
     options = LongQAOptions
-    model_task = "lm"
 
-    def build_data(self, config: Any, *, model_name: str) -> TaskData:
-        _check_window(config.seq_len, self.settings.skip_k)
+    def _read(self, config: Any, *, model_name: str) -> TaskData:
         qa = build_qa_set(config, self.settings, model_name=model_name, validation_docs=config.eval_blocks)
         fmt = QAFormat(qa, config.seq_len)
         reader = Reader(
