@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -110,14 +111,9 @@ def _pow2_scale(amax: float, fmt: FloatFormat) -> float:
     return 2.0 ** math.floor(math.log2(fmt.max_value / (2.0 * amax)))
 
 
-def quantize_scaled(
-    x: torch.Tensor,
-    fmt: FloatFormat,
-    *,
-    stochastic: bool = True,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Round ``x`` to ``fmt`` under a transient per-tensor power-of-two scale and return the dequantized values.
+def quantize_scaled(x: torch.Tensor, fmt: FloatFormat, **rounding: Any) -> torch.Tensor:
+    """Round ``x`` to ``fmt`` under a transient per-tensor power-of-two scale and return the dequantized values
+    (``rounding``: ``stochastic`` and ``generator`` as :func:`round_to_format` takes them).
 
     Scaling by a power of two is exact, so it changes nothing but the range: it keeps small residuals and
     gradients out of the subnormals of fp8 (min subnormal 2^-9). This mirrors the per-tensor scaling of FP8
@@ -126,7 +122,7 @@ def quantize_scaled(
     if fmt.is_full:
         return x
     s = _pow2_scale(float(x.abs().max()) if x.numel() else 0.0, fmt)
-    return round_to_format(x * s, fmt, stochastic=stochastic, generator=generator) / s
+    return round_to_format(x * s, fmt, **rounding) / s
 
 
 class ScaledBuffer:
