@@ -129,7 +129,16 @@ def model_config(
     n_classes: int | None = None,
     **fields: Any,
 ) -> Any:
-    """The config :func:`build_model` builds model ``name`` with, after the overrides (see there)."""
+    """The config :func:`build_model` builds model ``name`` with, after the overrides.
+
+    Args:
+        name, task: as :func:`build_model`.
+        vocab_size: replaces the preset's vocabulary (to match a tokenizer); a pretrained model's cannot change.
+        max_seq_len: the longest sequence the model must take; raises the preset's context when longer, never
+            shortens it (a pretrained model's positions are fixed, so a longer request is an error).
+        n_classes: the classifier's number of classes (``task="classify"`` only).
+        fields: other fields of a from-scratch model's config that the task fixes (a U-Net's ``in_channels``).
+    """
     preset = get_model(name)
     task = resolve_task(name, task)
     config = preset.config
@@ -163,33 +172,21 @@ def model_config(
 
 
 def build_model(
-    name: str,
-    *,
-    task: str | None = None,
-    vocab_size: int | None = None,
-    max_seq_len: int | None = None,
-    n_classes: int | None = None,
-    device: torch.device | str | None = None,
-    **fields: Any,
+    name: str, *, task: str | None = None, device: torch.device | str | None = None, **overrides: Any
 ) -> nn.Module:
     """Build the registered model ``name`` for ``task``.
 
     Args:
         name: a registered model (:func:`model_names`).
         task: one of the model's tasks; None takes its default (the first of ``get_model(name).tasks``).
-        vocab_size: replaces the preset's vocabulary (to match a tokenizer); a pretrained model's cannot change.
-        max_seq_len: the longest sequence the model must take; raises the preset's context when longer, never
-            shortens it (a pretrained model's positions are fixed, so a longer request is an error).
-        n_classes: the classifier's number of classes (``task="classify"`` only).
         device: where to build; ``"meta"`` builds without allocating (for books and plans) and never reads
             pretrained weights. Pretrained weights are loaded on the CPU and then moved.
-        fields: other fields of a from-scratch model's config that the task fixes (a U-Net's ``in_channels``).
+        overrides: ``vocab_size``, ``max_seq_len``, ``n_classes`` and other config fields, as :func:`model_config`
+            takes them.
     """
     preset = get_model(name)
     task = resolve_task(name, task)
-    config = model_config(
-        name, task=task, vocab_size=vocab_size, max_seq_len=max_seq_len, n_classes=n_classes, **fields
-    )
+    config = model_config(name, task=task, **overrides)
     device = torch.device(device or "cpu")
     if preset.pretrained and device.type != "meta":
         return preset.family.load(config, task=task, folder=preset.weights_folder()).to(device)
