@@ -109,23 +109,12 @@ def _config_record(config: Any) -> dict[str, Any]:
     return {"type": _qualified(type(config)), "fields": dataclasses.asdict(config)}
 
 
-def _quant_state(layer: nn.Module) -> dict[str, Any]:
-    """The layout of a quantized layer (dense, conv, low-rank or TT) and the dtype of its scales."""
-    from tensorslim.quant.api import layer_spec
-
-    dtype = next(t.dtype for t in layer.state_dict().values() if t.is_floating_point())
-    return {**layer_spec(layer), "dtype": str(dtype).removeprefix("torch.")}
-
-
 def _describe(model: nn.Module, name: str, at: str, module: nn.Module, *, in_place: bool = True) -> list[dict]:
     """The entries of ``module`` (at ``name`` in ``model``, recorded at ``at``) and of what it holds, innermost first:
     a layer a family wraps (LoRA's ``base``) or changes in place (a TT layer in QAT form) is recorded at the outer
     name before it, and a family that keeps the replaced module's children (a memory's projections) records them."""
-    from tensorslim.quant.api import QUANT_LAYERS
     from tensorslim.registry import transform_for_layer
 
-    if isinstance(module, QUANT_LAYERS):  # a quantized layer's solver leaves no trace: its layout rebuilds it
-        return [{"name": at, "kind": "quantize", "config": None, "state": _quant_state(module)}]
     family = transform_for_layer(module, in_place=in_place)
     entries: list[dict[str, Any]] = []
     if family is None or family.transparent:
@@ -142,7 +131,9 @@ def _describe(model: nn.Module, name: str, at: str, module: nn.Module, *, in_pla
         inner = getattr(module, wrapped)
         entries += _describe(model, _join(name, wrapped), at, inner, in_place=family.owns is None)
     config, state = family.describe(model, name, module)
-    return [*entries, {"name": at, "kind": "convert", "config": _config_record(config), "state": state}]
+    # "quantize": a layer rebuilt from its recorded layout (a quantized one), the kind folders have always named it
+    kind = "convert" if family.shell is None else "quantize"
+    return [*entries, {"name": at, "kind": kind, "config": _config_record(config), "state": state}]
 
 
 def _join(prefix: str, name: str) -> str:
@@ -153,8 +144,9 @@ def describe_layers(model: nn.Module) -> list[dict[str, Any]]:
     """The manifest's ``layers``: one entry per converted, quantized, adapted or equipped layer of ``model``, each
     after the entries it is built on (the CoLA layer under its LoRA adapter, the TT layer under its QAT form).
 
-    Each entry: ``name`` (qualified), ``kind`` (``convert``, or ``quantize`` for a quantized layer), ``config``
-    (``{"type": "module.Class", "fields": {...}}``; None for a quantized layer, whose solver leaves no trace in it) and
+    Each entry: ``name`` (qualified), ``kind`` (``convert``, or ``quantize`` for a layer rebuilt from its recorded
+    layout), ``config`` (``{"type": "module.Class", "fields": {...}}``; for a quantized layer the width only, since its
+    solver leaves no trace in it) and
     ``state`` (what the config does not carry: gate thresholds, the layout of packed codes ...). Every family is read
     by its registered ``describe`` (:mod:`tensorslim.registry`), so a new family needs nothing here.
     """
@@ -305,7 +297,7 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
     """One ``convert_`` per distinct config, converting exactly the layers recorded with it, in the order the configs
     first appear (a layer after what it is built on); each layer then gets the state its config cannot carry."""
     from tensorslim.convert import convert_
-    from tensorslim.registry import transform_for
+    from tensorslim.registry import set_submodule, transform_for
 
     types = _config_types()
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -314,6 +306,11 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
     for group in groups.values():
         names = {entry["name"] for entry in group}
         config = _config_from(group[0]["config"], types)
+        family = transform_for(config)
+        if family.shell is not None:  # layers rebuilt from their recorded layout, not from weights
+            for entry in group:
+                set_submodule(model, entry["name"], family.shell(entry["state"]))
+            continue
         report = convert_(  # the saved layers are what they are, larger than dense or not
             model,
             config,
@@ -323,35 +320,27 @@ def _convert_groups(model: nn.Module, entries: list[dict[str, Any]]) -> None:
         converted = {layer.name for layer in report.layers}
         if converted != names:
             raise ValueError(f"cannot rebuild layers {sorted(names - converted)}: the base model has no such layers")
-        family = transform_for(config)
         if family.restore is not None:
             for entry in group:
                 family.restore(model.get_submodule(entry["name"]), entry["state"])
 
 
-def _quant_shell(state: dict[str, Any]) -> nn.Module:
-    from tensorslim.quant.api import quant_shell
-
-    if "kind" not in state:  # a dense, conv or embedding layer as version 1 folders recorded it
-        kind = "embedding" if state.get("embedding") else "conv2d" if "kernel_size" in state else "linear"
-        state = {**state, "kind": kind, "in": state["in_features"], "out": state["out_features"]}
-    return quant_shell(state, getattr(torch, state["dtype"]))
-
-
 def rebuild_layers(model: nn.Module, entries: list[dict[str, Any]]) -> None:
     """Replace the layers of a base ``model`` (on ``meta`` or not) as the manifest ``entries`` describe."""
-    from tensorslim.registry import set_submodule
 
-    kinds = {"convert", "quantize", "lora"}  # "lora": adapters as the first manifests recorded them
+    kinds = {"convert", "quantize", "lora"}  # "lora": LoRA adapters as the first manifests recorded them
     unknown = sorted({entry["kind"] for entry in entries} - kinds)
     if unknown:
         raise ValueError(f"layer kinds {unknown} are unknown; allowed: {sorted(kinds)}")
-    quantized = [entry for entry in entries if entry["kind"] == "quantize"]
-    # Each family after the layers it is built on (the manifest's order); quantized layers wrap nothing and are
-    # wrapped by LoRA alone, so they come first.
-    for entry in quantized:
-        set_submodule(model, entry["name"], _quant_shell(entry["state"]))
-    _convert_groups(model, [entry for entry in entries if entry["kind"] != "quantize"])
+    # The first manifests recorded a quantized layer without a config and before every converted layer.
+    legacy = [entry for entry in entries if entry["kind"] == "quantize" and entry["config"] is None]
+    current = [entry for entry in entries if not (entry["kind"] == "quantize" and entry["config"] is None)]
+    _convert_groups(model, [{**entry, "config": _width_record(entry["state"])} for entry in legacy] + current)
+
+
+def _width_record(state: dict[str, Any]) -> dict[str, Any]:
+    """The config record of a quantized layer the first manifests recorded without one: its width."""
+    return {"type": "tensorslim.quant.rtn.RTNConfig", "fields": {"bits": state["bits"]}}
 
 
 # --- weights -----------------------------------------------------------------------------------------------------

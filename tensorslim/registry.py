@@ -167,6 +167,9 @@ class Transform:
             rebuilt first.
         transparent: a built layer keeps the replaced module's children under their names (a memory keeps the
             attention's projections), so their records are saved as they are and rebuilt first.
+        shell: optional ``state -> layer``: an empty layer of the layout ``describe`` recorded, for loading weights
+            into, for a family whose config cannot rebuild a layer without data (quantized codes: the solver leaves
+            no trace); ``load_pretrained`` puts it in place of building.
         owns: optional ``layer -> bool`` for a family that changes layers in place (QAT's parametrizations of TT
             cores): a layer it owns is described by it although its class belongs to another family, whose record
             comes first.
@@ -190,6 +193,7 @@ class Transform:
     prepare: Callable[[nn.Module, object], None] | None = None
     wraps: tuple[str, ...] = ()
     transparent: bool = False
+    shell: Callable[[dict[str, Any]], nn.Module] | None = None
     owns: Callable[[nn.Module], bool] | None = None
 
     def __post_init__(self) -> None:

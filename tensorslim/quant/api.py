@@ -439,10 +439,21 @@ def _build_quant_layer(module: nn.Module, config: QuantConfig) -> nn.Module:
     return _build(module, [rtn_quantize(target.weight, None, rtn) for target in quant_targets("", module)])
 
 
-def _describe_quant_layer(model: nn.Module, name: str, layer: QuantLinear) -> tuple[RTNConfig, dict[str, object]]:
-    """Codes carry no trace of their solver: the config names the width, the state the layout."""
+def _describe_quant_layer(model: nn.Module, name: str, layer: nn.Module) -> tuple[RTNConfig, dict[str, object]]:
+    """Codes carry no trace of their solver: the config names the width, the state the layout and the dtype of the
+    scales (what :func:`_shell` rebuilds)."""
     del model, name
-    return RTNConfig(bits=layer.bits), layer_spec(layer)
+    dtype = next(t.dtype for t in layer.state_dict().values() if t.is_floating_point())
+    return RTNConfig(bits=layer.bits), {**layer_spec(layer), "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _shell(state: dict) -> nn.Module:
+    """An empty quantized layer of the recorded layout (also as the first manifests recorded a dense, conv or
+    embedding layer: ``in_features``/``out_features`` and no ``kind``)."""
+    if "kind" not in state:
+        kind = "embedding" if state.get("embedding") else "conv2d" if "kernel_size" in state else "linear"
+        state = {**state, "kind": kind, "in": state["in_features"], "out": state["out_features"]}
+    return quant_shell(state, getattr(torch, state["dtype"]))
 
 
 register_transform(
@@ -451,7 +462,8 @@ register_transform(
         accepts=_convertible,
         plan_layer=_plan_quant_layer,
         build=_build_quant_layer,
-        layer_type=QuantLinear,
+        layer_type=QUANT_LAYERS,
         describe=_describe_quant_layer,
+        shell=_shell,
     ),
 )

@@ -201,3 +201,23 @@ def test_unipelt_with_a_prompt_is_planned_and_survives_save_and_load(tmp_path: P
     reference = tiny_bert(seed=0)
     load_adapters(reference, tmp_path / "adapters")
     torch.testing.assert_close(reference(input_ids=ids, attention_mask=mask).logits, expected, rtol=0, atol=0)
+
+
+def test_a_quantized_layer_recorded_without_a_config_still_loads(tmp_path: Path) -> None:
+    """The first manifests recorded a quantized layer with its layout only (no config): it is rebuilt by the
+    quantization family's shell, as now."""
+    import json
+
+    model = dense_model(ROWS[0]).float()
+    convert_(model, SVDConfig(rank=4), filter_fn=lambda module, name: name.endswith("up"))
+    convert_(model, RTNConfig(bits=4))
+    folder = save_pretrained(model, tmp_path / "rtn")
+    manifest = json.loads((folder / "tensorslim.json").read_text())
+    assert {entry["kind"] for entry in manifest["layers"]} == {"quantize"}
+    for entry in manifest["layers"]:
+        entry["config"] = None
+    (folder / "tensorslim.json").write_text(json.dumps(manifest))
+    loaded = load_pretrained(folder, model=dense_model(ROWS[0]).float())
+    assert type(loaded.blocks[0].up) is QuantLowRankLinear
+    x = sample_inputs(ROWS[0]).float()
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
