@@ -288,7 +288,7 @@ class LMHealing(Task):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
-        blocks_: torch.Tensor = data.validation
+        held_out: torch.Tensor = data.validation
         device = next(model.parameters()).device
 
         def kl(batch: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -299,8 +299,8 @@ class LMHealing(Task):
             with autocast():
                 return lm_loss(model, batch, reduction="sum"), batch.shape[0] * (batch.shape[1] - 1)
 
-        divergence = mean_over_batches((blocks_,), kl, batch_size=batch_size, device=device)
-        loss = mean_over_batches((blocks_,), nll, batch_size=batch_size, device=device)
+        divergence = mean_over_batches((held_out,), kl, batch_size=batch_size, device=device)
+        loss = mean_over_batches((held_out,), nll, batch_size=batch_size, device=device)
         return {"val_loss": divergence, "val_perplexity": math.exp(min(loss, 700.0))}
 
 
