@@ -96,3 +96,26 @@ def test_cola_factors_are_quantized_after_conversion_and_run_on_the_kernels() ->
     ids = torch.randint(0, CONFIG.vocab_size, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(model(ids), _dequantized_copy(model, cola=cola)(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cola_factors_chain_on_the_kernels_like_the_dequantized_factors(bits: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96))
+    convert_(model, CoLAConfig(rank=32))  # σ = SiLU between the factors
+    quantize_(model, RTNConfig(bits=bits), None)
+    layer = model[0]
+    x = torch.randn(5, 3, 64)
+    a = dequantize(layer.a.codes(), layer.a.grid, dtype=torch.float64)
+    b = dequantize(layer.b.codes(), layer.b.grid, dtype=torch.float64)
+    hidden = torch.nn.functional.silu(x.double() @ a.t())  # (5, 3, 32)
+    reference = hidden @ b.t() + layer.bias.double()
+    magnitude = (x.double().abs() @ a.abs().t()) @ b.abs().t()  # the scale of the roundings on the way
+    with torch.no_grad():
+        set_kernel_activations(model, "float32")
+        torch.testing.assert_close(layer(x).double(), reference, rtol=1e-5, atol=1e-5)
+        set_kernel_activations(model, "bfloat16")  # σ(A x) stays bf16 between the two kernels
+        y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (5, 3, 96)
+    # bf16 rounds x, A's scale table, A x (the hidden), B's table and the output: 2**-9 each, a few times over
+    assert ((y.double() - reference).abs() <= 8 * 2**-9 * magnitude + 1e-6).all()
