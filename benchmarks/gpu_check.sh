@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA GPU, in under 10 minutes: the CUDA tests (captured CUDA-graph steps, CoMERA's late step
 # among them, the Trainer's --cuda-graphs, bf16 autocast, the LM loss and the factored vocabulary on the GPU), the
-# train-step benchmark (fp32 and bf16) and the time-to-quality benchmark, each under its own time limit; with two or
-# more GPUs also a tensor-parallel run over NCCL. Everything goes to OUT; OUT/summary.md lists each step's status.
+# train-step benchmarks (fp32 and bf16; the 350m step with a factored vocabulary beside dense) and the time-to-quality
+# benchmark at tiny size, each under its own time limit (together 8 minutes at most on one GPU, 9.5 with the
+# tensor-parallel run); with two or more GPUs also a tensor-parallel run over NCCL. Everything goes to OUT; OUT/summary.md lists each step's status.
 #
 #   bash benchmarks/gpu_check.sh          # OUT defaults to benchmarks/results/gpu_check_<UTC date>
 #
@@ -40,13 +41,15 @@ fi
 step tests 120 "$PY" -m pytest -q -x -p no:cacheprovider --junitxml="$OUT/tests.xml" \
   tests/integration/test_cuda_paths.py tests/unit/test_cuda_graph_step.py tests/integration/test_train_static_step.py
 # 2. Train-step speed and memory against dense, fp32 and bf16 autocast.
-step bench_60m 90 "$PY" -m tensorslim bench --preset 60m --device cuda --methods cola,cola-m,comera --dtype fp32,bf16 \
+step bench_60m 75 "$PY" -m tensorslim bench --preset 60m --device cuda --methods cola,cola-m,comera --dtype fp32,bf16 \
   --batch-size 8 --seq-len 256 --warmup 3 --repeats 10 --out "$OUT/bench_60m"
-step bench_350m 60 "$PY" -m tensorslim bench --preset 350m --device cuda --methods cola --dtype bf16 \
+step bench_350m 50 "$PY" -m tensorslim bench --preset 350m --device cuda --methods cola --dtype bf16 \
   --batch-size 8 --seq-len 256 --warmup 3 --repeats 10 --out "$OUT/bench_350m"
-# 3. Time to quality at 60m in bf16: every arm, the same 300 steps of 8 x 256 tokens.
-step time_to_quality 240 "$PY" benchmarks/time_to_quality.py --preset 60m --device cuda --dtype bf16 --steps 300 \
-  --batch-size 8 --seq-len 256 --eval-every 50 --eval-blocks 32 --runs "$OUT/runs" --out "$OUT"
+step vocab_step_350m 60 "$PY" benchmarks/vocab_step.py --preset 350m --device cuda --dtypes fp32,bf16 \
+  --batch-size 8 --seq-len 256 --warmup 3 --repeats 10 --out "$OUT/vocab_step_350m"
+# 3. Time to quality at tiny size in bf16: every arm, the same 200 steps of 8 x 128 tokens.
+step time_to_quality 180 "$PY" benchmarks/time_to_quality.py --preset tiny --device cuda --dtype bf16 --steps 200 \
+  --batch-size 8 --seq-len 128 --eval-every 25 --runs "$OUT/runs" --out "$OUT"
 # 4. Tensor parallelism over NCCL (BOOST's TP of CoLA), two ranks on two GPUs.
 if [ "$GPUS" -ge 2 ]; then
   step tp_nccl 90 "$PY" -m torch.distributed.run --nproc-per-node 2 -m tensorslim train --device cuda --tp 2 \
