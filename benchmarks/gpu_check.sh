@@ -2,8 +2,8 @@
 # On a machine with a CUDA GPU, in under 10 minutes: the CUDA tests (captured CUDA-graph steps, CoMERA's late step
 # among them, the Trainer's --cuda-graphs, bf16 autocast, the LM loss and the factored vocabulary on the GPU), the
 # train-step benchmarks (fp32 and bf16; the 350m step with a factored vocabulary beside dense) and the time-to-quality
-# benchmark at tiny size, each under its own time limit (together 8 minutes at most on one GPU, 9.5 with the
-# tensor-parallel run); with two or more GPUs also a tensor-parallel run over NCCL. Everything goes to OUT; OUT/summary.md lists each step's status.
+# benchmark at tiny size, each under its own time limit (8 minutes at most together); with two or more GPUs also a
+# tensor-parallel run over NCCL (1.5 minutes more). Everything goes to OUT; OUT/summary.md lists each step's status.
 #
 #   bash benchmarks/gpu_check.sh          # OUT defaults to benchmarks/results/gpu_check_<UTC date>
 #
