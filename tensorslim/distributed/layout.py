@@ -20,6 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +53,6 @@ from tensorslim.distributed.sharding import ShardSpec
 
 if TYPE_CHECKING:
     from tensorslim.tasks.base import Stream, Task
-    from tensorslim.train.config import TrainConfig
 
 # Seconds a collective may wait for a peer before the survivors give up (short, so a dead peer cannot hang a run).
 TIMEOUT_ENV = "TENSORSLIM_DIST_TIMEOUT"
@@ -62,7 +62,28 @@ _TP_TASKS = ("lm",)
 _TP_FAMILIES = ("llama",)
 
 
-def check_parallel_config(config: TrainConfig, *, world_size: int) -> None:
+@dataclass(frozen=True, kw_only=True)
+class ParallelSetup:
+    """What the layout needs to know of a run: the mesh, the batch split, what is sharded and how.
+
+    The fields mean what the :class:`tensorslim.train.config.TrainConfig` fields of the same names mean;
+    ``TrainConfig.parallel_setup()`` builds one from a validated config, and :func:`check_parallel_config`
+    checks that the setup fits the world.
+    """
+
+    tp: int
+    tp_style: str
+    tp_overlap: str
+    dp_shard: int
+    batch_size: int
+    method: str
+    task: str
+    preset: str
+    device: str
+    dtype: str
+
+
+def check_parallel_config(config: ParallelSetup, *, world_size: int) -> None:
     """Raise a one-line ValueError for a bad parallel setup, before any process group, data or model exists.
 
     With ``tp > 1`` the method must list ``config.tp_style`` among the styles that can shard it (the method
@@ -336,7 +357,7 @@ class TensorParallel:
         self.log = CommLog()
 
     @classmethod
-    def launch(cls, config: TrainConfig, *, world_size: int) -> TensorParallel:  # or the subclass
+    def launch(cls, config: ParallelSetup, *, world_size: int) -> TensorParallel:  # or the subclass
         """Join the process group ``torchrun`` describes in the environment and build the mesh."""
         cuda = config.device == "cuda"
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
@@ -533,7 +554,7 @@ class DataParallel(TensorParallel):
 Layout = SingleProcess | TensorParallel | DataParallel
 
 
-def parallel_layout(config: TrainConfig) -> Layout:
+def parallel_layout(config: ParallelSetup) -> Layout:
     """The layout of this process: :class:`TensorParallel` under ``torchrun`` (``WORLD_SIZE > 1``) or with
     ``config.tp > 1``, else :class:`SingleProcess`. The setup is checked before any process group work."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

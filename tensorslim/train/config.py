@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tensorslim._checks import check_fields, require_int
+from tensorslim.distributed.layout import ParallelSetup
 from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
 from tensorslim.methods.recipes import recipe_for
@@ -192,6 +193,21 @@ class TrainConfig:
             "options": self.options,
             "factor_vocab": self.factor_vocab,
         }
+
+    def parallel_setup(self) -> ParallelSetup:
+        """What the run's parallel layout needs of it (:func:`tensorslim.distributed.layout.parallel_layout`)."""
+        return ParallelSetup(
+            tp=self.tp,
+            tp_style=self.tp_style,
+            tp_overlap=self.tp_overlap,
+            dp_shard=self.dp_shard,
+            batch_size=self.batch_size,
+            method=self.method,
+            task=self.task,
+            preset=self.preset,
+            device=self.device,
+            dtype=self.dtype,
+        )
 
     @property
     def run_dir(self) -> str:

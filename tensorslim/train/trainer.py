@@ -195,7 +195,7 @@ class Trainer:
         self.on_nonfinite = on_nonfinite
         self.cuda_graphs = cuda_graphs
         self.run_dir = Path(config.run_dir)
-        self.layout = layout or parallel_layout(config)
+        self.layout = layout or parallel_layout(config.parallel_setup())
         if model is not None and not isinstance(self.layout, SingleProcess):
             raise ValueError("a given model trains on one process; allowed: tp=1 outside torchrun")
         self.device = self.layout.device

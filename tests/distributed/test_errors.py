@@ -71,37 +71,39 @@ def test_bad_style_norm_or_model_is_refused_before_any_work() -> None:
 
 def test_train_config_checks_style_method_and_batch_split() -> None:
     with pytest.raises(ValueError, match="tp_style='zero' is unknown"):
-        check_parallel_config(TrainConfig(tp=2, tp_style="zero"), world_size=2)
+        check_parallel_config(TrainConfig(tp=2, tp_style="zero").parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match="tp_overlap='yes' is unknown"):
-        check_parallel_config(TrainConfig(tp=2, tp_overlap="yes"), world_size=2)
+        check_parallel_config(TrainConfig(tp=2, tp_overlap="yes").parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match="method='cola' does not fit tp_style='megatron'"):
-        check_parallel_config(TrainConfig(tp=2, tp_style="megatron"), world_size=2)
+        check_parallel_config(TrainConfig(tp=2, tp_style="megatron").parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match="batch_size=3 must be divisible by the data-parallel size 2"):
-        check_parallel_config(TrainConfig(tp=2, batch_size=3), world_size=4)
+        check_parallel_config(TrainConfig(tp=2, batch_size=3).parallel_setup(), world_size=4)
     with pytest.raises(
         ValueError,
         match=r"method='galore' does not fit tp_style='btp' \(GaLore's projector .*\); allowed: \['cola', 'svd'\]",
     ):
-        check_parallel_config(TrainConfig(tp=2, method="galore"), world_size=2)
+        check_parallel_config(TrainConfig(tp=2, method="galore").parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match="task='mlm' cannot run in parallel"):
-        check_parallel_config(TrainConfig(preset="bert-tiny", tp=2), world_size=2)
+        check_parallel_config(TrainConfig(preset="bert-tiny", tp=2).parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match="family 'gpt2'"):
-        check_parallel_config(TrainConfig(preset="gpt2-tiny", tp=2), world_size=2)
+        check_parallel_config(TrainConfig(preset="gpt2-tiny", tp=2).parallel_setup(), world_size=2)
 
 
 def test_the_method_registry_says_which_methods_shard_and_why_not() -> None:
-    check_parallel_config(TrainConfig(method="galore"), world_size=2)  # DDP: the projector sees whole gradients
-    check_parallel_config(TrainConfig(method="tt", dp_shard=2), world_size=2)  # FSDP2 on the TT model itself
+    # DDP: the projector sees whole gradients
+    check_parallel_config(TrainConfig(method="galore").parallel_setup(), world_size=2)
+    # FSDP2 on the TT model itself
+    check_parallel_config(TrainConfig(method="tt", dp_shard=2).parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match=r"method='galore' cannot train data-parallel with fsdp \(GaLore's projector"):
-        check_parallel_config(TrainConfig(method="galore", dp_shard=2), world_size=2)
+        check_parallel_config(TrainConfig(method="galore", dp_shard=2).parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match=r"method='comera' cannot train data-parallel with ddp \(its stages slice"):
-        check_parallel_config(TrainConfig(method="comera"), world_size=2)
+        check_parallel_config(TrainConfig(method="comera").parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match=r"method='lax-cola' does not fit tp_style='btp' \(TP: the BTP/vanilla"):
-        check_parallel_config(TrainConfig(method="lax-cola", tp=2), world_size=4)
+        check_parallel_config(TrainConfig(method="lax-cola", tp=2).parallel_setup(), world_size=4)
     with pytest.raises(ValueError, match=r"method='tt' does not fit tp_style='vanilla' \(TP: a TT layer"):
-        check_parallel_config(TrainConfig(method="tt", tp=2, tp_style="vanilla"), world_size=2)
+        check_parallel_config(TrainConfig(method="tt", tp=2, tp_style="vanilla").parallel_setup(), world_size=2)
     with pytest.raises(ValueError, match="dp_shard=3 must be 1 \\(DDP\\) or the whole data-parallel size 2"):
-        check_parallel_config(TrainConfig(tp=2, dp_shard=3), world_size=4)
+        check_parallel_config(TrainConfig(tp=2, dp_shard=3).parallel_setup(), world_size=4)
 
 
 def test_one_process_gets_the_single_process_layout_and_tp_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,9 +111,9 @@ def test_one_process_gets_the_single_process_layout_and_tp_needs_torchrun(monkey
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
-    assert isinstance(parallel_layout(TrainConfig()), SingleProcess)
+    assert isinstance(parallel_layout(TrainConfig().parallel_setup()), SingleProcess)
     with pytest.raises(ValueError, match="tp=2 needs one process per rank: torchrun --nproc-per-node 2"):
-        parallel_layout(TrainConfig(tp=2))
+        parallel_layout(TrainConfig(tp=2).parallel_setup())
 
 
 def test_cli_reports_a_bad_mesh_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
