@@ -99,13 +99,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
         vocab_size=config.vocab_size or get_model(config.preset).config.vocab_size,
     )
     model, _, _ = build_for_method(
-        config.preset,
-        config.method,
-        task=config.model_task,
-        options=config.options,
-        device="meta",
-        vocab_size=tokenizer.vocab_size,
-        max_seq_len=config.seq_len,
+        **config.model_spec(), device="meta", vocab_size=tokenizer.vocab_size, max_seq_len=config.seq_len
     )
     load_weights_(model, checkpoint / "model.safetensors", state.get("aliases", {}), device=device)
     return model.eval(), tokenizer

@@ -85,6 +85,20 @@ def test_lm_run_generates_what_the_trained_model_generates(small_corpus: Path, t
     torch.testing.assert_close(model(ids), trainer.model.eval()(ids))
 
 
+def test_generate_reads_a_run_with_a_factored_vocabulary_as_its_model_was_trained(
+    small_corpus: Path, tmp_path: Path
+) -> None:
+    """``generate --run`` rebuilds the run's model from its config: the factored head and embedding included."""
+    from tensorslim.cli.generate import load_run
+
+    run = tmp_path / "run"
+    fields = {"preset": "tiny", "method": "cola", "data": str(small_corpus), "seq_len": 32, "vocab_size": 512}
+    trainer = _train(run, factor_vocab=8, **fields)
+    model, _ = load_run(run)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(model(ids), trainer.model.eval()(ids))
+
+
 def test_mlm_run_fills_the_mask_and_exports_to_a_folder_transformers_loads(small_corpus: Path, tmp_path: Path) -> None:
     """Our BERT trained dense has BERT's blocks and MLM head: the export's ``hf/`` is a ``BertForMaskedLM``."""
     transformers = pytest.importorskip("transformers")

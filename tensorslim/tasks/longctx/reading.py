@@ -43,9 +43,9 @@ class _ReadingTask(Task):
         window, k = config.seq_len, self.settings.skip_k
         if window % k:
             raise ValueError(f"seq_len={window} is invalid for reading; allowed: a multiple of skip_k={k}")
-        return self._read(config, model_name=model_name)
+        return self._reading_data(config, model_name=model_name)
 
-    def _read(self, config: Any, *, model_name: str) -> TaskData:
+    def _reading_data(self, config: Any, *, model_name: str) -> TaskData:
         """The task's data, once its window has been checked."""
         raise NotImplementedError
 
@@ -86,7 +86,7 @@ class ReadLM(_ReadingTask):
     help = "causal LM pre-training that reads each document with a reader (--reader, random access: skips)"
     options = ReadLMOptions
 
-    def _read(self, config: Any, *, model_name: str) -> TaskData:
+    def _reading_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import build_lm_data
         from tensorslim.models.registry import get_model
 
@@ -422,7 +422,7 @@ class LongQA(_ReadingTask):
     help = "QA over long synthetic documents (facts in BBC text), read window by window with a reader (--reader)"
     options = LongQAOptions
 
-    def _read(self, config: Any, *, model_name: str) -> TaskData:
+    def _reading_data(self, config: Any, *, model_name: str) -> TaskData:
         qa = build_qa_set(config, self.settings, model_name=model_name, validation_docs=config.eval_blocks)
         fmt = QAFormat(qa, config.seq_len)
         reader = Reader(
