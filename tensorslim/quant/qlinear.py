@@ -58,6 +58,15 @@ class KernelOperands(NamedTuple):
     derived_weight: bool
 
 
+class _Source(NamedTuple):
+    """The buffers a derived tensor of a :class:`QuantLinear` came from: their identity and contents."""
+
+    identity: tuple
+    scale: torch.Tensor
+    zero: torch.Tensor
+    packed: torch.Tensor | None
+
+
 def _kernel_layout(bits: int, device: torch.device) -> str:
     """The in-memory layout of ``packed``: the kernel's own where it holds the codes in the stream's bytes."""
     if device.type != "cpu":
@@ -94,8 +103,8 @@ class QuantLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
         self.cache_weight = False
         self.activations = "auto"
-        self._cached: tuple[tuple, torch.Tensor] | None = None  # (key of the buffers it came from, float weight)
-        self._operands: tuple[tuple, KernelOperands] | None = None  # (key, kernel operands)
+        self._cached: tuple[_Source, torch.Tensor] | None = None  # (the buffers it came from, float weight)
+        self._operands: tuple[_Source, torch.dtype, KernelOperands] | None = None  # (source, activations, operands)
         self._register_state_dict_hook(_stream_in_state_dict)
         self._register_load_state_dict_pre_hook(_layout_from_state_dict, with_module=True)
 
@@ -151,14 +160,30 @@ class QuantLinear(nn.Module):
 
     # --- derived tensors -----------------------------------------------------------------------------------------
 
-    def _key(self) -> tuple:
-        """Identity of the codes, scales and zero points: storage, in-place version, dtype and device (read on every
-        forward, so spelled out flat: ``packed`` is always ``uint8`` and on the scales' device)."""
+    def _identity(self) -> tuple:
+        """The buffers' storage, in-place versions, dtype and device (read on every forward, so spelled out flat:
+        ``packed`` is always ``uint8`` and on the scales' device)."""
         packed, scale, zero = self.packed, self.scale, self.zero
         return (
             packed.data_ptr(), packed._version, scale.data_ptr(), scale._version, scale.dtype, scale.device,
             zero.data_ptr(), zero._version,
         )  # fmt: skip
+
+    def _source(self, *, codes: bool) -> _Source:
+        """What a derived tensor comes from: the buffers' identity and copies of their contents (the codes only
+        where the derived tensor copies them): a write through ``.data`` changes neither storage nor version."""
+        packed = self.packed.detach().clone() if codes else None
+        return _Source(self._identity(), self.scale.detach().clone(), self.zero.detach().clone(), packed)
+
+    def _is_source(self, source: _Source) -> bool:
+        """Whether the buffers still hold what ``source`` recorded (``d_out`` scales and zero points compared on
+        every call, cheap beside the matmul; the codes only for a derived copy of them)."""
+        return (
+            source.identity == self._identity()
+            and torch.equal(source.scale, self.scale)
+            and torch.equal(source.zero, self.zero)
+            and (source.packed is None or torch.equal(source.packed, self.packed))
+        )
 
     def dequantized_weight(self) -> torch.Tensor:
         """The dequantized ``(d_out, d_in)`` weight: the cached copy while ``cache_weight`` holds and the codes,
@@ -166,30 +191,35 @@ class QuantLinear(nn.Module):
         if not self.cache_weight:
             self._cached = None
             return self.to_dense()
-        key = self._key()
-        if self._cached is None or self._cached[0] != key:
+        if self._cached is None or not self._is_source(self._cached[0]):
             self._cached = None  # free the stale copy before building the new one
             with torch.no_grad():
-                self._cached = (key, self.to_dense())
+                self._cached = (self._source(codes=True), self.to_dense())
         return self._cached[1]
 
     def cached_bytes(self) -> int:
-        """Bytes of the tensors derived from the buffers and held between calls (float copy, kernel operands)."""
-        held = [self._cached[1]] if self._cached is not None else []
+        """Bytes of the tensors derived from the buffers and held between calls (float copy, kernel operands, and
+        the copies of the buffers that tell whether they are still current)."""
+        held, sources = [], []
+        if self._cached is not None:
+            sources.append(self._cached[0])
+            held.append(self._cached[1])
         if self._operands is not None:
-            operands = self._operands[1]
+            source, _, operands = self._operands
+            sources.append(source)
             held += [t for t in (operands.table, operands.offset) if t is not None]
             held += [operands.weight] if operands.derived_weight else []
+        held += [t for source in sources for t in (source.scale, source.zero, source.packed) if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
 
     def _kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
         """The kernel's operands for ``dtype`` activations, rebuilt when the buffers change."""
-        key = (*self._key(), dtype)
-        if self._operands is None or self._operands[0] != key:
+        if self._operands is None or self._operands[1] != dtype or not self._is_source(self._operands[0]):
             self._operands = None  # free the stale operands before building new ones
             with torch.no_grad():
-                self._operands = (key, self._build_operands(dtype))
-        return self._operands[1]
+                source = self._source(codes=self.layout == "stream")  # a stream layer's weight copies the codes
+                self._operands = (source, dtype, self._build_operands(dtype))
+        return self._operands[2]
 
     def _build_operands(self, dtype: torch.dtype) -> KernelOperands:
         codes = self.codes() if self.layout == "stream" else None  # a stream layer derives the kernel's weight

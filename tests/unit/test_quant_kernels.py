@@ -53,7 +53,9 @@ def test_weight_is_held_once_in_the_kernel_layout_and_files_hold_the_stream(tmp_
         with torch.no_grad():
             layer(torch.randn(2, 64))
         assert layer.layout == layout
-        assert layer.cached_bytes() <= 8 * 48  # per-row scale tables only: no float copy, no second copy of the codes
+        # per-row scale tables and the copy of the row scales/zero points that checks them: no float copy, no
+        # second copy of the codes
+        assert layer.cached_bytes() <= 16 * 48
         assert layer.packed.numel() == 64 * 48 * bytes_per_weight
         assert torch.equal(layer.state_dict()["packed"], pack_codes(codes, bits))
         fresh = QuantLinear(64, 48, bits=bits)
@@ -103,6 +105,36 @@ def _change_by_optimizer(layer: QuantLinear) -> None:
     layer.to_dense().square().sum().backward()
     optimizer.step()
     layer.scale.requires_grad_(False)
+
+
+def _scale_through_data_in_place(layer: QuantLinear) -> None:
+    layer.scale.data.mul_(2)  # same storage, and .data bumps no version counter
+
+
+def _zero_through_data_in_place(layer: QuantLinear) -> None:
+    layer.zero.data.copy_(torch.clamp(layer.zero.data.to(torch.int32) + 1, max=2**layer.bits - 1))
+
+
+def _codes_through_data_in_place(layer: QuantLinear) -> None:
+    layer.packed.data.bitwise_xor_(0x21)  # flips low bits of the codes in every layout
+
+
+@pytest.mark.parametrize("bits", [3, 4, 8])  # a derived kernel weight (stream) and the kernels' own layouts
+@pytest.mark.parametrize(
+    "change", [_scale_through_data_in_place, _zero_through_data_in_place, _codes_through_data_in_place]
+)
+@pytest.mark.parametrize("cache", [True, False])
+def test_writes_through_data_in_place_reach_the_next_forward(bits: int, change, cache: bool) -> None:
+    layer = _layer(bits, 64, 48)
+    layer.cache_weight, layer.activations = cache, "float32"
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        before = layer(x)  # builds the float copy or the kernel operands
+        change(layer)
+        after = layer(x)
+    reference, _ = _reference(layer, x)
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after.double(), reference, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("change", [_change_by_data, _change_by_copy, _change_by_load, _change_by_optimizer])
