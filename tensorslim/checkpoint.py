@@ -5,8 +5,8 @@ reader), ``state.safetensors`` (optimizer tensors and RNG state) and ``state.jso
 the optimizer's non-tensor state). A checkpoint is written to a temporary folder and renamed into place, and the
 ``latest`` pointer is replaced atomically afterwards, so an interruption never leaves a half-written checkpoint
 behind. Nothing is unpickled on load. Each safetensors file records the SHA-256 of its tensors in its own metadata
-(:func:`save_tensors`), and reading it (:func:`load_tensors`) refuses a file whose bytes changed since: a flipped bit
-in the weights is an error, not a silently different model.
+and reading it refuses a file whose bytes changed since (:mod:`tensorslim.tensor_files`): a flipped bit in the
+weights is an error, not a silently different model.
 
 Optimizer tensors come back with the strides they were saved with, not just their values: a resumed run must do the
 same arithmetic as an uninterrupted one, and BLAS picks its kernel by layout. GaLore's projector is a strided view of
@@ -36,14 +36,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
+
+from tensorslim.tensor_files import load_tensors, save_tensors
 
 _TENSOR = "__tensor__"
 _DCP_METADATA = ".metadata"  # what torch.distributed.checkpoint's coordinator writes last
 _PROJECTOR = "__galore_projector__"
-_DIGEST = "tensorslim.sha256"  # safetensors metadata key: the weights_fingerprint of the file's tensors
 
 
 def _flatten(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -102,43 +101,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def weights_fingerprint(tensors: dict[str, torch.Tensor]) -> str:
-    """SHA-256 of ``tensors``: their names, dtypes, shapes and bytes, in name order."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().cpu().contiguous()
-        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
-    return digest.hexdigest()
-
-
-def save_tensors(tensors: dict[str, torch.Tensor], path: Path, *, metadata: dict[str, str] | None = None) -> None:
-    """Write ``tensors`` (contiguous, no shared storage) to the safetensors file ``path``, their
-    :func:`weights_fingerprint` in its metadata beside ``metadata``, for :func:`load_tensors` to check."""
-    save_file(tensors, path, metadata={**(metadata or {}), _DIGEST: weights_fingerprint(tensors)})
-
-
-def load_tensors(path: Path, *, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """The tensors of the safetensors file ``path``, checked against the SHA-256 its metadata records (a file written
-    without one, by an older version or another tool, is read unchecked). Read once; never unpickled.
-
-    Raises:
-        ValueError: the file is missing, unreadable or truncated, or its tensors are not the ones it was written with.
-    """
-    try:
-        with safe_open(path, framework="pt") as handle:
-            expected = (handle.metadata() or {}).get(_DIGEST)
-            tensors = handle.get_tensors()
-    except (OSError, SafetensorError) as error:
-        raise ValueError(f"{path} is missing or corrupt: {error}") from None
-    if expected is not None and (found := weights_fingerprint(tensors)) != expected:
-        raise ValueError(
-            f"{path} is corrupt: its tensors have SHA-256 {found[:16]}…, the file was written with {expected[:16]}…; "
-            "allowed: the file as saved (it was damaged or edited since)"
-        )
-    return {name: tensor.to(device) for name, tensor in tensors.items()}
 
 
 def unique_tensors(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

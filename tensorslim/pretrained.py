@@ -374,9 +374,9 @@ def read_weights(path: Path, aliases: dict[str, str], *, device: torch.device | 
     in the file) under its own name too.
 
     Raises:
-        ValueError: the file is missing or corrupt (see :func:`tensorslim.checkpoint.load_tensors`).
+        ValueError: the file is missing or corrupt (see :func:`tensorslim.tensor_files.load_tensors`).
     """
-    from tensorslim.checkpoint import load_tensors
+    from tensorslim.tensor_files import load_tensors
 
     weights = load_tensors(path, device=device)
     weights.update({alias: weights[kept] for alias, kept in aliases.items() if kept in weights})
@@ -447,7 +447,7 @@ def _check_base_weights(model: nn.Module, record: dict[str, Any], path: Path) ->
             f"{path} needs base weights its base does not build: missing {missing[:3]}, wrong shape {wrong[:3]}; "
             "allowed: the base the folder was trained on"
         )
-    from tensorslim.checkpoint import weights_fingerprint
+    from tensorslim.tensor_files import weights_fingerprint
 
     found = weights_fingerprint({name: state[name] for name in shapes})
     if found != record["sha256"]:
@@ -499,7 +499,8 @@ def save_pretrained(
     Raises:
         ValueError: a layer cannot be described (e.g. LoRA adapters of different ranks), or ``base`` is unknown.
     """
-    from tensorslim.checkpoint import save_tensors, unique_tensors, weights_fingerprint
+    from tensorslim.checkpoint import unique_tensors
+    from tensorslim.tensor_files import save_tensors, weights_fingerprint
 
     require_module(model)
     folder = Path(folder)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import tensorslim.checkpoint as checkpoint
+import tensorslim.tensor_files as tensor_files
 from tensorslim.train.metrics import format_bytes
 from tensorslim.train.schedule import warmup_cosine
 
@@ -42,14 +43,14 @@ def test_round_trip_restores_model_optimizer_and_rng(tmp_path: Path) -> None:
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, optimizer = _model_and_optimizer()
     checkpoint.save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state={})
-    real_save = checkpoint.save_file
+    real_save = tensor_files.save_file
 
     def crash_on_state(tensors: dict, path: Path, **options: object) -> None:
         if Path(path).name == "state.safetensors":
             raise OSError("disk full")
         real_save(tensors, path, **options)
 
-    monkeypatch.setattr(checkpoint, "save_file", crash_on_state)
+    monkeypatch.setattr(tensor_files, "save_file", crash_on_state)
     with pytest.raises(OSError, match="disk full"):
         checkpoint.save_checkpoint(tmp_path, step=2, model=model, optimizer=optimizer, state={})
     assert checkpoint.latest_checkpoint(tmp_path).name == "step_0000001"

@@ -341,3 +341,19 @@ def test_an_edited_checkpoint_state_is_refused_in_one_line(edit: Callable, messa
     with pytest.raises(ValueError, match=message) as error:
         load_checkpoint(path, model=fresh, optimizer=torch.optim.AdamW(fresh.parameters()))
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("damage", [_flip_data, _truncate])
+def test_damaged_adapters_are_refused_before_the_base_is_equipped(damage: Callable, tmp_path: Path) -> None:
+    from tensorslim.layers.adapters import equip_, load_adapters, save_adapters, unipelt
+    from tests.unit.test_adapters import tiny_bert
+
+    model = tiny_bert()
+    equip_(model, unipelt())
+    save_adapters(model, tmp_path)
+    damage(tmp_path / "adapters.safetensors")
+    fresh = tiny_bert()
+    with pytest.raises(ValueError, match="corrupt") as error:
+        load_adapters(fresh, tmp_path)
+    assert "\n" not in str(error.value)
+    assert not hasattr(fresh, "pelt_config")  # refused before the base was touched

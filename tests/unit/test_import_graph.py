@@ -24,7 +24,7 @@ PACKAGE = "tensorslim"
 # The layered picture, lowest first: ``tensorslim.<part>`` may import parts of lower layers only (parts within one
 # layer do not import each other). A new top-level module or package takes its place here.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_version", "_checks", "options", "books"),  # plain helpers
+    ("_version", "_checks", "options", "books", "tensor_files"),  # plain helpers; self-checking weights files
     ("registry", "functional", "decomp", "data"),  # transform records; stateless kernels; pure factorizations; data
     ("budget", "convert"),  # rank budgets; the one conversion verb
     ("models",),  # model families and presets: shapes, no method recipes

@@ -36,6 +36,7 @@ from tensorslim.layers.adapters.modules import (
 from tensorslim.layers.lora import LoRALinear, check_rank
 from tensorslim.models import bert
 from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform, set_submodule
+from tensorslim.tensor_files import load_tensors, save_tensors
 
 CONFIG_FILE, WEIGHTS_FILE = "adapters.json", "adapters.safetensors"
 _LAYER = re.compile(r"\.(\d+)(?:\.|$)")
@@ -560,15 +561,13 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def save_adapters(model: nn.Module, folder: str | Path) -> Path:
     """Write the trainable tensors (``adapters.safetensors``) and the config (``adapters.json``) to ``folder``."""
-    from safetensors.torch import save_file
-
     config = getattr(model, "pelt_config", None)
     if config is None:
         raise ValueError(f"{type(model).__name__} has no adapters; allowed: a model equipped by equip_")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {name: t.contiguous().cpu() for name, t in adapter_state_dict(model).items()}
-    save_file(state, str(folder / WEIGHTS_FILE))
+    save_tensors(state, folder / WEIGHTS_FILE)
     record = {"config": config.to_dict(), "base": type(model).__name__}
     (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return folder
@@ -578,13 +577,12 @@ def load_adapters(model: nn.Module, folder: str | Path) -> dict:
     """Equip a fresh base ``model`` as the adapters in ``folder`` were and load their tensors; the equip report.
 
     Raises:
-        ValueError: the folder's tensors do not fit this base (another hidden size, layer count or head).
+        ValueError: the folder's tensors do not fit this base (another hidden size, layer count or head), or the
+            weights file is damaged (:func:`tensorslim.tensor_files.load_tensors`).
     """
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     record = json.loads((folder / CONFIG_FILE).read_text())
-    state = load_file(str(folder / WEIGHTS_FILE))
+    state = load_tensors(folder / WEIGHTS_FILE)
     config = PELTConfig.from_dict(record["config"])
     # Where the prompt started does not matter (its trained tensor replaces it), so a prompt from text needs no
     # tokenizer here; the model keeps the saved config.
