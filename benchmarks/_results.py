@@ -61,6 +61,10 @@ COMMAND_ENV = (
     "LD_PRELOAD",
     "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE",
     "HF_HUB_OFFLINE",
+    # these three limit the instructions PyTorch, oneDNN and MKL use: an AVX-512 machine measures as an AVX2 one
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
 )
 
 

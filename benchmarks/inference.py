@@ -21,20 +21,17 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from _results import command, machine, write
 from torch import nn
 
-from tensorslim.bench.harness import machine_description
 from tensorslim.books import count_params
 from tensorslim.methods import build_for_method
 from tensorslim.models.registry import model_config
@@ -152,7 +149,7 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(result: dict[str, Any], path: Path, *, title: str) -> None:
     """Decode speed-up and memory against dense, per preset and batch size, with the command in the title."""
     import matplotlib
 
@@ -175,7 +172,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_title(title)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{result['command']}\n{result['machine']['cpu']}, {result['date']}", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -193,43 +190,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
     parser.add_argument("--timer", default="wall", choices=sorted(CLOCKS), help="wall clock or process CPU time")
     parser.add_argument("--dtype", default="fp32", help="fp32, bf16 or auto (autocast, as in training)")
-    parser.add_argument("--out", default=None, help="output stem for .md/.json")
+    parser.add_argument("--out", default=None, help="output stem for .md/.json/.png")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     dtype, probe = resolve_dtype(args.dtype, "cpu")
-    started, load_at_start = time.perf_counter(), os.getloadavg()
+    load_at_start = os.getloadavg()
     rows = [row for preset in args.presets.split(",") for row in measure_preset(preset.strip(), args, dtype)]
     result = {
-        "command": "python benchmarks/inference.py " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {**machine_description(), "load_average": load_at_start},
         "dtype": dtype,
         "precision_probe": probe and probe.to_dict(),
-        "seconds": time.perf_counter() - started,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_flags": sorted({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"} & cpu_flags()),
         "kernel_activations": str(kernel_dtype()).removeprefix("torch."),
-        "load_average_end": os.getloadavg(),
+        "load_average_start": load_at_start,
         "rows": rows,
     }
     table = markdown(result)
     print(table)
     if args.out:
-        machine = result["machine"]
-        header = (
-            f"# Inference: prefill and KV-cache decode\n\n- command: `{result['command']}`\n- date: {result['date']}\n"
-            f"- machine: {machine['cpu']}, {machine['cores']} cores shared with other engineers' jobs, torch "
-            f"{machine['torch']} ({machine['torch_threads']} threads), load average at start "
-            f"{tuple(round(x, 1) for x in machine['load_average'])}, at the end "
-            f"{tuple(round(x, 1) for x in result['load_average_end'])}\n"
-            f"- CPU flags: {', '.join(result['cpu_flags'])}; packed kernels' activations: "
-            f"{result['kernel_activations']}\n"
-            f"- precision: {dtype}; prompt {args.prompt_len} tokens, {args.new_tokens} decoded tokens, "
-            f"{args.warmup} warm-up + {args.repeats} timed repeats, methods alternating; timer: {args.timer}\n\n"
+        notes = [
+            f"load average at the start: {tuple(round(x, 1) for x in load_at_start)}",
+            f"CPU flags: {', '.join(result['cpu_flags'])}; kernels PyTorch dispatches to: "
+            f"{result['cpu_capability']}; packed kernels' activations: {result['kernel_activations']}",
+            f"precision: {dtype}; prompt {args.prompt_len} tokens, {args.new_tokens} decoded tokens, "
+            f"{args.warmup} warm-up + {args.repeats} timed repeats, methods alternating; timer: {args.timer}",
+        ]
+        markdown_file = write(
+            Path(args.out), "Inference: prefill and KV-cache decode", [table], data=result, notes=notes
         )
-        Path(args.out).with_suffix(".md").write_text(header + table)
-        Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        plot(result, Path(args.out).with_suffix(".png"))
+        plot(result, markdown_file.with_suffix(".png"), title=f"{command()}\n{machine()['cpu']}")
 
 
 if __name__ == "__main__":
