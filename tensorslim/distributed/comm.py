@@ -128,23 +128,6 @@ class _CopyForward(torch.autograd.Function):
         return grad, None, None
 
 
-class _ReduceBoth(torch.autograd.Function):
-    """``f ∘ g``: a latent summed from sharded producers and read by sharded consumers (BOOST §3.1)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, tp: TPGroup, tag: str) -> torch.Tensor:
-        ctx.tp, ctx.tag = tp, tag
-        out = x.contiguous().clone()
-        _all_reduce(out, tp, tag, "fwd")
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        grad = grad.contiguous().clone()
-        _all_reduce(grad, ctx.tp, ctx.tag, "bwd")
-        return grad, None, None
-
-
 class _GatherLast(torch.autograd.Function):
     """All-gather along the last dimension; its consumer is replicated, so backward keeps the local slice."""
 
@@ -278,8 +261,9 @@ def copy_to_tp(x: torch.Tensor, tp: TPGroup, *, tag: str) -> torch.Tensor:
 
 
 def reduce_latent(x: torch.Tensor, tp: TPGroup, *, tag: str) -> torch.Tensor:
-    """BOOST's latent collective: all-reduce forward and backward (row-parallel A → column-parallel B)."""
-    return _ReduceBoth.apply(x, tp, tag)
+    """BOOST's latent collective (§3.1): ``f ∘ g``, all-reduce forward and backward (row-parallel A → column-parallel
+    B)."""
+    return copy_to_tp(reduce_from_tp(x, tp, tag=tag), tp, tag=tag)
 
 
 def gather_last(x: torch.Tensor, tp: TPGroup, *, tag: str) -> torch.Tensor:

@@ -269,16 +269,7 @@ class SingleProcess:
         if not is_sharded_checkpoint(path):
             return load_checkpoint(path, model=model, optimizer=optimizer, prepare=prepare)
         shapes = {name: p.shape for name, p in model.named_parameters()}
-
-        def views() -> dict[str, torch.Tensor]:
-            holdings = [
-                Holding(param, ShardSpec(sources=(name,)), fsdp.dp_split(param))
-                for name, param in model.named_parameters()
-            ]
-            prepare_adamw_state(optimizer)
-            return sharded_state(holdings, optimizer, shapes)
-
-        return _load_sharded(path, optimizer, views, prepare)
+        return _load_sharded(path, optimizer, lambda: _whole_holdings(model), shapes, prepare)
 
     def on_main(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` run on rank 0 alone; every rank gets its result once it is done."""
@@ -288,17 +279,30 @@ class SingleProcess:
         """End of the run (``ok``: it finished, so every rank reaches this point)."""
 
 
+def _whole_holdings(model: nn.Module) -> list[Holding]:
+    """Every parameter of a model that tensor parallelism did not cut: its own single source (and its FSDP2 rows)."""
+    return [
+        Holding(param, ShardSpec(sources=(name,)), fsdp.dp_split(param)) for name, param in model.named_parameters()
+    ]
+
+
 def _load_sharded(
     path: Path,
     optimizer: torch.optim.Optimizer,
-    views: Callable[[], dict[str, torch.Tensor]],
+    holdings: Callable[[], list[Holding]],
+    shapes: dict[str, torch.Size],
     prepare: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """:func:`load_sharded_checkpoint`, then AdamW's one step count copied to every parameter's state."""
+    """:func:`load_sharded_checkpoint` into ``holdings()`` (called once ``prepare`` has seen the state) and their
+    AdamW state, then AdamW's one step count copied to every parameter's state.
+
+    ``shapes`` are the single-process shapes of the parameters the holdings are rectangles of.
+    """
     step: list[torch.Tensor] = []
 
     def collect() -> dict[str, torch.Tensor]:
-        tensors = views()
+        prepare_adamw_state(optimizer)
+        tensors = sharded_state(holdings(), optimizer, shapes)
         step.append(tensors["optim.step"])
         return tensors
 
@@ -470,12 +474,7 @@ class TensorParallel:
                 f"checkpoint {path} was written by one process; a parallel run resumes from the sharded checkpoints "
                 "parallel runs write (resume it on one process, or start the parallel run from --init)"
             )
-
-        def views() -> dict[str, torch.Tensor]:
-            prepare_adamw_state(optimizer)
-            return sharded_state(self.holdings(), optimizer, self.full_shapes)
-
-        return _load_sharded(path, optimizer, views, prepare)
+        return _load_sharded(path, optimizer, self.holdings, self.full_shapes, prepare)
 
     def on_main(self, fn: Callable[[], Any]) -> Any:
         result = [fn() if self.is_main else None]
@@ -522,10 +521,7 @@ class DataParallel(TensorParallel):
 
     def holdings(self) -> list[Holding]:
         fsdp.reshard(self.model)
-        return [
-            Holding(param, ShardSpec(sources=(name,)), fsdp.dp_split(param))
-            for name, param in self.model.named_parameters()
-        ]
+        return _whole_holdings(self.model)
 
     def save_checkpoint(
         self, root: Path, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
