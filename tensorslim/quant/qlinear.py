@@ -30,7 +30,8 @@ they are small).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,7 @@ from tensorslim.quant import kernels
 from tensorslim.quant.quantizer import Grid, QuantResult, dequantize, pack_codes, packed_nbytes, unpack_codes
 
 KERNEL_FLOATS = (torch.float32, torch.bfloat16)  # the activation and scale dtypes the kernels serve
+_Layer = TypeVar("_Layer", bound=nn.Module)
 
 
 class KernelOperands(NamedTuple):
@@ -114,10 +116,7 @@ class QuantLinear(nn.Module):
     ) -> QuantLinear:
         d_out, d_in = result.codes.shape
         layer = cls(d_in, d_out, bits=result.grid.bits, bias=bias is not None, dtype=dtype)
-        layer.load_result(result)
-        if bias is not None:
-            layer.bias.data.copy_(bias.detach().to(dtype))
-        return layer
+        return _filled(layer, [(layer, result)], bias)
 
     def load_result(self, result: QuantResult) -> None:
         self.packed.copy_(self._to_layout(result.codes))
@@ -398,9 +397,16 @@ def _conv_from_result(module: nn.Conv2d, result: QuantResult, dtype: torch.dtype
         bias=module.bias is not None,
         dtype=dtype,
     )
-    layer.load_result(result)
-    if module.bias is not None:
-        layer.bias.data.copy_(module.bias.detach().to(dtype))
+    return _filled(layer, [(layer, result)], module.bias)
+
+
+def _filled(layer: _Layer, codes: Iterable[tuple[QuantLinear, QuantResult]], bias: torch.Tensor | None) -> _Layer:
+    """``layer`` with each of its packed matrices loaded from its quantization result and ``bias`` (the source
+    layer's, or None) copied into ``layer.bias`` in the layer's dtype."""
+    for matrix, result in codes:
+        matrix.load_result(result)
+    if bias is not None:
+        layer.bias.data.copy_(bias.detach())  # copy_ casts to the layer's dtype
     return layer
 
 
@@ -454,11 +460,7 @@ class QuantLowRankLinear(nn.Module):
             bias=module.bias is not None,
             dtype=module.weight_a.dtype,
         )
-        layer.a.load_result(result_a)
-        layer.b.load_result(result_b)
-        if module.bias is not None:
-            layer.b.bias.data.copy_(module.bias.detach())
-        return layer
+        return _filled(layer, [(layer.a, result_a), (layer.b, result_b)], module.bias)  # the bias is b's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
         sigma = self._sigma
@@ -540,11 +542,7 @@ class QuantTTLinear(nn.Module):
             bias=module.bias is not None,
             dtype=dtype,
         )
-        for core, result in zip(layer.cores, results, strict=True):
-            core.load_result(result)
-        if module.bias is not None:
-            layer.bias.data.copy_(module.bias.detach().to(dtype))
-        return layer
+        return _filled(layer, zip(layer.cores, results, strict=True), module.bias)
 
     def dequantized_cores(self) -> list[torch.Tensor]:
         """The ``(r_{k-1}, n_k, r_k)`` cores from their codes (cached: :meth:`QuantLinear.dequantized_weight`)."""
