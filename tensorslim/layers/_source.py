@@ -1,15 +1,18 @@
-"""Reading the dense weight out of the module types that ``convert_`` replaces, and writing one back."""
+"""What the families that replace a dense linear share: reading its weight out of the module types ``convert_``
+replaces and writing one back, their report rows, and their rank allocation under a budget."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from tensorslim.registry import LayerReport
+from tensorslim.budget import RankChoices, choose_ranks
+from tensorslim.registry import Allocation, LayerReport
 
 T = TypeVar("T")
 
@@ -94,3 +97,29 @@ def uniform_bias_(bias: torch.Tensor | None, fan: int) -> None:
     if bias is not None:
         with torch.no_grad():
             bias.uniform_(-1 / math.sqrt(fan), 1 / math.sqrt(fan))
+
+
+def allocate_ranks(
+    candidates: list[tuple[str, nn.Module]],
+    config: Any,
+    *,
+    decomposing_init: str,
+    choices: Callable[[str, nn.Module, bool], RankChoices],
+) -> Allocation:
+    """One rank per candidate dense layer under ``config.budget`` (see :mod:`tensorslim.budget`): water-filling of
+    what each rank step removes when ``config.init`` is ``decomposing_init`` and the weights are real, else the one
+    uniform rank that fits.
+
+    Args:
+        candidates: ``(name, module)`` of the layers to replace.
+        config: the family's config (``budget``, ``init``, ``rank``); each layer gets a copy with its rank.
+        decomposing_init: the ``init`` that decomposes the weights (and so can use their spectra).
+        choices: ``choices(name, module, spectrum)``, a layer's cost at each rank (and, with ``spectrum``, the gain
+            of each rank step).
+    """
+    real_weights = not any(linear_weight(module)[0].is_meta for _, module in candidates)
+    spectrum = config.budget.use_spectrum(from_weights=config.init == decomposing_init, real_weights=real_weights)
+    priced = [choices(name, module, spectrum) for name, module in candidates]
+    ranks, use = choose_ranks(priced, config.budget, spectrum=spectrum)
+    configs = {name: replace(config, rank=rank, budget=None) for (name, _), rank in zip(candidates, ranks, strict=True)}
+    return Allocation(configs=configs, use=use)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -22,10 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import check_fields
-from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
+from tensorslim.budget import Budget, RankChoices, dense_linear_flops
 from tensorslim.decomp.svd import squared_singular_values, truncated_svd, whitened_svd, whitened_truncation
 from tensorslim.functional.lowrank import ACTIVATIONS, low_rank_linear
 from tensorslim.layers._source import (
+    allocate_ranks,
     dense_linear,
     is_dense_linear,
     linear_shape,
@@ -381,13 +382,12 @@ def low_rank_choices(name: str, module: nn.Module, config: LowRankConfig, *, spe
 def allocate_low_rank(model: nn.Module, candidates: list[tuple[str, nn.Module]], config: LowRankConfig) -> Allocation:
     """One rank per candidate layer under ``config.budget`` (see :mod:`tensorslim.budget`): water-filling of the
     weights' spectra for ``init="svd"`` on real weights, else the one uniform rank that fits."""
-    budget = config.budget
-    real_weights = not any(linear_weight(module)[0].is_meta for _, module in candidates)
-    spectrum = budget.use_spectrum(from_weights=config.init == "svd", real_weights=real_weights)
-    choices = [low_rank_choices(name, module, config, spectrum=spectrum) for name, module in candidates]
-    ranks, use = choose_ranks(choices, budget, spectrum=spectrum)
-    configs = {name: replace(config, rank=rank, budget=None) for (name, _), rank in zip(candidates, ranks, strict=True)}
-    return Allocation(configs=configs, use=use)
+    return allocate_ranks(
+        candidates,
+        config,
+        decomposing_init="svd",
+        choices=lambda name, module, spectrum: low_rank_choices(name, module, config, spectrum=spectrum),
+    )
 
 
 def drop_glu_activation(model: nn.Module, config: LowRankConfig, report: ConversionReport) -> None:

@@ -13,14 +13,14 @@ reshaped row-major to ``[n_1..n_d ‖ n_{d+1}..n_{2d}]`` (input modes, then outp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from tensorslim._checks import check_fields, require_int
-from tensorslim.budget import Budget, RankChoices, choose_ranks, dense_linear_flops
+from tensorslim.budget import Budget, RankChoices, dense_linear_flops
 from tensorslim.decomp.shapes import check_factors, factorize
 from tensorslim.decomp.svd import squared_singular_values
 from tensorslim.decomp.tt import full_rank_bounds, tt_matrix_svd
@@ -32,6 +32,7 @@ from tensorslim.functional.tt import (
     tt_linear_flops,
 )
 from tensorslim.layers._source import (
+    allocate_ranks,
     dense_linear,
     factored_like,
     is_dense_linear,
@@ -371,12 +372,12 @@ def tt_choices(module: nn.Module, config: TTConfig, *, spectrum: bool) -> RankCh
 def allocate_tt(model: nn.Module, candidates: list[tuple[str, nn.Module]], config: TTConfig) -> Allocation:
     """One maximum TT rank per candidate layer under ``config.budget`` (see :mod:`tensorslim.budget`): water-filling
     of the TT-SVD error bound for ``init="tt_svd"`` on real weights, else the one uniform maximum rank that fits."""
-    real_weights = not any(linear_weight(module)[0].is_meta for _, module in candidates)
-    spectrum = config.budget.use_spectrum(from_weights=config.init == "tt_svd", real_weights=real_weights)
-    choices = [tt_choices(module, config, spectrum=spectrum) for _, module in candidates]
-    ranks, use = choose_ranks(choices, config.budget, spectrum=spectrum)
-    configs = {name: replace(config, rank=rank, budget=None) for (name, _), rank in zip(candidates, ranks, strict=True)}
-    return Allocation(configs=configs, use=use)
+    return allocate_ranks(
+        candidates,
+        config,
+        decomposing_init="tt_svd",
+        choices=lambda _name, module, spectrum: tt_choices(module, config, spectrum=spectrum),
+    )
 
 
 def tt_fields(layer: TTLinear) -> dict[str, Any]:
