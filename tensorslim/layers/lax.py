@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,6 +205,19 @@ def split_block_path(name: str) -> tuple[int, str] | None:
     return None
 
 
+def stream_neighbours(names: Iterable[str]) -> list[tuple[str, int, str, str | None]]:
+    """``(name, block, stream, previous)`` for every name inside a numbered block (:func:`split_block_path`), where
+    ``previous`` is the name of the same stream's layer in the block before (None where there is none)."""
+    located = {name: split_block_path(name) for name in names}
+    by_place = {loc: name for name, loc in located.items() if loc is not None}
+    neighbours = []
+    for name, loc in located.items():
+        if loc is not None:
+            block, stream = loc
+            neighbours.append((name, block, stream, by_place.get((block - 1, stream))))
+    return neighbours
+
+
 class LatentCrossing:
     """What every LaX layer adds to its factorization: the crossing ``σ(LN_r(z + G(h_prev)))`` of its latent ``z``
     (LaX §3), wired by :func:`attach_crossings` through a shared :class:`LatentStore`.
@@ -338,16 +352,10 @@ def attach_crossings(model: nn.Module, layer_type: type[nn.Module] = LaXLinear) 
         ValueError: a stream whose latent rank changes between consecutive blocks.
     """
     layers = {name: m for name, m in model.named_modules() if isinstance(m, layer_type)}
-    located = {name: split_block_path(name) for name in layers}
-    by_stream = {loc: name for name, loc in located.items() if loc is not None}
     store = ensure_store(model)
     crossing: dict[str, int] = {}
-    for name, layer in layers.items():
-        loc = located[name]
-        if loc is None:
-            continue
-        block, stream = loc
-        previous = by_stream.get((block - 1, stream))
+    for name, block, stream, previous in stream_neighbours(layers):
+        layer = layers[name]
         if previous is not None and layers[previous].latent_rank != layer.latent_rank:
             raise ValueError(
                 f"latent rank mismatch in LaX stream {stream!r}: block {block - 1} has r={layers[previous].latent_rank}"

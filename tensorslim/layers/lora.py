@@ -35,6 +35,7 @@ from tensorslim.layers.lax import (
     ensure_store,
     make_crossing,
     split_block_path,
+    stream_neighbours,
 )
 from tensorslim.layers.lowrank import LowRankLinear
 from tensorslim.registry import ConversionReport, LayerReport, Transform, register_transform
@@ -255,17 +256,10 @@ def _restore_scaling(layer: LoRALinear, state: dict[str, Any]) -> None:
 
 def _wire_crossings(model: nn.Module, adapters: dict[str, LoRALinear], gate: str) -> list[str]:
     store = ensure_store(model)
-    located = {name: split_block_path(name) for name in adapters}
-    present = {loc for loc in located.values() if loc is not None}
     crossing = []
-    for name, adapter in adapters.items():
-        loc = located[name]
-        if loc is None:
-            continue
-        block, stream = loc
-        has_previous = (block - 1, stream) in present
-        adapter.join(store, stream, gate=gate if has_previous else None)
-        if has_previous:
+    for name, _block, stream, previous in stream_neighbours(adapters):
+        adapters[name].join(store, stream, gate=None if previous is None else gate)
+        if previous is not None:
             crossing.append(name)
     return crossing
 
