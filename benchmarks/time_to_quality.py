@@ -12,10 +12,18 @@ time an arm needs to reach the dense run's final validation loss is interpolated
 that straddle it. Arms run one after the other on a machine others may be loading: the load average before and after
 each arm is recorded beside its figures.
 
+Where other jobs shared the machine while the arms trained, their recorded step times are not comparable. With
+``--step-repeats N`` the report instead times every reported arm's train step side by side in one process (its model
+and optimizer as ``tensorslim train`` builds them, one warm-up step, then ``N`` steps per arm, arms taking turns, as
+``vocab_step.py`` does) and puts each evaluation at ``step × median step time``: the curves and the time to dense's
+loss then rest on one side-by-side measurement taken when the machine is quiet.
+
 Usage::
 
     python benchmarks/time_to_quality.py --preset tiny --steps 200 --out benchmarks/results
     python benchmarks/time_to_quality.py --preset 60m --steps 300 --batch-size 4 --seq-len 256 --arms dense,cola
+    python benchmarks/time_to_quality.py --preset 60m --steps 300 --batch-size 4 --seq-len 256 --report-only \
+        --step-repeats 10
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import datetime
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -81,10 +90,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmarks/results", help="where the dated result files go")
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument("--report-only", action="store_true", help="train nothing; report the arms found")
+    parser.add_argument(
+        "--step-repeats",
+        type=int,
+        default=0,
+        help="time N train steps per arm side by side and place the curves at step × median step time (default: "
+        "0, the step times recorded while training)",
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.arms.split(",") if name not in ARMS]
     if unknown:
         parser.error(f"--arms {unknown[0]!r} is unknown; allowed: {', '.join(ARMS)}")
+    if args.step_repeats < 0:
+        parser.error(f"--step-repeats {args.step_repeats} is invalid; allowed: an integer >= 0")
     for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_blocks"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: an integer >= 1")
@@ -150,6 +168,31 @@ def reach(points: list[dict[str, float]], target: float) -> dict[str, float] | N
     return None
 
 
+def step_seconds(names: list[str], args: argparse.Namespace) -> dict[str, float]:
+    """The median train-step seconds of each arm in ``names``, timed side by side in this process: one warm-up step,
+    then ``args.step_repeats`` steps per arm, arms taking turns so that the machine's noise hits them alike."""
+    import torch
+    from vocab_step import Arm as Stepped
+    from vocab_step import Model
+
+    from tensorslim.bench.harness import BenchConfig, synthetic_batch
+    from tensorslim.train.precision import resolve_dtype
+
+    dtype = resolve_dtype(args.dtype, args.device)[0]
+    stepped = {}
+    for name in names:
+        arm = ARMS[name]
+        rank = vocab_rank(args) if arm.factor_vocab else 0
+        model = Model(args.preset, arm.method, rank, args.seq_len, args.device, optimizer_state=arm.optimizer_state)
+        stepped[name] = Stepped(model, dtype)
+    config = BenchConfig(preset=args.preset, task="lm", batch_size=args.batch_size, seq_len=args.seq_len)
+    batch = synthetic_batch(config).to(torch.device(args.device))
+    for index in range(1 + args.step_repeats):
+        for arm in stepped.values():
+            arm.step(batch, timed=index >= 1)
+    return {name: statistics.median(arm.times) for name, arm in stepped.items()}
+
+
 def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
     tokens_per_step = args.batch_size * args.seq_len
     arms: dict[str, Any] = {}
@@ -171,6 +214,13 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             "evaluations": points,
             **infos.get(name, {}),
         }
+    if args.step_repeats:
+        for name, seconds in step_seconds(list(arms), args).items():
+            arm = arms[name]
+            arm["recorded_train_seconds"], arm["step_seconds"] = arm["train_seconds"], seconds
+            for point in arm["evaluations"]:
+                point["seconds"] = point["step"] * seconds
+            arm["train_seconds"] = args.steps * seconds
     dense = arms.get("dense")
     if dense is not None:
         target = dense["final_val_loss"]
@@ -193,6 +243,7 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             "eval_blocks": args.eval_blocks,
             "device": args.device,
             "dtype": args.dtype,
+            "step_repeats": args.step_repeats,
             "data": "stdlib (built-in corpus), held-out split",
         },
         "target": dense and dense["final_val_loss"],
@@ -214,7 +265,12 @@ def notes(result: dict[str, Any]) -> list[str]:
         f"data: {config['data']}; {config['tokens_per_arm']:,} tokens per arm; validation on {config['eval_blocks']} "
         f"held-out sequences every {config['eval_every']} steps",
         f"device: {config['device']}, --dtype {config['dtype']}; every other setting the method's default",
-        "wall time: summed train-step time (forward, backward, optimizer), validation and checkpoints excluded",
+        (
+            f"wall time: steps × each arm's median train step, timed side by side ({config['step_repeats']} steps per "
+            "arm, arms taking turns; the step times recorded while training are in the JSON)"
+            if config["step_repeats"]
+            else "wall time: summed train-step time (forward, backward, optimizer), validation and checkpoints excluded"
+        ),
     ]
 
 

@@ -23,7 +23,7 @@ from _results import table, write
 
 from tensorslim.bench.harness import BenchConfig, synthetic_batch
 from tensorslim.books import count_params
-from tensorslim.methods import build_for_method
+from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.train.optim import build_optimizer
@@ -33,15 +33,21 @@ GRAD_CLIP = 0.5  # TrainConfig.grad_clip's default
 
 
 class Model:
-    """One ``(method, factor_vocab)``: its model and the trainer's optimizer, shared by the arms of every precision."""
+    """One ``(method, factor_vocab)``: its model and the trainer's optimizer (GaLore's for GaLore, with the trainer's
+    rank; AdamW with ``optimizer_state`` moments otherwise), shared by the arms of every precision."""
 
-    def __init__(self, preset: str, method: str, vocab_rank: int, seq_len: int, device: str) -> None:
+    def __init__(
+        self, preset: str, method: str, vocab_rank: int, seq_len: int, device: str, *, optimizer_state: str = "fp32"
+    ) -> None:
         self.method, self.vocab_rank, self.device = method, vocab_rank, device
         torch.manual_seed(0)
         self.model, _, _ = build_for_method(
             preset, method, task="lm", max_seq_len=seq_len, factor_vocab=vocab_rank, device=device
         )
-        self.optimizer = build_optimizer(self.model, lr=1e-4, weight_decay=0.0)
+        galore_rank = (recipe_for(preset).cola_rank or 128) if get_method(method).optimizer == "galore" else None
+        self.optimizer = build_optimizer(
+            self.model, lr=1e-4, weight_decay=0.0, galore_rank=galore_rank, state_dtype=optimizer_state
+        )
         self.params = count_params(self.model).total
 
 

@@ -56,5 +56,18 @@ def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: py
     metrics = Path("runs/dense/metrics.jsonl").read_text()
     assert module.main([*argv, "--arms", "dense"]) == 0
     assert Path("runs/dense/metrics.jsonl").read_text() == metrics
+    # Timed side by side instead: each evaluation sits at step × the arm's median step, and the recorded sum stays.
+    assert module.main([*argv, "--report-only", "--step-repeats", "1", "--tag", "_timed"]) == 0
+    (timed_json,) = Path("out").glob("time_to_quality_tiny_*_timed.json")
+    timed = json.loads(timed_json.read_text())["result"]["arms"]
+    for name, arm in timed.items():
+        assert arm["step_seconds"] > 0
+        assert [p["seconds"] for p in arm["evaluations"]] == [
+            p["step"] * arm["step_seconds"] for p in arm["evaluations"]
+        ]
+        assert arm["recorded_train_seconds"] == result["arms"][name]["train_seconds"]
+    assert "timed side by side" in timed_json.with_suffix(".md").read_text()
     with pytest.raises(SystemExit):
         module.main(["--arms", "nope"])
+    with pytest.raises(SystemExit):
+        module.main(["--step-repeats", "-1"])
