@@ -35,7 +35,7 @@ from tensorslim.compression.calibration import Batch
 from tensorslim.options import option
 from tensorslim.quant.distill import hidden_loss, logit_kl
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches
-from tensorslim.tasks.distill import Distillation, DistillOptions, TextStream
+from tensorslim.tasks.distill import Distillation, DistillOptions, TextStream, split_rows
 from tensorslim.tasks.lm import lm_loss
 
 
@@ -183,45 +183,87 @@ def _block_io(model: nn.Module, block: nn.Module, batch: Batch, *, want: str) ->
     return seen["io"]
 
 
+def _with_hidden(io: tuple[tuple, dict], hidden: torch.Tensor) -> tuple[tuple, dict]:
+    """A block call ``(args, kwargs)`` with its hidden states (the first argument) replaced by ``hidden``."""
+    args, kwargs = io
+    if args:
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}
+
+
+def warmup_cosine(step: int, steps: int, *, warmup_fraction: float = 0.05, floor: float = 0.1) -> float:
+    """The learning-rate factor at ``step`` of ``steps``: linear warm-up, then a cosine down to ``floor`` (the
+    Trainer's schedule with the healing's ``warmup_fraction=0.05, min_lr_ratio=0.1``)."""
+    warmup = max(1, round(warmup_fraction * steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _fit_block(
+    block: nn.Module, inputs: Sequence[tuple[tuple, dict]], targets: Sequence[torch.Tensor], *, steps: int, lr: float,
+    on_step: Callable[[float], None],
+) -> float:  # fmt: skip
+    """``steps`` AdamW steps of ``block`` towards ``targets`` (batch ``s % len(inputs)`` at step ``s``); the loss on
+    the first batch after fitting."""
+    params = [p for p in block.parameters() if p.requires_grad and p.is_floating_point()]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, steps))
+    for step in range(steps):
+        (args, kwargs), target = inputs[step % len(inputs)], targets[step % len(targets)]
+        loss = hidden_loss(_first(block(*args, **kwargs)).float(), target.float())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        on_step(loss.item())
+    with torch.no_grad():
+        (args, kwargs), target = inputs[0], targets[0]
+        return hidden_loss(_first(block(*args, **kwargs)).float(), target.float()).item()
+
+
 def heal_blocks(
     model: nn.Module, teacher: nn.Module, data: Sequence[Batch], *, steps: int, lr: float, progress: bool = True
 ) -> list[float]:
     """Fit each changed block of ``model`` to ``teacher``'s block outputs, in order (stage 1 of :func:`heal`).
 
     Block ``i`` sees the inputs that ``model``'s blocks before it (already fit) give it and learns the output of
-    ``teacher``'s block ``i`` on the teacher's own path; ``steps`` AdamW steps per block on the batches of ``data``
-    (cycled; at most ``steps`` of them are held in memory).
+    ``teacher``'s block ``i`` on the teacher's own path; ``steps`` AdamW steps per block (warm-up, then cosine to a
+    tenth of ``lr``; gradients clipped to norm 1), each on its own batch of ``data`` while there are more batches
+    than steps (cycled otherwise; at most ``steps`` of them are held in memory). The blocks are consecutive (each
+    one's output is the next one's input, as in a BERT encoder or a LLaMA decoder), so each path's block inputs are
+    computed once, block after block, from the previous block's outputs.
 
     Returns:
         Each changed block's loss (``MSE + 1 − cos``) on the first batch after fitting.
     """
     from tqdm.auto import tqdm
 
-    pairs = [
-        (name, block, dict(teacher.named_modules())[name])
-        for name, block in blocks(model)
-        if name in dict(teacher.named_modules())
-    ]
-    pairs = [(name, block, original) for name, block, original in pairs if _changed(block, original)]
+    originals = dict(teacher.named_modules())
+    pairs = [(name, block, originals[name]) for name, block in blocks(model) if name in originals]
+    changed = [_changed(block, original) for _, block, original in pairs]
+    if not any(changed):
+        return []
     used = list(data[: max(1, min(steps, len(data)))])
+    inputs = [_block_io(model, pairs[0][1], batch, want="input") for batch in used]  # the student's path
+    teacher_inputs = [_block_io(teacher, pairs[0][2], batch, want="input") for batch in used]
     losses = []
-    bar = tqdm(total=steps * len(pairs), desc="healing layer by layer", unit="step", disable=not progress)
-    for name, block, original in pairs:
-        inputs = [_block_io(model, block, batch, want="input") for batch in used]
-        targets = [_block_io(teacher, original, batch, want="output") for batch in used]
-        params = [p for p in block.parameters() if p.requires_grad and p.is_floating_point()]
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-        for step in range(steps):
-            (args, kwargs), target = inputs[step % len(used)], targets[step % len(used)]
-            loss = hidden_loss(_first(block(*args, **kwargs)).float(), target.float())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            bar.update(1)
-            bar.set_postfix(block=name, loss=f"{loss.item():.4f}")
+    bar = tqdm(total=steps * sum(changed), desc="healing layer by layer", unit="step", disable=not progress)
+    for (name, block, original), change in zip(pairs, changed, strict=True):
         with torch.no_grad():
-            (args, kwargs), target = inputs[0], targets[0]
-            losses.append(hidden_loss(_first(block(*args, **kwargs)).float(), target.float()).item())
+            targets = [_first(original(*args, **kwargs)) for args, kwargs in teacher_inputs]
+
+        def on_step(loss: float, name: str = name) -> None:
+            bar.update(1)
+            bar.set_postfix(block=name, loss=f"{loss:.4f}")
+
+        if change:
+            losses.append(_fit_block(block, inputs, targets, steps=steps, lr=lr, on_step=on_step))
+        with torch.no_grad():
+            inputs = [_with_hidden(io, _first(block(*io[0], **io[1]))) for io in inputs]
+        teacher_inputs = [_with_hidden(io, target) for io, target in zip(teacher_inputs, targets, strict=True)]
     bar.close()
     return losses
 
@@ -304,6 +346,63 @@ class LMHealing(Task):
         return {"val_loss": divergence, "val_perplexity": math.exp(min(loss, 700.0))}
 
 
+class ClassifierHealing(LMHealing):
+    """Distillation of a sequence classifier (a Hugging Face ``*ForSequenceClassification``) from a given teacher:
+    the KL divergence of the teacher's class distribution from the student's (Hinton et al., arXiv 1503.02531,
+    temperature 1) on given rows ``[ids ‖ mask]``; evaluated by the KL (``val_loss``) and the share of held-out
+    texts on which both pick the same class (``val_agreement``)."""
+
+    name = "heal-classifier"
+    help = "KL of a sequence classifier's class distribution from its original model's"
+
+    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+        from tensorslim.data import BatchStream
+
+        stream = BatchStream(self.rows, batch_size=min(config.batch_size, len(self.rows)), seed=config.seed)
+        return TaskData(
+            train=TextStream(stream),
+            validation=self.held_out,
+            tokens_per_batch=config.batch_size * self.rows.shape[1] // 2,
+        )
+
+    def _logits(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = batch
+        with torch.no_grad():
+            target = logits_of(self.teacher(input_ids=ids, attention_mask=mask))
+        return logits_of(model(input_ids=ids, attention_mask=mask)), target  # (B, classes) each
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return logit_kl(*self._logits(model, batch))
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
+        device = next(model.parameters()).device
+
+        def kl(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+            with autocast():
+                return logit_kl(*self._logits(model, split_rows(rows)), reduction="sum"), len(rows)
+
+        def agree(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+            with autocast():
+                student, teacher = self._logits(model, split_rows(rows))
+            return (student.argmax(-1) == teacher.argmax(-1)).sum(), len(rows)
+
+        held_out = (data.validation,)
+        return {
+            "val_loss": mean_over_batches(held_out, kl, batch_size=batch_size, device=device),
+            "val_agreement": mean_over_batches(held_out, agree, batch_size=batch_size, device=device),
+        }
+
+
+def classifies(model: nn.Module, batch: Batch) -> bool:
+    """Whether ``model`` on ``batch`` gives one row of logits per text (a sequence classifier), not hidden states."""
+    if not isinstance(batch, Mapping):
+        return False
+    with torch.no_grad():
+        logits = getattr(_call(model, batch), "logits", None)
+    return isinstance(logits, torch.Tensor) and logits.dim() == 2
+
+
 def distill(
     model: nn.Module,
     teacher: nn.Module,
@@ -320,9 +419,13 @@ def distill(
     config = config or HealConfig()
     held_out = list(held_out) or list(data[:1])
     check_healable(model, [*data, *held_out])
-    if is_encoder(model):
+    if is_encoder(model) and classifies(teacher, held_out[0]):
         train, valid = encoder_rows(data), encoder_rows(held_out)
-        task: Task = EncoderHealing(teacher, train, valid)
+        task: Task = ClassifierHealing(teacher, train, valid)
+        preset, task_name, seq_len = "minilm", "distill", train.shape[1] // 2
+    elif is_encoder(model):
+        train, valid = encoder_rows(data), encoder_rows(held_out)
+        task = EncoderHealing(teacher, train, valid)
         preset, task_name, seq_len = "minilm", "distill", train.shape[1] // 2
     else:
         train, valid = torch.cat(list(data)), torch.cat(held_out)

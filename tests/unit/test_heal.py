@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorslim import convert_
-from tensorslim.compression.heal import HealConfig, distill, heal, heal_blocks
+from tensorslim.compression.heal import HealConfig, distill, heal, heal_blocks, warmup_cosine
 from tensorslim.layers.lowrank import SVDConfig
 from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
 from tensorslim.quant.distill import logit_kl
@@ -134,3 +134,53 @@ def test_heal_refuses_inputs_it_cannot_distill_and_changes_nothing() -> None:
     with pytest.raises(ValueError, match="cannot be healed"):
         heal(student, teacher, [torch.randint(0, 64, (4, 12))])  # an encoder needs its attention mask
     assert all(torch.equal(v, state[k]) for k, v in student.state_dict().items())
+
+
+def test_layer_by_layer_healing_of_a_llama_brings_its_logits_closer() -> None:
+    teacher = _llama()
+    student = _compressed(teacher, rank=4)
+    gen = torch.Generator().manual_seed(2)
+    data = [torch.randint(0, 96, (4, 16), generator=gen) for _ in range(6)]
+    held_out = torch.randint(0, 96, (4, 16), generator=gen)
+    with torch.no_grad():
+        before = logit_kl(student(held_out), teacher(held_out)).item()
+    losses = heal_blocks(student, teacher, data, steps=6, lr=3e-3, progress=False)
+    with torch.no_grad():
+        after = logit_kl(student(held_out), teacher(held_out)).item()
+    assert len(losses) == 2
+    assert after < before
+
+
+def test_warmup_cosine_rises_then_falls_to_a_tenth() -> None:
+    factors = [warmup_cosine(step, 100) for step in range(100)]
+    assert factors[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])  # 5 warm-up steps
+    assert factors[5] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 94 / 95)))
+    assert all(a >= b for a, b in zip(factors[5:], factors[6:], strict=False))
+
+
+def test_a_sequence_classifier_heals_on_its_class_distribution() -> None:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=3
+    )
+    teacher = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        teacher.classifier.weight.mul_(20)  # confident classes, so that the compression moves the KL clearly
+    student = _compressed(teacher, rank=2)
+    held_out = _texts(1, seed=9)
+
+    def kl(model: torch.nn.Module) -> float:
+        with torch.no_grad():
+            return logit_kl(model(**held_out[0]).logits, teacher(**held_out[0]).logits).item()
+
+    before = kl(student)
+    metrics = distill(
+        student, teacher, _texts(4, seed=0), held_out=held_out,
+        config=HealConfig(block_steps=0, steps=15, lr=3e-3, batch_size=4, progress=False),
+    )  # fmt: skip
+    assert kl(student) < before
+    assert metrics["val_loss"] == pytest.approx(kl(student), rel=1e-4)  # the Trainer evaluated the class KL
+    with torch.no_grad():
+        same = student(**held_out[0]).logits.argmax(-1) == teacher(**held_out[0]).logits.argmax(-1)
+    assert metrics["val_agreement"] == pytest.approx(same.float().mean().item())
