@@ -49,14 +49,17 @@ def finished_state(run_dir: str | Path, steps: int) -> dict | None:
 
 
 def check(run_dir: str | Path, *, resume: bool, overwrite: bool, outputs_only: bool = False) -> None:
-    """Refuse (one line) a run that would write over another run's files; reads the folder, changes nothing.
+    """Refuse (one line) a run that would write over another run's files, or resume a folder that holds no
+    checkpoint; reads the folder, changes nothing.
 
     ``outputs_only``: count only a run's outputs (the run's own set-up, e.g. a cache folder, may be there).
     """
     folder = Path(run_dir)
     if resume and overwrite:
         raise RunFolderError("resume=True and overwrite=True are both set; allowed: one of them")
-    if not folder.exists():  # (resuming a run that is not there is refused where its checkpoint is read)
+    if resume:
+        _require_checkpoint(folder)
+    if not folder.exists():
         return
     if not folder.is_dir():
         raise RunFolderError(f"out_dir={str(folder)!r} is not a folder; allowed: a folder path")
@@ -76,6 +79,14 @@ def check(run_dir: str | Path, *, resume: bool, overwrite: bool, outputs_only: b
             f"out_dir={str(folder)!r} holds files that are not a run's ({', '.join(foreign[:5])}); --overwrite "
             f"only replaces a run's own outputs ({', '.join(sorted(RUN_OUTPUTS))}); allowed: a new folder"
         )
+
+
+def _require_checkpoint(folder: Path) -> None:
+    """Refuse to resume a folder that holds no checkpoint (before :func:`claim` would create the folder)."""
+    from tensorslim.checkpoint import latest_checkpoint
+
+    if latest_checkpoint(folder / "checkpoints") is None:
+        raise RunFolderError(f"resume=True but {folder / 'checkpoints'} holds no checkpoint")
 
 
 def claim(run_dir: str | Path, *, resume: bool, overwrite: bool) -> RunFolderLock:

@@ -150,6 +150,11 @@ class _StopRequests:
 class Trainer:
     """Runs a :class:`TrainConfig` to the end, resuming from the run folder's checkpoint when asked.
 
+    Building a Trainer checks the whole run and builds a fresh one (data, model, optimizer); :meth:`run` claims the
+    run folder and only then reads its latest checkpoint, so a resumed run continues the checkpoint no other run
+    can still be writing (as torchtitan's ``train()`` and Hugging Face's ``Trainer.train(resume_from_checkpoint)``
+    load theirs when training starts).
+
     Under ``torchrun`` (or with ``config.tp > 1``) every process builds a Trainer: the layout checks the mesh, the
     method's ``tensor_parallel`` styles and the batch split before any work, then joins the process group, which
     :meth:`run` leaves at the end.
@@ -251,8 +256,6 @@ class Trainer:
         self.warmup_steps = round(config.steps * config.warmup())
         self.step = 0
         self.skipped_steps = 0
-        if config.resume:
-            self._resume()
 
     def _default_optimizer(self) -> torch.optim.Optimizer:
         config = self.config
@@ -275,6 +278,7 @@ class Trainer:
         )
 
     def _resume(self) -> None:
+        """Continue from the run folder's latest checkpoint: weights, optimizer, method state, data order, step."""
         path = latest_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise ValueError(f"resume=True but {self.run_dir / 'checkpoints'} holds no checkpoint")
@@ -416,8 +420,9 @@ class Trainer:
             self.model.train(was_training)
 
     def run(self, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-        """Train until ``config.steps``; ``on_step`` receives each step's metrics record. Every rank returns the
-        same result (rank 0's records); the parallel layout is left at the end."""
+        """Claim the run folder, continue from its latest checkpoint when ``config.resume``, then train until
+        ``config.steps``; ``on_step`` receives each step's metrics record. Every rank returns the same result (rank
+        0's records); the parallel layout is left at the end."""
         finished = False
         try:
             with self.layout.guarded():
@@ -434,6 +439,8 @@ class Trainer:
         config, main = self.config, self.layout.is_main
         folder = run_folder.claim(self.run_dir, resume=config.resume, overwrite=config.overwrite) if main else None
         try:
+            if config.resume:  # read under the claim: no other run can write a newer checkpoint meanwhile
+                self._resume()
             return self._train(on_step)
         finally:
             if folder is not None:

@@ -77,8 +77,10 @@ def test_validation_loss_is_the_mean_over_all_tokens(small_corpus: Path, tmp_pat
 
 def test_resume_rejects_a_changed_config(small_corpus: Path, tmp_path: Path) -> None:
     train(_config(small_corpus, tmp_path / "run", steps=2))
+    before = {path: path.stat().st_mtime_ns for path in (tmp_path / "run").rglob("*")}
     with pytest.raises(ValueError, match="different config: lr"):
-        Trainer(_config(small_corpus, tmp_path / "run", steps=2, lr=1e-3, resume=True))
+        Trainer(_config(small_corpus, tmp_path / "run", steps=2, lr=1e-3, resume=True)).run()
+    assert {path: path.stat().st_mtime_ns for path in (tmp_path / "run").rglob("*")} == before  # nothing changed
 
 
 def test_resume_rejects_a_corrupt_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
@@ -87,13 +89,13 @@ def test_resume_rejects_a_corrupt_checkpoint(small_corpus: Path, tmp_path: Path)
     (checkpoint / "model.safetensors").write_bytes(b"not a safetensors file")
     (tmp_path / "run" / "summary.json").unlink()  # as after an interruption: a finished run has nothing to resume
     with pytest.raises(ValueError, match="is corrupt or incomplete"):
-        Trainer(_config(small_corpus, tmp_path / "run", steps=2, resume=True))
+        Trainer(_config(small_corpus, tmp_path / "run", steps=2, resume=True)).run()
 
 
 def test_resume_rejects_a_checkpoint_of_another_model(small_corpus: Path, tmp_path: Path) -> None:
     train(_config(small_corpus, tmp_path / "run", steps=2, method="svd"))
     with pytest.raises(ValueError, match="does not match the model"):
-        Trainer(_config(small_corpus, tmp_path / "run", steps=2, method="dense", resume=True))
+        Trainer(_config(small_corpus, tmp_path / "run", steps=2, method="dense", resume=True)).run()
 
 
 def test_resume_without_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
