@@ -66,9 +66,9 @@ _TP_FAMILIES = ("llama",)
 class ParallelSetup:
     """What the layout needs to know of a run: the mesh, the batch split, what is sharded and how.
 
-    The fields mean what the :class:`tensorslim.train.config.TrainConfig` fields of the same names mean;
-    ``TrainConfig.parallel_setup()`` builds one from a validated config, and :func:`check_parallel_config`
-    checks that the setup fits the world.
+    The fields mean what the :class:`tensorslim.train.config.TrainConfig` fields of the same names mean, and
+    ``family`` is the preset's model family (``TrainConfig.model_family``); ``TrainConfig.parallel_setup()`` builds
+    one from a validated config, and :func:`check_parallel_config` checks that the setup fits the world.
     """
 
     tp: int
@@ -79,6 +79,7 @@ class ParallelSetup:
     method: str
     task: str
     preset: str
+    family: str
     device: str
     dtype: str
 
@@ -91,7 +92,6 @@ def check_parallel_config(config: ParallelSetup, *, world_size: int) -> None:
     ``data_parallel``. Only LLaMA causal-LM models run in parallel.
     """
     from tensorslim.methods import METHODS, get_method
-    from tensorslim.models.registry import get_model
 
     check_world(config.tp, world_size=world_size)
     dp = world_size // config.tp
@@ -115,10 +115,9 @@ def check_parallel_config(config: ParallelSetup, *, world_size: int) -> None:
         raise ValueError(f"method={config.method!r} cannot train data-parallel with {kind}{note}; allowed: {allowed}")
     if config.task not in _TP_TASKS:
         raise ValueError(f"task={config.task!r} cannot run in parallel; allowed: {list(_TP_TASKS)}")
-    family = get_model(config.preset).family.name
-    if family not in _TP_FAMILIES:
+    if config.family not in _TP_FAMILIES:
         raise ValueError(
-            f"preset={config.preset!r} (family {family!r}) cannot run in parallel; allowed families: "
+            f"preset={config.preset!r} (family {config.family!r}) cannot run in parallel; allowed families: "
             f"{list(_TP_FAMILIES)}"
         )
 

@@ -183,6 +183,11 @@ class TrainConfig:
         """The head the model is built with: the task's own, or the one it names (``distill`` builds ``embed``)."""
         return get_task(self.task).model_task or self.task
 
+    @property
+    def model_family(self) -> str:
+        """The family of the preset's model (``llama``, ``bert``, ``gpt2`` ...)."""
+        return get_model(self.preset).family.name
+
     def model_spec(self) -> dict[str, Any]:
         """The run's model as :func:`tensorslim.methods.build_for_method` builds it (preset, method, head, the
         method's options, a factored vocabulary), for every place that builds or counts it."""
@@ -205,6 +210,7 @@ class TrainConfig:
             method=self.method,
             task=self.task,
             preset=self.preset,
+            family=self.model_family,
             device=self.device,
             dtype=self.dtype,
         )
