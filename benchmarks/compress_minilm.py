@@ -4,10 +4,11 @@ Every arm is measured in one process on the same texts: calibration on the first
 embedding cosine to the original model (mean-pooled sentence embeddings) on held-out validation articles. Arms per
 size: each single family at its best (plain SVD with ranks by budget, input-whitened SVD with ranks by budget,
 Kronecker chosen per layer, COMQ/RTN 4-bit for a bytes budget) against ``tensorslim.compress`` over all families
-(its default, every layer fitted to the original inputs, and with sequential calibration), before and after healing.
+(its default end-to-end allocation, the per-layer allocation, and with sequential calibration), before and after
+healing.
 For a bytes budget ``compress`` also runs at exactly the bytes that COMQ 4-bit takes (its scales and zero points
-make it a little more than 1/8 of fp32). Writes a markdown table and a PNG under ``benchmarks/results/``; rows are
-appended as they finish, so a stopped run keeps what it measured.
+make it a little more than 1/8 of fp32). Writes a markdown table and a PNG under ``benchmarks/results/``; the table is
+rewritten as each row finishes, so a stopped run keeps what it measured.
 
     HF_HUB_OFFLINE=1 python benchmarks/compress_minilm.py --heal-steps 100
 """
@@ -18,8 +19,6 @@ import argparse
 import copy
 import datetime
 import os
-import platform
-import subprocess
 import sys
 import time
 import warnings
@@ -29,6 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results, when loaded by path (tests)
+from _results import table, write  # noqa: E402
+
 ARMS = (
     "SVD",
     "SVD, whitened",
@@ -37,18 +39,10 @@ ARMS = (
     "COMQ 4-bit",
     "compress (COMQ's bytes)",
     "compress",
+    "compress, per-layer",
     "compress, sequential",
 )
 SIZES = (("params", 0.5), ("bytes", 0.125), ("params", 0.75), ("params", 0.25))
-
-
-def cpu_line() -> str:
-    """CPU model, its AMX/AVX-512-BF16 flags and the load average right now."""
-    model = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    name = next((line.split(":", 1)[1].strip() for line in model.splitlines() if "Model name" in line), "?")
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    extra = [flag for flag in ("avx512_bf16", "amx_tile") if flag in flags]
-    return f"{name} ({', '.join(extra) or 'no avx512_bf16/amx'}), {os.cpu_count()} cores, load {os.getloadavg()}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModel, AutoTokenizer
 
     from tensorslim import Budget, SVDConfig, convert_
-    from tensorslim.compression import calibrate, compress, heal
+    from tensorslim.compression import CompressReport, calibrate, compress, heal
     from tensorslim.compression.api import agreement, model_size
     from tensorslim.compression.heal import HealConfig
     from tensorslim.data import load_corpus
@@ -107,18 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"compress_minilm_{date}{'_' + args.tag if args.tag else ''}"
-    table = out / f"{stem}.md"
-    command = "HF_HUB_OFFLINE=1 python benchmarks/compress_minilm.py " + " ".join(argv or sys.argv[1:])
-    table.write_text(
-        f"# MiniLM under post-training compression ({date})\n\n"
-        f"Command: `{command}`\n\nCPU: {cpu_line()} (a machine shared with other jobs; times are not comparable)\n\n"
-        f"Python {platform.python_version()}, torch {torch.__version__}. Calibration: the first {args.calibration} BBC "
-        f"News training articles; evaluation: {args.held_out} validation articles, {args.seq_len} tokens each; quality "
-        "= mean cosine of the mean-pooled sentence embeddings to the original model's. Size = the linear layers' "
-        "share of dense (params or bytes).\n\n"
-        "| size | arm | linear-layer share | healing steps | embedding cosine | seconds |\n|---|---|---|---|---|---|\n"
-    )
+    table_path = out / f"{stem}.md"
+    intro = [
+        f"Calibration: the first {args.calibration} BBC News training articles; evaluation: {args.held_out} validation "
+        f"articles; {args.seq_len} tokens each. Quality = mean cosine of the mean-pooled sentence embeddings to the "
+        "original model's. Size = the linear layers' share of dense (params or bytes).",
+        "",
+    ]
+    columns = ["size", "arm", "linear-layer share", "healing steps", "embedding cosine", "seconds"]
+    lines: list[list[object]] = []
     rows: list[tuple[str, str, float, float]] = []
+    plans: list[str] = []  # what each end-to-end choice measured on the calibration text
 
     def linear_share(model: torch.nn.Module, kind: str) -> float:
         params, nbytes = model_size(model)
@@ -127,12 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             return (dense_params - (full_params - params)) / dense_params
         return (dense_bytes - (full_bytes - nbytes)) / dense_bytes
 
+    def note(size: str, arm: str, report: CompressReport) -> None:
+        if report.plan_losses:
+            losses = ", ".join(f"{plan} {loss:.4f}" for plan, loss in report.plan_losses.items())
+            plans.append(f"- {size}, {arm}: kept `{report.plan}`; calibration loss (1 − cosine): {losses}")
+
     def record(size: str, arm: str, model: torch.nn.Module, kind: str, steps: int, start: float) -> None:
         quality = agreement(model, original, held)
         share = linear_share(model, kind)
         rows.append((size, arm + (" + healing" if steps else ""), share, quality))
-        with table.open("a") as f:
-            f.write(f"| {size} | {arm} | {share:.3f} | {steps} | {quality:.4f} | {time.time() - start:.0f} |\n")
+        lines.append([size, arm, f"{share:.3f}", steps, f"{quality:.4f}", f"{time.time() - start:.0f}"])
+        write(table_path, "MiniLM under post-training compression", [*intro, *table(columns, lines), *plans])
         print(f"{size} {arm} steps={steps} share={share:.3f} cosine={quality:.4f}", flush=True)
 
     for kind, value in sizes:
@@ -164,12 +162,19 @@ def main(argv: list[str] | None = None) -> int:
                 if arm == "COMQ 4-bit" and "compress (COMQ's bytes)" in arms:
                     share = linear_share(model, kind)
                     start = time.time()
-                    model, _ = compress(original, Budget(bytes=share), cal, progress=False)
+                    model, report = compress(original, Budget(bytes=share), cal, progress=False)
+                    note(f"{share:.3f} {kind}", "compress (COMQ's bytes)", report)
                     record(f"{share:.3f} {kind}", "compress (COMQ's bytes)", model, kind, 0, start)
-        for arm, options in (("compress", {}), ("compress, sequential", {"sequential": True})):
+        variants = (
+            ("compress", {}),
+            ("compress, per-layer", {"allocation": "per-layer"}),
+            ("compress, sequential", {"sequential": True}),
+        )
+        for arm, options in variants:
             if arm in arms:
                 start = time.time()
                 model, report = compress(original, budget, cal, progress=False, **options)
+                note(size, arm, report)
                 record(size, arm, model, kind, 0, start)
                 print(report.table(), flush=True)
         if value == 0.5 and args.heal_steps and "compress" in arms:

@@ -2,8 +2,11 @@
 
 1. Calibrate: the input Gram matrix of every dense linear layer (:func:`~tensorslim.compression.calibration.calibrate`).
 2. Choose: per layer, keep dense or take low rank (input-whitened, SVD-LLM arXiv 2403.07378 §3.1), Kronecker, TT,
-   8-, 4-, 3- or 2-bit COMQ (arXiv 2403.07134), whichever minimises the summed relative calibration output error under
-   the budget (:mod:`tensorslim.compression.choose`).
+   8-, 4-, 3- or 2-bit COMQ (arXiv 2403.07134) under the budget. By default each layer's candidates are measured end to
+   end, by the whole model's calibration loss with that layer alone compressed (ASVD arXiv 2312.05821 §3.3), the
+   budget goes where those losses are smallest, and that plan competes end to end with the per-layer one (least
+   summed relative output error, :mod:`tensorslim.compression.choose`) and with each single family alone
+   (:mod:`tensorslim.compression.endtoend`).
 3. Build the chosen layers, each fitted to the original model's inputs, or with ``sequential=True`` in forward order,
    each fitted to the compressed model's inputs and the original's outputs (:mod:`tensorslim.compression.build`).
    With healing, the quantized layers stay float while the others heal by
@@ -16,23 +19,28 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tensorslim.budget import Budget
 from tensorslim.compression.build import build, build_sequentially
-from tensorslim.compression.calibration import Batch, calibrate
-from tensorslim.compression.choose import BITS, FAMILIES, Candidate, choose, layer_candidates
+from tensorslim.compression.calibration import Batch, Calibration, calibrate
+from tensorslim.compression.choose import BITS, FAMILIES, Candidate, choose, layer_candidates, single_family_plans
+from tensorslim.compression.endtoend import (
+    PROBE_TOKENS,
+    EndToEnd,
+    agreement,
+    best_plan,
+    first_tokens,
+    sensitivities,
+)
 from tensorslim.compression.heal import HealConfig, check_healable, heal
 from tensorslim.convert import output_head_ids
 from tensorslim.functional.threads import one_thread
 from tensorslim.layers._source import is_dense_linear
 from tensorslim.quant import COMQConfig, quantize_
-from tensorslim.quant.distill import mean_pooled
 
 
 @dataclass
@@ -53,11 +61,16 @@ class CompressReport:
     choices: dict[str, Candidate] = field(default_factory=dict)
     stages: list[Stage] = field(default_factory=list)
     metric: str = "embedding cosine to the original"
+    plan: str = "per layer"
+    plan_losses: dict[str, float] = field(default_factory=dict)
 
     def table(self) -> str:
         rows = [f"{'layer':<48} {'family':<8} {'setting':>7} {'params':>10} {'bytes':>11} {'rel. error':>10}"]
         for name, c in self.choices.items():
             rows.append(f"{name:<48} {c.family:<8} {c.setting:>7} {c.params:>10,} {c.nbytes:>11,} {c.error:>10.4f}")
+        for plan, loss in self.plan_losses.items():
+            mark = "  (chosen)" if plan == self.plan else ""
+            rows.append(f"plan {plan}: end-to-end calibration loss (1 - cosine) {loss:.5f}{mark}")
         for stage in self.stages:
             quality = "" if stage.quality is None else f", {self.metric} {stage.quality:.4f}"
             rows.append(f"{stage.name}: {stage.params:,} params, {stage.nbytes:,} bytes{quality}")
@@ -73,26 +86,6 @@ def model_size(model: nn.Module) -> tuple[int, int]:
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     nbytes += sum(b.numel() * b.element_size() for b in model.buffers())
     return params, nbytes
-
-
-def _outputs(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """One vector per example: the mean-pooled last hidden state of an encoder, else the flattened output."""
-    out = model(**batch) if isinstance(batch, Mapping) else model(batch)
-    hidden = getattr(out, "last_hidden_state", None)
-    if hidden is not None:
-        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-        mask = torch.ones(hidden.shape[:2]) if mask is None else mask
-        return mean_pooled(hidden.float(), mask)
-    logits = getattr(out, "logits", out)
-    return logits.float().reshape(len(logits), -1)
-
-
-@torch.no_grad()
-def agreement(model: nn.Module, reference: nn.Module, batches: Sequence[Batch]) -> float:
-    """Mean cosine between ``model``'s and ``reference``'s per-example outputs on ``batches`` (for an encoder: the
-    mean-pooled sentence embeddings)."""
-    cosines = [F.cosine_similarity(_outputs(model, b), _outputs(reference, b), dim=-1) for b in batches]
-    return torch.cat(cosines).mean().item()
 
 
 def _validate(
@@ -118,6 +111,34 @@ def _validate(
         check_healable(model, list(heal_data) or list(batches))
 
 
+ALLOCATIONS = ("end-to-end", "per-layer")
+
+
+def _end_to_end_choice(
+    student: nn.Module,
+    batches: Sequence[Batch],
+    cal: Calibration,
+    names: list[str],
+    options: list[list[Candidate]],
+    kind: str,
+    limit: float,
+    per_layer: dict[str, Candidate],
+    *,
+    progress: bool,
+) -> tuple[str, dict[str, float], dict[str, Candidate]]:
+    """The plan of least end-to-end calibration loss among the sensitivity allocation (ASVD §3.3), the per-layer one
+    and each single family alone; its name, every plan's loss, its choices."""
+    probe = EndToEnd(student, first_tokens(batches, PROBE_TOKENS))
+    measured = sensitivities(probe, names, options, cal, progress=progress)
+    picks = choose(measured, kind, limit)
+    plans = {"end-to-end sensitivity": {n: opts[i] for n, opts, i in zip(names, options, picks, strict=True)}}
+    plans["per layer"] = per_layer
+    for plan, choices in single_family_plans(options, kind, limit).items():
+        plans[plan] = dict(zip(names, choices, strict=True))
+    best, losses = best_plan(EndToEnd(student, batches), plans, cal)
+    return best, losses, plans[best]
+
+
 def compress(
     model: nn.Module,
     budget: Budget,
@@ -127,6 +148,7 @@ def compress(
     held_out: Sequence[Batch] = (),
     healing: HealConfig | None = None,
     heal_data: Sequence[Batch] = (),
+    allocation: str = "end-to-end",
     sequential: bool = False,
     alignment: float = 1.0,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
@@ -145,6 +167,11 @@ def compress(
         healing: heal the structured layers by distillation from the original model, layer by layer then end to
             end (:func:`~tensorslim.compression.heal.heal`); None: no healing.
         heal_data: the healing's inputs (default: ``calibration``); more text than the calibration heals better.
+        allocation: ``"end-to-end"`` measures each layer's candidates by the whole model's calibration loss with that
+            layer alone compressed (ASVD, arXiv 2312.05821, §3.3), allocates the budget by those losses, then measures
+            that plan, the per-layer one and each single family alone end to end and keeps the best
+            (:mod:`tensorslim.compression.endtoend`); ``"per-layer"`` allocates by each layer's own relative
+            calibration output error only (one forward pass fewer per candidate; myopic: errors compound).
         sequential: build the layers in forward order, each fitted to the inputs of the already compressed model
             and the outputs of the original (:mod:`tensorslim.compression.build`); False (the default: on MiniLM
             with a few thousand calibration tokens the closed-form update overfits them) fits every layer to the
@@ -159,6 +186,8 @@ def compress(
         The compressed model (eval mode) and a :class:`CompressReport`.
     """
     _validate(model, budget, calibration, families, healing, heal_data)
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"allocation={allocation!r} is invalid; allowed: {' or '.join(map(repr, ALLOCATIONS))}")
     if not isinstance(sequential, bool):
         raise ValueError(f"sequential={sequential!r} is invalid; allowed: True or False")
     if not (isinstance(alignment, int | float) and 0 <= alignment <= 1):
@@ -197,8 +226,13 @@ def compress(
             options.append(layer_candidates(name, modules[name], cal, families))
     kind = budget.kind
     dense = sum(opts[0].cost(kind) for opts in options)
-    picks = choose(options, kind, budget.limit(dense))
+    limit = budget.limit(dense)
+    picks = choose(options, kind, limit)
     report.choices = {name: opts[i] for name, opts, i in zip(chosen_layers, options, picks, strict=True)}
+    if allocation == "end-to-end":
+        report.plan, report.plan_losses, report.choices = _end_to_end_choice(
+            student, calibration, cal, list(chosen_layers), options, kind, limit, report.choices, progress=progress
+        )
     # with healing, the quantized layers stay float while the others heal, then quantize_ solves them on its inputs
     skip = tuple(BITS) if healing is not None else ()
     if sequential:

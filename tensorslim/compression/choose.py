@@ -208,3 +208,26 @@ def choose(options: Sequence[Sequence[Candidate]], kind: str, limit: float) -> l
             _, layer, i, extra = best
             picks[layer], used, improved = i, used + extra, True
     return picks
+
+
+def single_family_plans(options: Sequence[Sequence[Candidate]], kind: str, limit: float) -> dict[str, list[Candidate]]:
+    """Each family alone under ``limit``: its per-layer choice (:func:`choose` over that family and dense) and its
+    costliest setting shared by every layer that fits (e.g. ``"int4 everywhere"``), one candidate per layer."""
+    families = dict.fromkeys(c.family for choices in options for c in choices if c.family != "dense")
+    plans: dict[str, list[Candidate]] = {}
+    for family in families:
+        only = [[c for c in choices if c.family in ("dense", family)] for choices in options]
+        try:
+            picks = choose(only, kind, limit)
+        except ValueError:
+            continue  # this family alone cannot reach the budget
+        plans[f"{family} per layer"] = [choices[i] for choices, i in zip(only, picks, strict=True)]
+    costliest: dict[str, list[int]] = {}
+    for picks in uniform_choices(options, kind, limit):
+        family, best = options[0][picks[0]].family, costliest.get(options[0][picks[0]].family)
+        if family != "dense" and (best is None or _total(options, picks, kind) > _total(options, best, kind)):
+            costliest[family] = picks
+    for family, picks in costliest.items():
+        setting = options[0][picks[0]].setting
+        plans[f"{family} {setting} everywhere"] = [choices[i] for choices, i in zip(options, picks, strict=True)]
+    return plans
