@@ -215,6 +215,18 @@ class TrainConfig:
             dtype=self.dtype,
         )
 
+    def optimizer_settings(self) -> dict[str, Any]:
+        """The run's own optimizer as :func:`tensorslim.train.optim.build_optimizer` builds it: AdamW, or GaLore-AdamW
+        with the method's projection settings (rank by default the model's CoLA rank, else 128)."""
+        settings = {"lr": self.peak_lr(), "weight_decay": self.weight_decay, "state_dtype": self.optimizer_state}
+        if get_method(self.method).optimizer == "galore":
+            settings.update(
+                galore_rank=self.options.rank or recipe_for(self.preset).cola_rank or 128,
+                galore_update_proj_gap=self.options.update_proj_gap,
+                galore_scale=self.options.scale,
+            )
+        return settings
+
     @property
     def run_dir(self) -> str:
         if self.out_dir:

@@ -39,7 +39,6 @@ from tensorslim.checkpoint import latest_checkpoint
 from tensorslim.distributed.layout import Layout, SingleProcess, parallel_layout
 from tensorslim.methods import build_run_model, get_method, initial_model, method_books, model_books
 from tensorslim.methods.hooks import TrainHook
-from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.tasks.base import Task, TaskData, to_device
 from tensorslim.train import run_folder
@@ -263,19 +262,7 @@ class Trainer:
             params = [p for p in self.model.parameters() if p.requires_grad]
             lr = torch.tensor(config.peak_lr(), device=self.device)
             return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay, capturable=True)
-        galore_rank = None
-        options = config.options
-        if self.method.optimizer == "galore":
-            galore_rank = options.rank or recipe_for(config.preset).cola_rank or 128
-        return build_optimizer(
-            self.model,
-            lr=config.peak_lr(),
-            weight_decay=config.weight_decay,
-            galore_rank=galore_rank,
-            galore_update_proj_gap=getattr(options, "update_proj_gap", 200),
-            galore_scale=getattr(options, "scale", 0.25),
-            state_dtype=config.optimizer_state,
-        )
+        return build_optimizer(self.model, **config.optimizer_settings())
 
     def _resume(self) -> None:
         """Continue from the run folder's latest checkpoint: weights, optimizer, method state, data order, step."""
