@@ -18,6 +18,7 @@ from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
 from tensorslim.train.optim import STATE_DTYPES
 from tensorslim.train.precision import DTYPES
+from tensorslim.train.schedule import LRSchedule
 
 # Seeds go to torch generators (64-bit) as ``seed + epoch`` and ``seed + 1``: below 2**63 they never overflow.
 MAX_SEED = 2**63 - 1
@@ -241,6 +242,16 @@ class TrainConfig:
 
     def warmup(self) -> float:
         return self.warmup_fraction if self.warmup_fraction is not None else recipe_for(self.preset).warmup_fraction
+
+    def lr_schedule(self) -> LRSchedule:
+        """The run's learning rate: warm-up over :meth:`warmup` of the steps to :meth:`peak_lr`, then cosine down to
+        ``min_lr_ratio`` of it."""
+        return LRSchedule(
+            peak_lr=self.peak_lr(),
+            total_steps=self.steps,
+            warmup_steps=round(self.steps * self.warmup()),
+            min_ratio=self.min_lr_ratio,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the options as a nested dict)."""

@@ -4,6 +4,7 @@ cosine decay to a floor."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def warmup_cosine(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.1) -> float:
@@ -16,3 +17,19 @@ def warmup_cosine(step: int, *, total_steps: int, warmup_steps: int, min_ratio: 
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRSchedule:
+    """A run's learning rate: ``peak_lr`` times :func:`warmup_cosine` of the optimizer step."""
+
+    peak_lr: float
+    total_steps: int
+    warmup_steps: int
+    min_ratio: float = 0.1
+
+    def factor(self, step: int) -> float:
+        """The multiplier of :attr:`peak_lr` at optimizer step ``step`` (0-based)."""
+        return warmup_cosine(
+            step, total_steps=self.total_steps, warmup_steps=self.warmup_steps, min_ratio=self.min_ratio
+        )

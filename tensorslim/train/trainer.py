@@ -51,7 +51,6 @@ from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
 from tensorslim.train.precision import autocast, resolve_dtype
 from tensorslim.train.run_model import save_run_model
-from tensorslim.train.schedule import warmup_cosine
 
 
 class NonFiniteError(ValueError):
@@ -252,7 +251,7 @@ class Trainer:
         )
         self.stream = self.data.train
         self.static_step = self._static_step() if self.cuda_graphs or static_step else None
-        self.warmup_steps = round(config.steps * config.warmup())
+        self.schedule = config.lr_schedule()
         self.step = 0
         self.skipped_steps = 0
 
@@ -287,12 +286,9 @@ class Trainer:
         return autocast(self.dtype, self.device)
 
     def _set_lr(self) -> None:
-        config = self.config
-        schedule = warmup_cosine(
-            self.step, total_steps=config.steps, warmup_steps=self.warmup_steps, min_ratio=config.min_lr_ratio
-        )
+        factor = self.schedule.factor(self.step)
         for group in self.optimizer.param_groups:
-            lr = group.get("lr_scale", 1.0) * config.peak_lr() * schedule
+            lr = group.get("lr_scale", 1.0) * self.schedule.peak_lr * factor
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].fill_(lr)  # in place: a captured step reads this tensor
             else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tensorslim.methods.recipes import recipe_for
 from tensorslim.train.config import TrainConfig
 
@@ -31,3 +33,14 @@ def test_adamw_settings_carry_no_galore_projection() -> None:
     settings = TrainConfig(method="cola", weight_decay=0.1, optimizer_state="bf16").optimizer_settings()
     # CoLA trains at the model recipe's lr (CoLA, arXiv 2502.10940, §4)
     assert settings == {"lr": recipe_for("tiny").lr, "weight_decay": 0.1, "state_dtype": "bf16"}
+
+
+def test_lr_schedule_warms_up_over_the_recipe_share_then_decays_to_the_floor() -> None:
+    recipe = recipe_for("tiny")
+    schedule = TrainConfig(steps=200, min_lr_ratio=0.2).lr_schedule()
+    warmup = round(200 * recipe.warmup_fraction)
+    assert (schedule.peak_lr, schedule.total_steps, schedule.warmup_steps) == (recipe.lr, 200, warmup)
+    # linear warm-up to the peak, then a half cosine to the floor (GaLore §5, CoLA §4)
+    assert schedule.factor(0) == 1 / warmup and schedule.factor(warmup - 1) == 1.0
+    assert schedule.factor(200) == pytest.approx(0.2)
+    assert TrainConfig(steps=200, warmup_fraction=0.0).lr_schedule().factor(0) == 1.0
