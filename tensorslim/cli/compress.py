@@ -37,12 +37,25 @@ class CompressCommand:
     calibration: int = option(32, "calibration texts (causal LM: blocks of --seq-len tokens)")
     held_out: int = option(16, "held-out texts that each stage is scored on")
     seq_len: int = option(128, "tokens per text")
-    heal_texts: int = option(512, "healing texts, from the start of the training split")
-    block_steps: int = option(0, "healing layer by layer: steps per changed block (0: none)")
-    block_lr: float = option(3e-4, "learning rate of the layer-by-layer healing")
-    heal_steps: int = option(0, "healing end to end: distillation steps from the original model (0: none)")
-    lr: float = option(1e-4, "peak learning rate of the end-to-end healing")
-    batch_size: int = option(8, "texts per healing step")
+    heal: bool = option(False, "heal by distillation from the original model: layer by layer, then end to end")
+    heal_texts: int = option(800, "healing texts, from the start of the training split")
+    block_steps: int | None = option(
+        None, "healing layer by layer: steps per changed block (default 100; 0: none; given, it turns on --heal)"
+    )
+    block_lr: float | None = option(None, "peak learning rate of the layer-by-layer healing (default 1e-3)")
+    heal_steps: int | None = option(
+        None, "healing end to end: distillation steps from the original model (default 50; 0: none)"
+    )
+    lr: float | None = option(None, "peak learning rate of the end-to-end healing (default 2e-4)")
+    batch_size: int | None = option(None, "texts per healing step (default 8)")
+
+    @property
+    def healing(self) -> dict[str, Any] | None:
+        """The ``HealConfig`` options given (the others keep its defaults), or None without healing: healing runs
+        with ``--heal`` or any of its flags."""
+        names = {"block_steps": "block_steps", "block_lr": "block_lr", "heal_steps": "steps", "lr": "lr"}
+        given = {names.get(k, k): getattr(self, k) for k in (*names, "batch_size") if getattr(self, k) is not None}
+        return given if self.heal or given else None
 
     def __post_init__(self) -> None:
         given = [name for name in ("params", "bytes", "flops") if getattr(self, name) is not None]
@@ -53,12 +66,12 @@ class CompressCommand:
         if self.out is None:
             raise ValueError("--out is missing; allowed: a new or empty folder to write the compressed model to")
         for name in ("calibration", "held_out", "seq_len", "heal_texts", "batch_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: an integer >= 1")
-        if self.heal_steps or self.block_steps:  # the healing's own checks, before any work
+        if self.healing is not None:  # the healing's own checks, before any work
             from tensorslim.compression.heal import HealConfig
 
-            HealConfig(block_steps=self.block_steps, block_lr=self.block_lr, steps=self.heal_steps, lr=self.lr)
+            HealConfig(**self.healing)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +182,7 @@ def _text_batches(source: Source, config: CompressCommand) -> tuple[list, list, 
             ]  # fmt: skip
 
         train = list(corpus.train)
-        healing = batches(train[: config.heal_texts]) if config.heal_steps or config.block_steps else []
+        healing = batches(train[: config.heal_texts]) if config.healing is not None else []
         return batches(train[: config.calibration]), healing, batches(list(corpus.validation[: config.held_out]))
     from tensorslim.data import build_lm_data
 
@@ -200,15 +213,7 @@ def compress_model(config: CompressCommand, budget: object, families: tuple[str,
 
     source = _load(config.model)
     calibration, heal_data, held_out = _text_batches(source, config)
-    healing = None
-    if config.heal_steps or config.block_steps:
-        healing = HealConfig(
-            block_steps=config.block_steps,
-            block_lr=config.block_lr,
-            steps=config.heal_steps,
-            lr=config.lr,
-            batch_size=config.batch_size,
-        )
+    healing = None if config.healing is None else HealConfig(**config.healing)
     student, report = compress(
         source.model, budget, calibration, families=families, held_out=held_out, healing=healing, heal_data=heal_data
     )

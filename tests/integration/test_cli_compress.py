@@ -111,3 +111,22 @@ def test_compress_refuses_bad_healing_before_any_work(tiny_bert: Path, tmp_path:
     assert main(_args(tiny_bert, out, "--params", "0.5", "--heal-steps", "2", "--lr", "nan")) == 2
     assert "lr=nan" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_healing_flags_default_to_heal_config_and_turn_healing_on() -> None:
+    import dataclasses
+    import re
+
+    from tensorslim.cli.compress import CompressCommand
+    from tensorslim.compression.heal import HealConfig
+
+    budget = {"params": 0.5, "out": "x"}
+    assert CompressCommand(**budget).healing is None  # no flag: no healing
+    assert CompressCommand(**budget, heal=True).healing == {}  # --heal: HealConfig's defaults
+    assert CompressCommand(**budget, heal_steps=0).healing == {"steps": 0}  # a healing flag turns it on
+    defaults = HealConfig()
+    stated = {f.name: f.metadata["help"] for f in dataclasses.fields(CompressCommand)}
+    for flag, name in [("block_steps", "block_steps"), ("block_lr", "block_lr"), ("heal_steps", "steps"),
+                       ("lr", "lr"), ("batch_size", "batch_size")]:  # fmt: skip
+        number = re.search(r"\(default ([0-9.e-]+)", stated[flag]).group(1)
+        assert float(number) == getattr(defaults, name), flag  # the help states HealConfig's default
