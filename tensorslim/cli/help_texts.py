@@ -614,8 +614,8 @@ options:
         """usage: tensorslim compress [-h] [--model STR] [--out STR] [--overwrite | --no-overwrite]
                            [--params FLOAT] [--bytes FLOAT] [--flops FLOAT] [--families STR]
                            [--data STR] [--calibration INT] [--held-out INT] [--seq-len INT]
-                           [--heal-texts INT] [--block-steps INT] [--block-lr FLOAT]
-                           [--heal-steps INT] [--lr FLOAT] [--batch-size INT]
+                           [--heal | --no-heal] [--heal-texts INT] [--block-steps INT]
+                           [--block-lr FLOAT] [--heal-steps INT] [--lr FLOAT] [--batch-size INT]
 
 compress a pretrained model to a params/bytes/FLOPs budget, choosing the family and size of every layer
 
@@ -641,14 +641,16 @@ options:
                                32)
   --held-out INT               held-out texts that each stage is scored on (default: 16)
   --seq-len INT                tokens per text (default: 128)
-  --heal-texts INT             healing texts, from the start of the training split (default: 512)
-  --block-steps INT            healing layer by layer: steps per changed block (0: none) (default:
-                               0)
-  --block-lr FLOAT             learning rate of the layer-by-layer healing (default: 0.0003)
-  --heal-steps INT             healing end to end: distillation steps from the original model (0:
-                               none) (default: 0)
-  --lr FLOAT                   peak learning rate of the end-to-end healing (default: 0.0001)
-  --batch-size INT             texts per healing step (default: 8)""",
+  --heal, --no-heal            heal by distillation from the original model: layer by layer, then
+                               end to end (default: False)
+  --heal-texts INT             healing texts, from the start of the training split (default: 800)
+  --block-steps INT            healing layer by layer: steps per changed block (default 100; 0:
+                               none; given, it turns on --heal)
+  --block-lr FLOAT             peak learning rate of the layer-by-layer healing (default 1e-3)
+  --heal-steps INT             healing end to end: distillation steps from the original model
+                               (default 50; 0: none)
+  --lr FLOAT                   peak learning rate of the end-to-end healing (default 2e-4)
+  --batch-size INT             texts per healing step (default 8)""",
     ),
 }
 
