@@ -167,8 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         classifier = trainer.model.eval()
         test, pad_id = trainer.data.validation
         scored = dataclasses.replace(trainer.data, validation=(test[: args.test_articles or None], pad_id))
-        # the classifier's own training articles, tokenized as it saw them: calibration and healing never see the test
-        ids, mask, _ = split_rows(trainer.data.train.stream.blocks, pad_id=pad_id)
+        # the classifier's own training articles (ordered by class: shuffled once), tokenized as it saw them;
+        # calibration and healing never see its test articles
+        rows = trainer.data.train.rows.blocks
+        ids, mask, _ = split_rows(
+            rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))], pad_id=pad_id
+        )
         texts = [{"input_ids": ids[i : i + 8], "attention_mask": mask[i : i + 8]} for i in range(0, len(ids), 8)]
         classifier_calibration = texts[: max(1, args.calibration // 8)]
         classifier_healing = texts[: (args.heal_texts + 7) // 8 if args.heal_texts else None]
