@@ -161,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                 record(size, arm, model, kind, 0, start)
                 if arm == "COMQ 4-bit" and "compress (COMQ's bytes)" in arms:
                     share = linear_share(model, kind)
+                    comq_bytes = round(share * dense_bytes)  # as a count: 4 bits everywhere fits it exactly
                     start = time.time()
-                    model, report = compress(original, Budget(bytes=share), cal, progress=False)
+                    model, report = compress(original, Budget(bytes=comq_bytes), cal, progress=False)
                     note(f"{share:.3f} {kind}", "compress (COMQ's bytes)", report)
                     record(f"{share:.3f} {kind}", "compress (COMQ's bytes)", model, kind, 0, start)
         variants = (
