@@ -169,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         scored = dataclasses.replace(trainer.data, validation=(test[: args.test_articles or None], pad_id))
         # the classifier's own training articles (ordered by class: shuffled once), tokenized as it saw them;
         # calibration and healing never see its test articles
-        rows = trainer.data.train.rows.blocks
+        articles = trainer.data.train.rows.blocks
         ids, mask, _ = split_rows(
-            rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))], pad_id=pad_id
+            articles[torch.randperm(len(articles), generator=torch.Generator().manual_seed(0))], pad_id=pad_id
         )
         texts = [{"input_ids": ids[i : i + 8], "attention_mask": mask[i : i + 8]} for i in range(0, len(ids), 8)]
         classifier_calibration = texts[: max(1, args.calibration // 8)]
