@@ -34,7 +34,9 @@ class CompressCommand:
     data: str = option(
         "bbcnews", "corpus: calibration and healing from its training split, held-out from its validation split"
     )
-    calibration: int = option(32, "calibration texts (causal LM: blocks of --seq-len tokens)")
+    calibration: int = option(
+        128, "calibration texts (causal LM: blocks of --seq-len tokens); fewer fit the calibration text, not the model"
+    )
     held_out: int = option(16, "held-out texts that each stage is scored on")
     seq_len: int = option(128, "tokens per text")
     heal: bool = option(False, "heal by distillation from the original model: layer by layer, then end to end")

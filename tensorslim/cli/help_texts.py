@@ -637,8 +637,8 @@ options:
                                lowrank,kron,int8,int4)
   --data STR                   corpus: calibration and healing from its training split, held-out
                                from its validation split (default: bbcnews)
-  --calibration INT            calibration texts (causal LM: blocks of --seq-len tokens) (default:
-                               32)
+  --calibration INT            calibration texts (causal LM: blocks of --seq-len tokens); fewer fit
+                               the calibration text, not the model (default: 128)
   --held-out INT               held-out texts that each stage is scored on (default: 16)
   --seq-len INT                tokens per text (default: 128)
   --heal, --no-heal            heal by distillation from the original model: layer by layer, then
