@@ -288,6 +288,17 @@ def encoder_rows(batches: Sequence[Batch]) -> torch.Tensor:
     return torch.cat([torch.cat(ids), torch.cat(mask)], dim=1)
 
 
+def encoder_data(rows: torch.Tensor, held_out: Any, config: Any) -> TaskData:
+    """The batches of rows ``[ids ‖ mask]`` as an encoder task reads them (a stream of ``(ids, mask)``), and the held
+    out rows as its validation."""
+    from tensorslim.data import BatchStream
+
+    stream = BatchStream(rows, batch_size=min(config.batch_size, len(rows)), seed=config.seed)
+    return TaskData(
+        train=TextStream(stream), validation=held_out, tokens_per_batch=config.batch_size * rows.shape[1] // 2
+    )
+
+
 class EncoderHealing(Distillation):
     """The ``distill`` task in its last phase (every layer, the attention KL and the sentence-embedding loss) on
     given texts, from a given teacher."""
@@ -301,14 +312,7 @@ class EncoderHealing(Distillation):
         self.layer_use = self.n_layers + 1
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
-        from tensorslim.data import BatchStream
-
-        stream = BatchStream(self.rows, batch_size=min(config.batch_size, len(self.rows)), seed=config.seed)
-        return TaskData(
-            train=TextStream(stream),
-            validation=self.held_out,
-            tokens_per_batch=config.batch_size * self.rows.shape[1] // 2,
-        )
+        return encoder_data(self.rows, self.held_out, config)
 
 
 class LMHealing(Task):
@@ -365,14 +369,7 @@ class ClassifierHealing(LMHealing):
     help = "KL of a sequence classifier's class distribution from its original model's"
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
-        from tensorslim.data import BatchStream
-
-        stream = BatchStream(self.rows, batch_size=min(config.batch_size, len(self.rows)), seed=config.seed)
-        return TaskData(
-            train=TextStream(stream),
-            validation=self.held_out,
-            tokens_per_batch=config.batch_size * self.rows.shape[1] // 2,
-        )
+        return encoder_data(self.rows, self.held_out, config)
 
     def _logits(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = batch

@@ -9,16 +9,9 @@ from tensorslim import Budget
 from tensorslim.compression import compress
 from tensorslim.compression.choose import Candidate, choose
 from tensorslim.compression.heal import HealConfig
+from tests.helpers import tiny_hf_bert
 
 transformers = pytest.importorskip("transformers")
-
-
-def _bert() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    return transformers.BertModel(config, add_pooling_layer=False).eval()
 
 
 def _batches(n: int, *, seed: int) -> list[dict[str, torch.Tensor]]:
@@ -59,7 +52,7 @@ def test_choose_fits_the_limit_and_beats_every_single_family() -> None:
 
 
 def test_compress_meets_the_budget_and_heals() -> None:
-    model = _bert()
+    model = tiny_hf_bert()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     dense = _linear_params(model)
     student, report = compress(
@@ -86,7 +79,7 @@ def test_compress_meets_the_budget_and_heals() -> None:
 
 
 def test_compress_to_bytes_quantizes() -> None:
-    model = _bert()
+    model = tiny_hf_bert()
     student, report = compress(model, Budget(bytes=0.2), _batches(2, seed=0), progress=False)
     assert any(c.family in ("int8", "int4") for c in report.choices.values())
     assert sum(c.nbytes for c in report.choices.values()) <= 0.2 * 4 * _linear_params(model)
@@ -106,4 +99,4 @@ def test_compress_to_bytes_quantizes() -> None:
 def test_compress_refuses_a_bad_request(kwargs: dict, match: str) -> None:
     args = {"budget": Budget(params=0.5), "calibration": _batches(1, seed=0)} | kwargs
     with pytest.raises(ValueError, match=match):
-        compress(_bert(), args.pop("budget"), args.pop("calibration"), progress=False, **args)
+        compress(tiny_hf_bert(), args.pop("budget"), args.pop("calibration"), progress=False, **args)

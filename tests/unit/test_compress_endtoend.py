@@ -13,16 +13,9 @@ from tensorslim.compression.build import replacement
 from tensorslim.compression.choose import layer_candidates, quantized_nbytes
 from tensorslim.compression.endtoend import EndToEnd, probe_indices, sensitivities
 from tensorslim.quant import COMQConfig, quantize_
+from tests.helpers import tiny_hf_bert
 
 transformers = pytest.importorskip("transformers")
-
-
-def _bert() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    return transformers.BertModel(config, add_pooling_layer=False).eval()
 
 
 def _batches(n: int, *, seed: int, pad: bool = True) -> list[dict[str, torch.Tensor]]:
@@ -46,7 +39,7 @@ def _loss(model: torch.nn.Module, reference: torch.nn.Module, batches: list[dict
 
 
 def test_sensitivity_is_the_loss_of_the_model_with_that_layer_alone_swapped() -> None:
-    model, batches = _bert(), _batches(2, seed=0)
+    model, batches = tiny_hf_bert(), _batches(2, seed=0)
     name = "encoder.layer.0.intermediate.dense"
     cal = calibrate(model, batches, progress=False)
     layer = model.get_submodule(name)
@@ -66,7 +59,7 @@ def test_sensitivity_is_the_loss_of_the_model_with_that_layer_alone_swapped() ->
 
 
 def test_compress_at_comq_bytes_is_no_worse_than_comq_4bit_end_to_end() -> None:
-    model, batches = _bert(), _batches(3, seed=0, pad=False)
+    model, batches = tiny_hf_bert(), _batches(3, seed=0, pad=False)
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     budget = Budget(bytes=sum(quantized_nbytes(m, 4) for m in linear))
     student, report = compress(model, budget, batches, families=("lowrank", "int8", "int4", "int3"), progress=False)

@@ -14,6 +14,7 @@ from tensorslim.compression.heal import HealConfig, distill, heal, heal_blocks, 
 from tensorslim.layers.lowrank import SVDConfig
 from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
 from tensorslim.quant.distill import logit_kl
+from tests.helpers import tiny_hf_bert
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,14 +25,6 @@ def _compressed(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     with pytest.warns(UserWarning):  # a lossy conversion of trained-like weights warns
         convert_(student, SVDConfig(rank=rank), filter_fn=lambda m, n: not n.endswith(heads))
     return student.eval()
-
-
-def _bert() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    return transformers.BertModel(config, add_pooling_layer=False).eval()
 
 
 def _texts(n: int, *, seed: int) -> list[dict[str, torch.Tensor]]:
@@ -62,7 +55,7 @@ def test_logit_kl_is_torchs_kl_div() -> None:
 
 
 def test_layer_by_layer_healing_fits_blocks_only_and_brings_the_model_closer() -> None:
-    teacher = _bert()
+    teacher = tiny_hf_bert()
     student = _compressed(teacher, rank=2)
     original = {k: v.clone() for k, v in teacher.state_dict().items()}
     embeddings = {k: v.clone() for k, v in student.embeddings.state_dict().items()}
@@ -102,7 +95,7 @@ def test_lm_healing_on_the_trainer_lowers_the_kl_and_reports_perplexity() -> Non
 
 
 def test_heal_runs_both_stages_and_names_them() -> None:
-    teacher = _bert()
+    teacher = tiny_hf_bert()
     student = _compressed(teacher, rank=2)
     stages: list[str] = []
     before = _error(student, teacher, _texts(1, seed=9)[0])
@@ -128,7 +121,7 @@ def test_heal_config_refuses_bad_values(kwargs: dict, match: str) -> None:
 
 
 def test_heal_refuses_inputs_it_cannot_distill_and_changes_nothing() -> None:
-    teacher = _bert()
+    teacher = tiny_hf_bert()
     student = _compressed(teacher, rank=2)
     state = {k: v.clone() for k, v in student.state_dict().items()}
     with pytest.raises(ValueError, match="cannot be healed"):
