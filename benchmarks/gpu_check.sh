@@ -47,9 +47,12 @@ step bench_350m 50 "$PY" -m tensorslim bench --preset 350m --device cuda --metho
   --batch-size 8 --seq-len 256 --warmup 3 --repeats 10 --out "$OUT/bench_350m"
 step vocab_step_350m 60 "$PY" benchmarks/vocab_step.py --preset 350m --device cuda --dtypes fp32,bf16 \
   --batch-size 8 --seq-len 256 --warmup 3 --repeats 10 --out "$OUT/vocab_step_350m"
-# 3. Time to quality at tiny size in bf16: every arm, the same 200 steps of 8 x 128 tokens.
+# 3. Time to quality at tiny size in bf16: every arm (GaLore where its package is installed), the same 200 steps of
+# 8 x 128 tokens.
+ARMS=dense,cola,cola-m,comera,cola+vocab,cola+bf16-state
+"$PY" -c "import galore_torch" 2> /dev/null && ARMS="$ARMS,galore"
 step time_to_quality 180 "$PY" benchmarks/time_to_quality.py --preset tiny --device cuda --dtype bf16 --steps 200 \
-  --batch-size 8 --seq-len 128 --eval-every 25 --runs "$OUT/runs" --out "$OUT"
+  --batch-size 8 --seq-len 128 --eval-every 25 --arms "$ARMS" --runs "$OUT/runs" --out "$OUT"
 # 4. Tensor parallelism over NCCL (BOOST's TP of CoLA), two ranks on two GPUs.
 if [ "$GPUS" -ge 2 ]; then
   step tp_nccl 90 "$PY" -m torch.distributed.run --nproc-per-node 2 -m tensorslim train --device cuda --tp 2 \
