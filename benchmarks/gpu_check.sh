@@ -15,6 +15,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}"
 OUT="${OUT:-benchmarks/results/gpu_check_$(date -u +%Y-%m-%d)}"
 mkdir -p "$OUT"
+# the tokenizer cache under OUT: needs no cache folder of the machine (nor platformdirs, which a bare image lacks)
+export TENSORSLIM_CACHE="${TENSORSLIM_CACHE:-$OUT/cache}"
 LOG="$OUT/gpu_check.log"
 SUMMARY="$OUT/summary.md"
 printf '# GPU check, %s\n\n| step | exit | seconds |\n|---|---:|---:|\n' "$(date -u +%FT%TZ)" > "$SUMMARY"
