@@ -33,7 +33,7 @@ import torch
 from tensorslim._checks import check_fields, require_int
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_for_method, get_method
-from tensorslim.methods.recipes import recipe_for
+from tensorslim.methods.recipes import galore_rank
 from tensorslim.models.registry import model_config, resolve_task
 from tensorslim.options import option
 from tensorslim.tasks import get_task
@@ -122,10 +122,8 @@ class _Arm:
         self.model, _, _ = build_for_method(
             config.preset, method, task=config.task, options=options, device=config.device, max_seq_len=config.seq_len
         )
-        galore_rank = None
-        if get_method(method).optimizer == "galore":
-            galore_rank = config.rank or recipe_for(config.preset).cola_rank or 128
-        self.optimizer = build_optimizer(self.model, lr=1e-4, weight_decay=0.0, galore_rank=galore_rank)
+        rank = galore_rank(config.preset, config.rank) if get_method(method).optimizer == "galore" else None
+        self.optimizer = build_optimizer(self.model, lr=1e-4, weight_decay=0.0, galore_rank=rank)
         if compiled:
             compile_model(self.model)
         meta, _, _ = build_for_method(

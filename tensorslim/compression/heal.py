@@ -38,6 +38,7 @@ from tensorslim.quant.distill import hidden_loss, logit_kl
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches
 from tensorslim.tasks.distill import Distillation, DistillOptions, TextStream, split_rows
 from tensorslim.tasks.lm import lm_loss
+from tensorslim.train.schedule import LRSchedule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,14 +201,10 @@ def _with_hidden(io: tuple[tuple, dict], hidden: torch.Tensor) -> tuple[tuple, d
     return args, {**kwargs, "hidden_states": hidden}
 
 
-def warmup_cosine(step: int, steps: int, *, warmup_fraction: float = 0.05, floor: float = 0.1) -> float:
-    """The learning-rate factor at ``step`` of ``steps``: linear warm-up, then a cosine down to ``floor`` (the
-    Trainer's schedule with the healing's ``warmup_fraction=0.05, min_lr_ratio=0.1``)."""
-    warmup = max(1, round(warmup_fraction * steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+def block_schedule(steps: int, lr: float) -> LRSchedule:
+    """The layer-by-layer healing's learning rate over ``steps``: the Trainer's warm-up + cosine schedule with 5 % of
+    the steps (at least one) warming up and a floor of a tenth."""
+    return LRSchedule(peak_lr=lr, total_steps=steps, warmup_steps=max(1, round(0.05 * steps)), min_ratio=0.1)
 
 
 def _fit_block(
@@ -218,7 +215,7 @@ def _fit_block(
     the first batch after fitting."""
     params = [p for p in block.parameters() if p.requires_grad and p.is_floating_point()]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, block_schedule(steps, lr).factor)
     for step in range(steps):
         (args, kwargs), target = inputs[step % len(inputs)], targets[step % len(targets)]
         loss = hidden_loss(_first(block(*args, **kwargs)).float(), target.float())

@@ -12,7 +12,7 @@ from tensorslim._checks import check_fields, require_int
 from tensorslim.distributed.layout import ParallelSetup
 from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
-from tensorslim.methods.recipes import recipe_for
+from tensorslim.methods.recipes import galore_rank, recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
 from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
@@ -222,7 +222,7 @@ class TrainConfig:
         settings = {"lr": self.peak_lr(), "weight_decay": self.weight_decay, "state_dtype": self.optimizer_state}
         if get_method(self.method).optimizer == "galore":
             settings.update(
-                galore_rank=self.options.rank or recipe_for(self.preset).cola_rank or 128,
+                galore_rank=galore_rank(self.preset, self.options.rank),
                 galore_update_proj_gap=self.options.update_proj_gap,
                 galore_scale=self.options.scale,
             )

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorslim import convert_
-from tensorslim.compression.heal import HealConfig, distill, heal, heal_blocks, warmup_cosine
+from tensorslim.compression.heal import HealConfig, block_schedule, distill, heal, heal_blocks
 from tensorslim.layers.lowrank import SVDConfig
 from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
 from tensorslim.quant.distill import logit_kl
@@ -145,7 +145,7 @@ def test_layer_by_layer_healing_of_a_llama_brings_its_logits_closer() -> None:
 
 
 def test_warmup_cosine_rises_then_falls_to_a_tenth() -> None:
-    factors = [warmup_cosine(step, 100) for step in range(100)]
+    factors = [block_schedule(100, 1e-3).factor(step) for step in range(100)]
     assert factors[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])  # 5 warm-up steps
     assert factors[5] == pytest.approx(1.0)
     assert factors[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 94 / 95)))
