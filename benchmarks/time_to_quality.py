@@ -2,9 +2,10 @@
 
 Every arm is one ``tensorslim train`` run with the defaults a user gets (the method's recipe: learning rate, warm-up,
 rank), on the same data (the built-in corpus and its held-out split), the same batches and the same number of tokens.
-An arm's folder under ``--runs`` is reused: a finished arm is read back, an interrupted one resumes from its last
-checkpoint (``tensorslim train --resume``), so the arms can run one at a time (``--arms dense``) and the report be
-written once all are there (``--report-only``).
+``ARM@LR`` (e.g. ``cola@3e-3``) is the same arm at another peak learning rate; its run has its own folder. An arm's
+folder under ``--runs`` is reused: a finished arm is read back, an interrupted one resumes from its last checkpoint
+(``tensorslim train --resume``), so the arms can run one at a time (``--arms dense``) and the report, which reads back
+every finished arm under ``--runs``, be written once all are there (``--report-only``).
 
 Wall time is the sum of the arm's train-step times (forward, backward and optimizer, as ``metrics.jsonl`` records them
 through ``tokens_per_s``); validation passes and checkpoints are left out, so every arm pays the same for them. The
@@ -15,13 +16,14 @@ each arm is recorded beside its figures.
 Where other jobs shared the machine while the arms trained, their recorded step times are not comparable. With
 ``--step-repeats N`` the report instead times every reported arm's train step side by side in one process (its model
 and optimizer as ``tensorslim train`` builds them, one warm-up step, then ``N`` steps per arm, arms taking turns, as
-``vocab_step.py`` does) and puts each evaluation at ``step × median step time``: the curves and the time to dense's
-loss then rest on one side-by-side measurement taken when the machine is quiet.
+``vocab_step.py`` does; arms that differ only in learning rate share one timing) and puts each evaluation at
+``step × median step time``: the curves and the time to dense's loss then rest on one side-by-side measurement taken
+when the machine is quiet.
 
 Usage::
 
     python benchmarks/time_to_quality.py --preset tiny --steps 200 --out benchmarks/results
-    python benchmarks/time_to_quality.py --preset 60m --steps 300 --batch-size 4 --seq-len 256 --arms dense,cola
+    python benchmarks/time_to_quality.py --preset 60m --steps 300 --batch-size 4 --seq-len 256 --arms dense,cola@3e-3
     python benchmarks/time_to_quality.py --preset 60m --steps 300 --batch-size 4 --seq-len 256 --report-only \
         --step-repeats 10
 """
@@ -31,12 +33,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import shlex
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +51,19 @@ from tensorslim.methods.recipes import recipe_for  # noqa: E402
 
 @dataclass(frozen=True)
 class Arm:
-    """One training run: a method, optionally with the factored vocabulary and AdamW's moments in bf16."""
+    """One training run: a method, optionally with the factored vocabulary, AdamW's moments in bf16 and a peak
+    learning rate other than the recipe's (``lr``; None: the recipe's)."""
 
     name: str
     method: str
     factor_vocab: bool = False
     optimizer_state: str = "fp32"
+    lr: float | None = None
+
+    @property
+    def step_kind(self) -> tuple[str, bool, str]:
+        """What its train step computes: arms that differ only in learning rate step alike."""
+        return self.method, self.factor_vocab, self.optimizer_state
 
 
 ARMS = {
@@ -70,6 +80,37 @@ ARMS = {
 }
 
 
+def parse_arm(spec: str) -> Arm:
+    """``NAME`` or ``NAME@LR`` (a peak learning rate > 0) as an :class:`Arm` named ``spec``; ValueError otherwise."""
+    name, at, lr_text = spec.partition("@")
+    if name not in ARMS:
+        raise ValueError(f"arm {spec!r} is unknown; allowed: one of {', '.join(ARMS)}, optionally @LR (e.g. cola@3e-3)")
+    if not at:
+        return ARMS[name]
+    try:
+        lr = float(lr_text)
+    except ValueError:
+        lr = math.nan
+    if not 0 < lr < math.inf:
+        raise ValueError(f"arm {spec!r} has an invalid learning rate {lr_text!r}; allowed: a number > 0 (cola@3e-3)")
+    return replace(ARMS[name], name=spec, lr=lr)
+
+
+def finished_arms(runs: Path) -> list[Arm]:
+    """Every finished arm under ``runs`` (a folder named ``NAME`` or ``NAME@LR`` with a summary), in the order of
+    :data:`ARMS`, each method's recipe run first and then by falling learning rate."""
+    found = []
+    for run_dir in runs.iterdir() if runs.is_dir() else ():
+        try:
+            arm = parse_arm(run_dir.name)
+        except ValueError:
+            continue
+        if (run_dir / "summary.json").exists():
+            found.append(arm)
+    order = list(ARMS)
+    return sorted(found, key=lambda arm: (order.index(arm.name.partition("@")[0]), -(arm.lr or math.inf)))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny", help="LLaMA preset (default: tiny)")
@@ -84,7 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vocab-rank", type=int, default=None, help="rank of the factored vocabulary (default: the CoLA rank)"
     )
     parser.add_argument(
-        "--arms", default=",".join(ARMS), help=f"comma-separated arms to run (default: all of {', '.join(ARMS)})"
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated arms to run, each NAME or NAME@LR to override the recipe's peak learning rate "
+        f"(default: all of {', '.join(ARMS)})",
     )
     parser.add_argument("--runs", default=None, help="folder of the arms' runs (default: runs/ttq-<preset>)")
     parser.add_argument("--out", default="benchmarks/results", help="where the dated result files go")
@@ -98,9 +142,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "0, the step times recorded while training)",
     )
     args = parser.parse_args(argv)
-    unknown = [name for name in args.arms.split(",") if name not in ARMS]
-    if unknown:
-        parser.error(f"--arms {unknown[0]!r} is unknown; allowed: {', '.join(ARMS)}")
+    try:
+        args.arm_list = [parse_arm(spec) for spec in args.arms.split(",")]
+    except ValueError as error:
+        parser.error(f"--arms: {error}")
     if args.step_repeats < 0:
         parser.error(f"--step-repeats {args.step_repeats} is invalid; allowed: an integer >= 0")
     for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_blocks"):
@@ -119,6 +164,8 @@ def train_command(arm: Arm, args: argparse.Namespace, run_dir: Path, *, resume: 
     command += ["--eval-every", str(args.eval_every), "--eval-blocks", str(args.eval_blocks)]
     command += ["--checkpoint-every", str(args.eval_every), "--out-dir", str(run_dir), "--no-progress"]
     command += ["--no-tensorboard", "--device", args.device, "--dtype", args.dtype]
+    if arm.lr is not None:
+        command += ["--lr", repr(arm.lr)]
     if arm.factor_vocab:
         command += ["--factor-vocab", str(vocab_rank(args))]
     if arm.optimizer_state != "fp32":
@@ -140,6 +187,11 @@ def run_arm(arm: Arm, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]
     info = {"command": shlex.join(["python", *command[1:]]), "load_before": before, "load_after": os.getloadavg()}
     (run_dir / "arm.json").write_text(json.dumps(info) + "\n")
     return info
+
+
+def peak_lr(run_dir: Path) -> float:
+    """The highest learning rate the run's steps used, as ``metrics.jsonl`` records them."""
+    return max(json.loads(line)["lr"] for line in (run_dir / "metrics.jsonl").read_text().splitlines())
 
 
 def evaluations(run_dir: Path, tokens_per_step: int) -> list[dict[str, float]]:
@@ -168,9 +220,10 @@ def reach(points: list[dict[str, float]], target: float) -> dict[str, float] | N
     return None
 
 
-def step_seconds(names: list[str], args: argparse.Namespace) -> dict[str, float]:
-    """The median train-step seconds of each arm in ``names``, timed side by side in this process: one warm-up step,
-    then ``args.step_repeats`` steps per arm, arms taking turns so that the machine's noise hits them alike."""
+def step_seconds(arms: list[Arm], args: argparse.Namespace) -> dict[str, float]:
+    """The median train-step seconds of each of ``arms`` by name, timed side by side in this process: one warm-up
+    step, then ``args.step_repeats`` steps per kind of step, kinds taking turns so that the machine's noise hits them
+    alike; arms that differ only in learning rate share their kind's timing."""
     import torch
     from vocab_step import Arm as Stepped
     from vocab_step import Model
@@ -180,42 +233,42 @@ def step_seconds(names: list[str], args: argparse.Namespace) -> dict[str, float]
 
     dtype = resolve_dtype(args.dtype, args.device)[0]
     stepped = {}
-    for name in names:
-        arm = ARMS[name]
-        rank = vocab_rank(args) if arm.factor_vocab else 0
-        model = Model(args.preset, arm.method, rank, args.seq_len, args.device, optimizer_state=arm.optimizer_state)
-        stepped[name] = Stepped(model, dtype)
+    for arm in arms:
+        if arm.step_kind not in stepped:
+            rank = vocab_rank(args) if arm.factor_vocab else 0
+            model = Model(args.preset, arm.method, rank, args.seq_len, args.device, optimizer_state=arm.optimizer_state)
+            stepped[arm.step_kind] = Stepped(model, dtype)
     config = BenchConfig(preset=args.preset, task="lm", batch_size=args.batch_size, seq_len=args.seq_len)
     batch = synthetic_batch(config).to(torch.device(args.device))
     for index in range(1 + args.step_repeats):
-        for arm in stepped.values():
-            arm.step(batch, timed=index >= 1)
-    return {name: statistics.median(arm.times) for name, arm in stepped.items()}
+        for kind in stepped.values():
+            kind.step(batch, timed=index >= 1)
+    return {arm.name: statistics.median(stepped[arm.step_kind].times) for arm in arms}
 
 
 def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
     tokens_per_step = args.batch_size * args.seq_len
     arms: dict[str, Any] = {}
-    for name, arm in ARMS.items():
-        run_dir = runs / name
-        if not (run_dir / "summary.json").exists():
-            continue
+    found = finished_arms(runs)
+    for arm in found:
+        run_dir = runs / arm.name
         summary = json.loads((run_dir / "summary.json").read_text())
         points = evaluations(run_dir, tokens_per_step)
-        arms[name] = {
+        arms[arm.name] = {
             "method": arm.method,
             "factor_vocab": vocab_rank(args) if arm.factor_vocab else 0,
             "optimizer_state": arm.optimizer_state,
+            "peak_lr": peak_lr(run_dir),
             "params": summary["params_total"],
             "flops_per_token": summary["flops_per_token"],
             "final_val_loss": points[-1]["val_loss"],
             "train_seconds": points[-1]["seconds"],
             "median_tokens_per_s": summary["tokens_per_s"],
             "evaluations": points,
-            **infos.get(name, {}),
+            **infos.get(arm.name, {}),
         }
     if args.step_repeats:
-        for name, seconds in step_seconds(list(arms), args).items():
+        for name, seconds in step_seconds(found, args).items():
             arm = arms[name]
             arm["recorded_train_seconds"], arm["step_seconds"] = arm["train_seconds"], seconds
             for point in arm["evaluations"]:
@@ -264,7 +317,8 @@ def notes(result: dict[str, Any]) -> list[str]:
         "each arm's load average before and after it is in the JSON",
         f"data: {config['data']}; {config['tokens_per_arm']:,} tokens per arm; validation on {config['eval_blocks']} "
         f"held-out sequences every {config['eval_every']} steps",
-        f"device: {config['device']}, --dtype {config['dtype']}; every other setting the method's default",
+        f"device: {config['device']}, --dtype {config['dtype']}; every other setting the method's default, except the "
+        "peak learning rate of an arm named NAME@LR",
         (
             f"wall time: steps × each arm's median train step, timed side by side ({config['step_repeats']} steps per "
             "arm, arms taking turns; the step times recorded while training are in the JSON)"
@@ -284,7 +338,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
     for name, arm in result["arms"].items():
         reached = arm.get("to_dense_loss")
         rows.append(
-            [name, f"{arm['params']:,}", f"{arm['final_val_loss']:.4f}", f"{arm['train_seconds']:.1f}"]
+            [name, f"{arm['params']:,}", f"{arm['peak_lr']:.1e}", f"{arm['final_val_loss']:.4f}"]
+            + [f"{arm['train_seconds']:.1f}"]
             + [f"{arm.get('step_speedup_vs_dense', float('nan')):.2f}"]
             + (
                 [f"{reached['seconds']:.1f}", f"{reached['time_vs_dense']:.2f}", f"{reached['tokens']:,.0f}"]
@@ -292,7 +347,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
                 else ["not reached", "—", "—"]
             )
         )
-    columns = ["arm", "params", "final val loss", "train time (s)", "step speed × dense", "time to dense's loss (s)"]
+    columns = ["arm", "params", "peak lr", "final val loss", "train time (s)", "step speed × dense"]
+    columns.append("time to dense's loss (s)")
     return lines + table([*columns, "× dense time", "tokens to dense's loss"], rows)
 
 
@@ -328,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = Path(args.runs or f"runs/ttq-{args.preset}")
     infos = {}
     if not args.report_only:
-        for name in args.arms.split(","):
-            infos[name] = run_arm(ARMS[name], args, runs / name)
-    for name in ARMS:
-        if name not in infos and (runs / name / "arm.json").exists():
-            infos[name] = json.loads((runs / name / "arm.json").read_text())
+        for arm in args.arm_list:
+            infos[arm.name] = run_arm(arm, args, runs / arm.name)
+    for arm in finished_arms(runs):
+        if arm.name not in infos and (runs / arm.name / "arm.json").exists():
+            infos[arm.name] = json.loads((runs / arm.name / "arm.json").read_text())
     result = summarize(args, runs, infos)
     if not result["arms"]:
         print(f"no finished arm under {runs}", file=sys.stderr)

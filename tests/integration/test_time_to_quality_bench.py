@@ -1,6 +1,6 @@
-"""benchmarks/time_to_quality.py at CI size: two arms of two steps train through ``tensorslim train``, the report
-reads their run folders back (a finished arm is not trained again), and the time to the dense loss is interpolated
-between evaluations."""
+"""benchmarks/time_to_quality.py at CI size: two arms of two steps train through ``tensorslim train`` (one at its own
+learning rate), the report reads their run folders back (a finished arm is not trained again), and the time to the
+dense loss is interpolated between evaluations."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tensorslim.methods.recipes import recipe_for
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "time_to_quality.py"
 
@@ -35,23 +37,45 @@ def test_reach_interpolates_between_the_evaluations_that_straddle_the_target() -
     assert load().reach(points, 2.9) is None
 
 
+def test_arm_specs_name_an_arm_and_optionally_its_learning_rate(tmp_path: Path) -> None:
+    module = load()
+    arm = module.parse_arm("cola@3e-3")
+    assert (arm.name, arm.method, arm.lr) == ("cola@3e-3", "cola", 0.003)
+    assert arm.step_kind == module.ARMS["cola"].step_kind != module.ARMS["cola+vocab"].step_kind
+    assert module.parse_arm("cola+vocab") == module.ARMS["cola+vocab"] and module.ARMS["cola+vocab"].lr is None
+    for bad in ("nope", "nope@1e-3", "cola@", "cola@x", "cola@0", "cola@-1e-3", "cola@inf", "cola@nan"):
+        with pytest.raises(ValueError, match="cola@3e-3"):
+            module.parse_arm(bad)
+    # The report reads every finished arm: recipe runs first, then by falling learning rate; unfinished ones and
+    # folders that name no arm are left out.
+    for name in ("cola@2e-3", "dense", "cola+vocab@3e-3", "cola@1e-3", "notes", "cola", "cola@3e-3"):
+        (tmp_path / name).mkdir()
+        if name != "cola@1e-3":
+            (tmp_path / name / "summary.json").write_text("{}")
+    found = [arm.name for arm in module.finished_arms(tmp_path)]
+    assert found == ["dense", "cola", "cola@3e-3", "cola@2e-3", "cola+vocab@3e-3"]
+
+
 def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     module = load()
     argv = ["--steps", "2", "--batch-size", "2", "--seq-len", "16", "--eval-every", "1", "--eval-blocks", "2"]
-    argv += ["--arms", "dense,cola+vocab", "--runs", "runs", "--out", "out", "--vocab-rank", "8"]
+    argv += ["--arms", "dense,cola+vocab@2e-3", "--runs", "runs", "--out", "out", "--vocab-rank", "8"]
     assert module.main(argv) == 0
     (result_json,) = Path("out").glob("time_to_quality_tiny_*.json")
     result = json.loads(result_json.read_text())["result"]  # under the shared header's command and machine
-    assert set(result["arms"]) == {"dense", "cola+vocab"}
-    dense, vocab = result["arms"]["dense"], result["arms"]["cola+vocab"]
+    assert set(result["arms"]) == {"dense", "cola+vocab@2e-3"}
+    dense, vocab = result["arms"]["dense"], result["arms"]["cola+vocab@2e-3"]
     assert result["target"] == json.loads(Path("runs/dense/summary.json").read_text())["val_loss"]
     assert 0 < dense["to_dense_loss"]["time_vs_dense"] <= 1.0  # dense reaches its own final loss by its end
     assert [p["step"] for p in vocab["evaluations"]] == [1, 2]
     assert "--factor-vocab 8" in vocab["command"] and vocab["factor_vocab"] == 8
+    # Same schedule, another peak: the learning rates of every step stand in the ratio of the peaks.
+    assert "--lr 0.002" in vocab["command"] and "--lr" not in dense["command"]
+    assert vocab["peak_lr"] / dense["peak_lr"] == pytest.approx(2e-3 / recipe_for("tiny").lr)
     assert vocab["params"] < dense["params"]
     assert result_json.with_suffix(".png").stat().st_size > 0
-    assert "| cola+vocab |" in result_json.with_suffix(".md").read_text()
+    assert "| cola+vocab@2e-3 |" in result_json.with_suffix(".md").read_text()
     # A finished arm is read back, not trained again: its metrics stay as they were.
     metrics = Path("runs/dense/metrics.jsonl").read_text()
     assert module.main([*argv, "--arms", "dense"]) == 0
@@ -69,5 +93,7 @@ def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: py
     assert "timed side by side" in timed_json.with_suffix(".md").read_text()
     with pytest.raises(SystemExit):
         module.main(["--arms", "nope"])
+    with pytest.raises(SystemExit):
+        module.main(["--arms", "cola@fast"])
     with pytest.raises(SystemExit):
         module.main(["--step-repeats", "-1"])
