@@ -6,7 +6,7 @@ Variants (one LLaMA model, its fused AdamW and freed memory kept in the process,
 - ``autocast``: plain bf16 autocast (every forward casts the fp32 weights, backward casts their gradients back), what
   ``--dtype bf16`` trains with;
 - ``fp32+compile``, ``autocast+compile``: the same with the model's blocks compiled by TorchInductor, as
-  ``--compile`` does (``tensorslim.train.compile.compile_model``). A compiled variant needs its own process
+  ``--compile`` does (``tensorslim.train.execution.compile_model``). A compiled variant needs its own process
   (``--processes``), since compiling is in place; its first step (compilation included) is timed on the wall clock
   and reported apart from the steady steps.
 
@@ -46,9 +46,8 @@ from tensorslim.bench.timing import alternate
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss
 from tensorslim.train.allocator import keep_freed_memory
-from tensorslim.train.compile import compile_model
+from tensorslim.train.execution import autocast, compile_model
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import autocast
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 PHASES = ("forward", "backward", "optimizer")

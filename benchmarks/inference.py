@@ -36,7 +36,7 @@ from tensorslim.books import count_params
 from tensorslim.methods import build_for_method
 from tensorslim.models.registry import model_config
 from tensorslim.quant.kernels import kernel_dtype
-from tensorslim.train.precision import autocast, cpu_flags, resolve_dtype
+from tensorslim.train.execution import autocast, cpu_flags, resolve_dtype
 
 METHODS = ("dense", "cola", "svd", "comera", "w8", "w4", "w4-float-cache", "cola+w4")
 # wall: what a user sees (all threads); cpu: this process's CPU time, which a shared machine disturbs less (with

@@ -31,8 +31,8 @@ from tensorslim.bench.timing import alternate
 from tensorslim.methods import build_for_method
 from tensorslim.tasks.lm import causal_lm_loss, next_token_targets
 from tensorslim.train.allocator import keep_freed_memory
+from tensorslim.train.execution import autocast
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import autocast
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 

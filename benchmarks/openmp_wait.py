@@ -58,8 +58,8 @@ def child(workload: str, seconds: float, warmup: int) -> dict[str, float]:
     from tensorslim.methods import build_for_method
     from tensorslim.tasks.lm import causal_lm_loss
     from tensorslim.train.allocator import keep_freed_memory
+    from tensorslim.train.execution import autocast
     from tensorslim.train.optim import build_optimizer
-    from tensorslim.train.precision import autocast
 
     preset, method, dtype, batch_size, seq_len = WORKLOADS[workload]
     keep_freed_memory()  # as training and `tensorslim bench` do

@@ -24,8 +24,8 @@ from tensorslim.methods import build_for_method
 from tensorslim.models.registry import get_model
 from tensorslim.tasks.lm import causal_lm_loss
 from tensorslim.train.allocator import keep_freed_memory
+from tensorslim.train.execution import autocast
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import autocast
 
 FAMILIES = {
     # oneDNN's linear (mkldnn::_linear_pointwise) runs the TT layers' token-parallel GEMMs.

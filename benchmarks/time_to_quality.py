@@ -229,7 +229,7 @@ def step_seconds(arms: list[Arm], args: argparse.Namespace) -> dict[str, float]:
     from vocab_step import Model
 
     from tensorslim.bench.harness import BenchConfig, synthetic_batch
-    from tensorslim.train.precision import resolve_dtype
+    from tensorslim.train.execution import resolve_dtype
 
     dtype = resolve_dtype(args.dtype, args.device)[0]
     stepped = {}

@@ -26,8 +26,8 @@ from tensorslim.books import count_params
 from tensorslim.methods import build_for_method, get_method
 from tensorslim.methods.recipes import galore_rank, recipe_for
 from tensorslim.tasks import get_task
+from tensorslim.train.execution import autocast, resolve_dtype
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import autocast, resolve_dtype
 
 GRAD_CLIP = 0.5  # TrainConfig.grad_clip's default
 

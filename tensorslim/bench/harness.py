@@ -9,7 +9,7 @@ PNG chart.
 By default it measures what a user sees: wall-clock time with torch's threads (all the machine's cores). One-thread
 process CPU time (``--threads 1 --timer cpu``) stays available as a diagnostic that a shared machine disturbs less.
 Each method can be measured in several precisions (``--dtype fp32,bf16`` or ``auto``, see
-:mod:`tensorslim.train.precision`) and, with ``--compile``, both eager and compiled (:mod:`tensorslim.train.compile`);
+:mod:`tensorslim.train.execution`) and, with ``--compile``, both eager and compiled;
 every variant is compared with dense in the same variant.
 """
 
@@ -40,11 +40,10 @@ from tensorslim.tasks import get_task
 from tensorslim.tasks.base import to_device
 from tensorslim.tasks.mlm import mask_tokens
 from tensorslim.train.allocator import keep_freed_memory
-from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import check_preset
+from tensorslim.train.execution import DTYPES, autocast, compile_model, compile_seconds, resolve_dtype
 from tensorslim.train.memory import count_saved_tensors, training_memory
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import DTYPES, autocast, resolve_dtype
 
 BENCH_TASKS = ("lm", "mlm", "classify")
 

@@ -16,8 +16,8 @@ from tensorslim.methods.recipes import galore_rank, recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
 from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
+from tensorslim.train.execution import DTYPES
 from tensorslim.train.optim import STATE_DTYPES
-from tensorslim.train.precision import DTYPES
 from tensorslim.train.schedule import LRSchedule
 
 # Seeds go to torch generators (64-bit) as ``seed + epoch`` and ``seed + 1``: below 2**63 they never overflow.

@@ -43,13 +43,11 @@ from tensorslim.tasks import get_task
 from tensorslim.tasks.base import Task, TaskData, to_device
 from tensorslim.train import run_folder
 from tensorslim.train.allocator import keep_freed_memory
-from tensorslim.train.compile import compile_model, compile_seconds
 from tensorslim.train.config import TrainConfig
-from tensorslim.train.cuda_graph import GraphedStep
+from tensorslim.train.execution import GraphedStep, autocast, compile_model, compile_seconds, resolve_dtype
 from tensorslim.train.memory import MemoryBreakdown, count_saved_tensors, training_memory
 from tensorslim.train.metrics import MetricsLog, plot_loss_curve, strict_json
 from tensorslim.train.optim import build_optimizer
-from tensorslim.train.precision import autocast, resolve_dtype
 from tensorslim.train.run_model import save_run_model
 
 
@@ -163,7 +161,7 @@ class Trainer:
             ``"skip"`` drops that step's update, counts it (``skipped_steps``) and goes on.
         layout: where the processes are (default: :func:`tensorslim.distributed.layout.parallel_layout`).
         cuda_graphs: capture the whole step (forward, loss, backward, clipping, AdamW) in a CUDA graph and replay it
-            (:class:`tensorslim.train.cuda_graph.GraphedStep`; CoMERA, arXiv 2405.14377, §4): one process,
+            (:class:`tensorslim.train.execution.GraphedStep`; CoMERA, arXiv 2405.14377, §4): one process,
             ``device='cuda'``, ``grad_accum=1``, a method without a training hook, AdamW.
         static_step: run that same static-shape step eagerly, without capture (what ``cuda_graphs`` runs, on any
             device). A non-finite step is found after its update in both modes, so ``on_nonfinite`` must be

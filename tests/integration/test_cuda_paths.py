@@ -23,8 +23,7 @@ from tensorslim.methods.vocab import factor_vocabulary_
 from tensorslim.models.llama import LlamaConfig, LlamaForCausalLM
 from tensorslim.tasks.lm import lm_loss
 from tensorslim.train.config import TrainConfig
-from tensorslim.train.cuda_graph import GraphedStep
-from tensorslim.train.precision import autocast
+from tensorslim.train.execution import GraphedStep, autocast
 from tensorslim.train.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

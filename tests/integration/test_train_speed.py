@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from tensorslim.train import trainer as trainer_module
-from tensorslim.train.compile import compile_model
 from tensorslim.train.config import TrainConfig
-from tensorslim.train.precision import PrecisionProbe, resolve_dtype
+from tensorslim.train.execution import PrecisionProbe, compile_model, resolve_dtype
 from tensorslim.train.trainer import train
 from tests.helpers import train_until_interrupted
 

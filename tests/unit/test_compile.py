@@ -1,4 +1,4 @@
-"""Regional ``torch.compile`` (:mod:`tensorslim.train.compile`) computes what the eager model computes.
+"""Regional ``torch.compile`` (:mod:`tensorslim.train.execution`) computes what the eager model computes.
 
 The tests compile with the ``aot_eager`` backend: Dynamo and AOTAutograd trace forward and backward exactly as for
 TorchInductor, but no C++ is generated and built, which takes minutes on a loaded 2-core CI machine. The benchmarks
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tensorslim.layers.lowrank import LowRankLinear
-from tensorslim.train.compile import compile_model, compile_seconds, repeated_blocks
+from tensorslim.train.execution import compile_model, compile_seconds, repeated_blocks
 
 
 class _Stack(nn.Module):

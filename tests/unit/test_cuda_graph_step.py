@@ -20,7 +20,7 @@ from tensorslim.methods.comera import CoMERAConfig, CoMERAObjective, build_optim
 from tensorslim.methods.comera.static import GateFreeze, stage_loss, static_lookups
 from tensorslim.models.bert import BertConfig, BertForMaskedLM, get_bert_preset
 from tensorslim.tasks.mlm import mask_tokens, mlm_loss, padded_vocab
-from tensorslim.train.cuda_graph import GraphedStep
+from tensorslim.train.execution import GraphedStep
 
 EXACT = {"rtol": 0.0, "atol": 0.0}
 # Ops that read a device value on the host (.item(), float(), bool(), .tolist() reach _local_scalar_dense) or whose

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tensorslim.train.precision import PrecisionProbe, autocast, cpu_flags, probe_bf16, resolve_dtype
+from tensorslim.train.execution import PrecisionProbe, autocast, cpu_flags, probe_bf16, resolve_dtype
 
 
 def _probe(native: bool):

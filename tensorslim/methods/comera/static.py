@@ -2,7 +2,7 @@
 without host syncs, and TTM lookups with data-independent shapes.
 
 CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377, §4) captures its whole training step in a CUDA graph (official
-``MNLI_trainer.py`` L434-668); :class:`tensorslim.train.cuda_graph.GraphedStep` is that step, and these are what a
+``MNLI_trainer.py`` L434-668); :class:`tensorslim.train.execution.GraphedStep` is that step, and these are what a
 CoMERA step needs inside it.
 """
 

@@ -1,4 +1,35 @@
-"""A static-shape training step that a CUDA graph can capture, and that runs the same way eagerly on CPU.
+"""How a training step executes: in which precision, compiled or eager, captured in a CUDA graph or not.
+
+These are the step's three speed settings, each a field of the run's config (``dtype``, ``compile``,
+``cuda_graphs``) and a flag of ``tensorslim train``.
+
+**Precision**: ``fp32``, ``bf16`` autocast, or ``auto`` (bf16 only where the hardware has it).
+
+bf16 autocast keeps fp32 master weights, gradients and optimizer state; matmuls run in bf16 and the reductions
+autocast lists as fp32 ops (softmax, log-softmax/cross-entropy, norms) stay in fp32 (the mixed-precision recipe of
+Micikevicius et al., 2018, arXiv 1710.03740, §3, with bf16 instead of fp16 so that no loss scaling is needed).
+
+On a CPU, bf16 pays only with native instructions (AVX-512 BF16 or AMX): elsewhere PyTorch emulates it and a bf16
+matmul is several times *slower* than fp32. ``auto`` therefore decides from what the device declares, never from a
+timing (a timing on a shared machine flips from one run to the next): on a CPU, bf16 exactly when its feature flags
+name native bf16 (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``); on CUDA, when
+``torch.cuda.is_bf16_supported()``. The same machine always gets the same answer, and the run's summary records
+what was found and why.
+
+**Compilation** (``torch.compile``, for training and benchmarking): the model's repeated blocks compiled in place.
+
+Regional compilation (PyTorch's recipe for transformers): every block of a stack of identical blocks (an
+``nn.ModuleList`` of modules of one class) is compiled with ``nn.Module.compile``; the blocks share their code, so
+TorchInductor compiles one graph and reuses it for all of them, which makes compiling a 24-layer model cost about what
+one layer costs. A model without such a stack is compiled whole. ``nn.Module.compile`` compiles the module's call
+without wrapping it, so parameter names, ``state_dict`` keys and checkpoints stay those of the eager model; the
+optimizer (already one fused kernel on CPU and CUDA) stays eager.
+
+Compilation happens at the first call and again when what a graph was traced for changes (train → eval, a new batch
+shape), so its time shows up in those steps: :func:`compile_seconds` separates it from the steady step time.
+
+**CUDA graphs**: a static-shape training step that a CUDA graph can capture, and that runs the same way eagerly on
+CPU.
 
 CoMERA (Yang et al., NeurIPS 2024, arXiv 2405.14377) reports its per-epoch speed-up with the whole training step
 captured in a CUDA graph, "eliminating significant runtime overhead from numerous small GPU kernels" (the tiny TT
@@ -19,12 +50,130 @@ step (warm-up and restore included) runs eagerly, so the bookkeeping is tested w
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from tensorslim._checks import require_int
+
+DTYPES = ("fp32", "bf16", "auto")
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@dataclass(frozen=True)
+class PrecisionProbe:
+    """What ``auto`` found about the device (read from what it declares; nothing is timed).
+
+    Attributes:
+        device: ``cpu`` or ``cuda``.
+        capability: ``torch.backends.cpu.get_cpu_capability()`` (CPU) or the CUDA device name.
+        native_flags: the CPU flags that name native bf16 (empty where none, or not Linux).
+        bf16_native: the verdict: the device computes bf16 natively.
+    """
+
+    device: str
+    capability: str
+    native_flags: tuple[str, ...]
+    bf16_native: bool
+
+    @property
+    def reason(self) -> str:
+        """One line naming what was found, e.g. ``"CPU AVX512 with native bf16 (avx512_bf16)"``."""
+        if self.device == "cuda":
+            return f"{self.capability} {'supports' if self.bf16_native else 'does not support'} bf16"
+        if self.bf16_native:
+            return f"CPU {self.capability} with native bf16 ({', '.join(self.native_flags)})"
+        return f"CPU {self.capability} without native bf16 (no {' or '.join(NATIVE_BF16_FLAGS)} flag)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "native_flags": list(self.native_flags), "reason": self.reason}
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU feature flags of the first core (empty where ``/proc/cpuinfo`` does not exist)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def probe_bf16(device: torch.device | str = "cpu", *, flags: frozenset[str] | None = None) -> PrecisionProbe:
+    """Whether ``device`` computes bf16 natively: its CPU flags (``flags``, default ``/proc/cpuinfo``'s) or, on CUDA,
+    ``torch.cuda.is_bf16_supported()``. Deterministic: the same machine always gets the same verdict."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        supported = torch.cuda.is_bf16_supported()
+        return PrecisionProbe(
+            device="cuda", capability=torch.cuda.get_device_name(device), native_flags=(), bf16_native=supported
+        )
+    native = tuple(sorted(set(NATIVE_BF16_FLAGS) & (cpu_flags() if flags is None else flags)))
+    return PrecisionProbe(
+        device="cpu",
+        capability=torch.backends.cpu.get_cpu_capability(),
+        native_flags=native,
+        bf16_native=bool(native),
+    )
+
+
+def resolve_dtype(
+    requested: str, device: torch.device | str, *, probe: Callable[[torch.device], PrecisionProbe] = probe_bf16
+) -> tuple[str, PrecisionProbe | None]:
+    """The precision a run uses (``fp32`` or ``bf16``) and, for ``auto``, the probe that chose it.
+
+    ``probe`` is injectable so that the choice can be tested without depending on the machine.
+    """
+    if requested not in DTYPES:
+        raise ValueError(f"dtype={requested!r} is invalid; allowed: {list(DTYPES)}")
+    if requested != "auto":
+        return requested, None
+    found = probe(torch.device(device))
+    return ("bf16" if found.bf16_native else "fp32"), found
+
+
+def autocast(dtype: str, device: torch.device | str) -> Any:
+    """The autocast context of a resolved precision (a no-op context for fp32)."""
+    if dtype == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of every ``nn.ModuleList`` in ``model`` that holds two or more modules, all of one class."""
+    blocks = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
+            blocks.extend(module)
+    return blocks
+
+
+def compile_model(model: nn.Module, *, backend: str = "inductor") -> nn.Module:
+    """``model`` with its repeated blocks (else itself) compiled in place; the same module object is returned.
+
+    ``backend`` is ``torch.compile``'s: TorchInductor generates fused kernels; ``aot_eager`` traces forward and
+    backward the same way but runs them with eager kernels (no code generation: for quick checks of the tracing).
+    """
+    for block in repeated_blocks(model) or [model]:
+        block.compile(backend=backend)
+    return model
+
+
+def compile_seconds(step_times: list[float]) -> float:
+    """Time the first step spent beyond a steady one (the median of the others): compilation and lazy set-up.
+
+    ``step_times`` are one run's step times in order; with fewer than two there is no steady step to compare, and
+    the first step's whole time is returned.
+    """
+    if len(step_times) < 2:
+        return sum(step_times)
+    return max(0.0, step_times[0] - statistics.median(step_times[1:]))
+
 
 Batch = torch.Tensor | tuple[torch.Tensor, ...]
 StepLoss = Callable[[nn.Module, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
