@@ -188,15 +188,15 @@ models:
   unet-deep-in unet-deep with instance norm (as nnU-Net and MONAI's BasicUNet use) [segment]
 
 tasks:
-  mlm        masked language modelling (BERT) on packed text
-  classify   sequence classification (built-in data: bbcnews, bbcnews-titles; 5 topics)
-  distill    layer-wise distillation from the model's own pretrained weights (QAT-TT, arXiv 2306.01076)
-  lm         causal language modelling on packed text (default data: the Python standard library's source)
-  longctx    causal LM on stdlib code and BBC News with multi-key needles (for tensorslim longeval)
-  lookahead  look-ahead classification: [CLS]'s label is a cue word up to --max-distance tokens after it
-  readlm     causal LM pre-training that reads each document with a reader (--reader, random access: skips)
+  mlm        Masked language modelling (BERT) on packed text
+  classify   Sequence classification (built-in data: bbcnews, bbcnews-titles; 5 topics)
+  distill    Layer-wise distillation from the model's own pretrained weights (QAT-TT, arXiv 2306.01076)
+  lm         Causal language modelling on packed text (default data: the Python standard library's source)
+  longctx    Causal LM on stdlib code and BBC News with multi-key needles (for tensorslim longeval)
+  lookahead  Look-ahead classification: [CLS]'s label is a cue word up to --max-distance tokens after it
+  readlm     Causal LM pre-training that reads each document with a reader (--reader, random access: skips)
   longqa     QA over long synthetic documents (facts in BBC text), read window by window with a reader (--reader)
-  segment    binary segmentation from image / global binary mask (built-in data: brain, heart; arXiv 2205.09107)
+  segment    Binary segmentation from image / global binary mask (built-in data: brain, heart; arXiv 2205.09107)
 
 options:
   -h, --help                    show this help message and exit

@@ -61,8 +61,9 @@ class NoTaskOptions:
 class Task(ABC):
     """One kind of training, built once per run from its options.
 
-    Subclasses set :attr:`name`, :attr:`help` and (if they take any) :attr:`options`, a frozen dataclass whose
-    fields become ``tensorslim train`` flags, and implement the three abstract methods.
+    Subclasses set :attr:`name` and (if they take any) :attr:`options`, a frozen dataclass whose fields become
+    ``tensorslim train`` flags, and implement the three abstract methods. :attr:`help`, the line ``tensorslim train
+    -h`` lists, is the summary of the subclass's docstring unless it sets one (see :func:`register_task`).
     """
 
     name: ClassVar[str]
@@ -129,6 +130,15 @@ def model_tokenizer(model_name: str) -> str | None:
     return None if folder is None else str(folder())
 
 
+def bbc_tokenizer(config: Any, *, model_name: str) -> Any:
+    """The tokenizer of a run on BBC News text: ``config.tokenizer``, else ``model_name``'s own, else a byte-level BPE
+    of ``config.vocab_size`` (default 4096) trained on the BBC News training split."""
+    from tensorslim.data import load_corpus, load_tokenizer
+
+    own = config.tokenizer or model_tokenizer(model_name)
+    return load_tokenizer(own, load_corpus("bbcnews"), vocab_size=config.vocab_size or 4096)
+
+
 def special_id(tokenizer: Any, token: str) -> int | None:
     """The id of ``token`` (e.g. ``"[MASK]"``) in a tokenizer that has it, else None."""
     backend = tokenizer.backend
@@ -142,7 +152,16 @@ TASKS: dict[str, type[Task]] = {}
 
 
 def register_task(task: type[Task]) -> type[Task]:
-    """Add the task class ``task`` to :data:`TASKS` under its name (usable as a class decorator)."""
+    """Add the task class ``task`` to :data:`TASKS` under its name (usable as a class decorator).
+
+    A task that sets no :attr:`Task.help` of its own gets the first paragraph of its docstring, without the final
+    period, so that its listing and its API reference say the same.
+    """
+    if "help" not in vars(task):
+        summary = " ".join((task.__doc__ or "").strip().split("\n\n")[0].split()).removesuffix(".")
+        if not summary:
+            raise TypeError(f"task class {task.__name__} has neither a docstring nor a help line; give it one")
+        task.help = summary
     return register_once(TASKS, task, what="task")
 
 

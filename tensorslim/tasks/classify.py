@@ -23,7 +23,7 @@ from torch import nn
 
 from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
-from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, model_tokenizer, register_task, special_id
+from tensorslim.tasks.base import Autocast, Task, TaskData, bbc_tokenizer, logits_of, register_task, special_id
 from tensorslim.tasks.mlm import padded_vocab
 
 DATASETS = ("bbcnews", "bbcnews-titles")
@@ -87,12 +87,13 @@ def encode(texts: list[str], labels: list[int], tokenizer: Any, *, seq_len: int)
 
 @register_task
 class Classification(Task):
+    """Sequence classification (built-in data: bbcnews, bbcnews-titles; 5 topics)."""
+
     name = "classify"
-    help = "sequence classification (built-in data: bbcnews, bbcnews-titles; 5 topics)"
     options = ClassifyOptions
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
-        from tensorslim.data import BatchStream, load_corpus, load_tokenizer, low_resource_split
+        from tensorslim.data import BatchStream, low_resource_split
 
         if config.data not in DATASETS:
             raise ValueError(f"data={config.data!r} has no labels for task 'classify'; allowed: {list(DATASETS)}")
@@ -104,8 +105,7 @@ class Classification(Task):
             )
         else:
             dev_idx = []
-        own = config.tokenizer or model_tokenizer(model_name)
-        tokenizer = load_tokenizer(own, load_corpus("bbcnews"), vocab_size=config.vocab_size or 4096)
+        tokenizer = bbc_tokenizer(config, model_name=model_name)
         rows, pad_id, vocab = encode(texts, labels, tokenizer, seq_len=config.seq_len)
         stream = BatchStream(rows[torch.tensor(train_idx)], batch_size=config.batch_size, seed=config.seed)
         test = rows[torch.tensor(test_idx)]

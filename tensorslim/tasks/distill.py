@@ -82,8 +82,9 @@ def _forward(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Any:
 
 @register_task
 class Distillation(Task):
+    """Layer-wise distillation from the model's own pretrained weights (QAT-TT, arXiv 2306.01076)."""
+
     name = "distill"
-    help = "layer-wise distillation from the model's own pretrained weights (QAT-TT, arXiv 2306.01076)"
     options = DistillOptions
     model_task = "embed"
 

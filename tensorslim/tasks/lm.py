@@ -86,8 +86,9 @@ def lm_loss(model: nn.Module, input_ids: torch.Tensor, *, reduction: str = "mean
 
 @register_task
 class CausalLM(Task):
+    """Causal language modelling on packed text (default data: the Python standard library's source)."""
+
     name = "lm"
-    help = "causal language modelling on packed text (default data: the Python standard library's source)"
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream, build_lm_data

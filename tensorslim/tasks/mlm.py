@@ -85,8 +85,9 @@ def _capturing() -> bool:
 
 @register_task
 class MaskedLM(Task):
+    """Masked language modelling (BERT) on packed text."""
+
     name = "mlm"
-    help = "masked language modelling (BERT) on packed text"
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream, build_lm_data

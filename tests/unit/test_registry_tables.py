@@ -39,3 +39,31 @@ def test_a_registry_finds_its_entries_refuses_unknown_names_and_second_registrat
     assert entries == dict(getattr(module, table)) and list(entries).count(known) == 1
     del entries[known]
     assert register(entry) is entry and get(known) is entry
+
+
+def test_a_task_lists_its_docstring_summary_unless_it_sets_a_help_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tasks, "TASKS", {})
+
+    class Wrapped(tasks.Task):
+        """A summary that wraps
+        onto a second line.
+
+        Details that the listing leaves out.
+        """
+
+        name = "wrapped"
+
+    class Explicit(tasks.Task):
+        """The API reference's words."""
+
+        name = "explicit"
+        help = "the listing's own words"
+
+    class Bare(tasks.Task):
+        name = "bare"
+
+    assert tasks.register_task(Wrapped).help == "A summary that wraps onto a second line"
+    assert tasks.register_task(Explicit).help == "the listing's own words"
+    with pytest.raises(TypeError, match=r"^task class Bare has neither a docstring nor a help line"):
+        tasks.register_task(Bare)
+    assert list(tasks.TASKS) == ["wrapped", "explicit"] and "help" not in vars(Bare)

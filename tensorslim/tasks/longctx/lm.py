@@ -66,8 +66,9 @@ def weighted_lm_loss(logits: torch.Tensor, ids: torch.Tensor, key_ids: torch.Ten
 
 @register_task
 class LongContextLM(Task):
+    """Causal LM on stdlib code and BBC News with multi-key needles (for tensorslim longeval)."""
+
     name = "longctx"
-    help = "causal LM on stdlib code and BBC News with multi-key needles (for tensorslim longeval)"
     options = LongContextOptions
     model_task = "lm"
 

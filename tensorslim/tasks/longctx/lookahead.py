@@ -19,7 +19,7 @@ import torch
 
 from tensorslim._checks import check_fields, require_int
 from tensorslim.options import option
-from tensorslim.tasks.base import TaskData, model_tokenizer, register_task
+from tensorslim.tasks.base import TaskData, bbc_tokenizer, register_task
 from tensorslim.tasks.classify import Classification, ExampleStream, _special_ids
 
 CUES = (" false", " true")
@@ -67,16 +67,16 @@ def lookahead_rows(
 
 @register_task
 class LookAhead(Classification):
+    """Look-ahead classification: [CLS]'s label is a cue word up to --max-distance tokens after it."""
+
     name = "lookahead"
-    help = "look-ahead classification: [CLS]'s label is a cue word up to --max-distance tokens after it"
     options = LookaheadOptions
     model_task = "classify"
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
-        from tensorslim.data import BatchStream, load_corpus, load_tokenizer
+        from tensorslim.data import BatchStream
 
-        own = config.tokenizer or model_tokenizer(model_name)
-        tokenizer = load_tokenizer(own, load_corpus("bbcnews"), vocab_size=config.vocab_size or 4096)
+        tokenizer = bbc_tokenizer(config, model_name=model_name)
         settings = self.settings
         (rows, vocab), (held_out, _) = (
             lookahead_rows(

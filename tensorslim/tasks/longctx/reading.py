@@ -31,7 +31,16 @@ from torch import nn
 from tensorslim._checks import require_int
 from tensorslim.data.longctx import Reader, ReaderConfig, ReadingLog, ReadingStream, Span, pool_losses
 from tensorslim.options import option
-from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches, model_tokenizer, register_task
+from tensorslim.tasks.base import (
+    Autocast,
+    Task,
+    TaskData,
+    bbc_tokenizer,
+    logits_of,
+    mean_over_batches,
+    model_tokenizer,
+    register_task,
+)
 
 
 class _ReadingTask(Task):
@@ -82,8 +91,9 @@ def _lm_windows(docs: Sequence[np.ndarray], spans: Sequence[Span], *, window: in
 
 @register_task
 class ReadLM(_ReadingTask):
+    """Causal LM pre-training that reads each document with a reader (--reader, random access: skips)."""
+
     name = "readlm"
-    help = "causal LM pre-training that reads each document with a reader (--reader, random access: skips)"
     options = ReadLMOptions
 
     def _reading_data(self, config: Any, *, model_name: str) -> TaskData:
@@ -397,7 +407,6 @@ def answer_documents(
 
 def build_qa_set(config: Any, options: LongQAOptions, *, model_name: str, validation_docs: int) -> Any:
     """The :class:`tensorslim.data.longctx.qa.LongQASet` of a run (BPE trained on BBC News unless ``--tokenizer``)."""
-    from tensorslim.data import load_corpus, load_tokenizer
     from tensorslim.data.longctx.qa import LongQASpec, build_longqa
 
     spec = LongQASpec(
@@ -411,15 +420,15 @@ def build_qa_set(config: Any, options: LongQAOptions, *, model_name: str, valida
         distractors=options.distractors,
         seed=config.seed,
     )
-    own = config.tokenizer or model_tokenizer(model_name)
-    tokenizer = load_tokenizer(own, load_corpus("bbcnews"), vocab_size=config.vocab_size or 4096)
+    tokenizer = bbc_tokenizer(config, model_name=model_name)
     return build_longqa(spec, tokenizer)
 
 
 @register_task
 class LongQA(_ReadingTask):
+    """QA over long synthetic documents (facts in BBC text), read window by window with a reader (--reader)."""
+
     name = "longqa"
-    help = "QA over long synthetic documents (facts in BBC text), read window by window with a reader (--reader)"
     options = LongQAOptions
 
     def _reading_data(self, config: Any, *, model_name: str) -> TaskData:

@@ -239,8 +239,9 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[nn.Module, di
 
 @register_task
 class Segmentation(Task):
+    """Binary segmentation from image / global binary mask (built-in data: brain, heart; arXiv 2205.09107)."""
+
     name = "segment"
-    help = "binary segmentation from image / global binary mask (built-in data: brain, heart; arXiv 2205.09107)"
     options = SegmentOptions
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
