@@ -11,6 +11,7 @@ from tensorslim.models.registry import (
     model_config,
     model_names,
     register_model,
+    register_presets,
     resolve_task,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "model_config",
     "model_names",
     "register_model",
+    "register_presets",
     "resolve_task",
     "unet",
 ]

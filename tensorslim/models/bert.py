@@ -23,7 +23,7 @@ from torch import nn
 from tensorslim._checks import check_fields, require_int
 from tensorslim.functional.dropout import Dropout, attention
 from tensorslim.models.projections import linear_many
-from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
+from tensorslim.models.registry import ModelFamily, register_presets
 
 # How the classifier summarizes the sequence: CoMERA / BERT take the first ([CLS]) token; "mean" (our addition)
 # averages the unmasked tokens, which learns topic classification from scratch on a small corpus much sooner.
@@ -245,9 +245,8 @@ def _build(config: BertConfig, *, task: str) -> nn.Module:
 # The MLM decoder and the classifier's last layer (d × n_classes) stay dense by default; ``fc1`` (d × d) is a block.
 BERT = ModelFamily(name="bert", tasks=("mlm", "classify"), build=_build, head_names=("lm_head", "classifier.fc2"))
 _HELP = {
-    "bert6": "CoMERA's six-encoder BERT (arXiv 2405.14377): 768-d, 12 heads, vocab 30522",
-    "bert-small": "BERT 192-d, 2 layers, vocab 4097, mean pooling (CPU-sized)",
     "bert-tiny": "BERT 96-d, 2 layers, vocab 1000, mean pooling (tests)",
+    "bert-small": "BERT 192-d, 2 layers, vocab 4097, mean pooling (CPU-sized)",
+    "bert6": "CoMERA's six-encoder BERT (arXiv 2405.14377): 768-d, 12 heads, vocab 30522",
 }
-for _name in ("bert-tiny", "bert-small", "bert6"):
-    register_model(ModelPreset(name=_name, family=BERT, config=BERT_PRESETS[_name], help=_HELP[_name]))
+register_presets(BERT, BERT_PRESETS, _HELP)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorslim._checks import check_fields, require_int
-from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
+from tensorslim.models.registry import ModelFamily, register_presets
 
 # Hugging Face Conv1D weights, stored (in, out): the projections inside the blocks.
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -190,19 +190,12 @@ def _build(config: GPT2Config, *, task: str) -> GPT2ForCausalLM:
 
 
 GPT2 = ModelFamily(name="gpt2", tasks=("lm",), build=_build, head_names=("lm_head",))
-register_model(
-    ModelPreset(
-        name="gpt2-tiny",
-        family=GPT2,
-        config=GPT2Config(d_model=128, n_layers=2, n_heads=4, d_ff=512, vocab_size=4096, max_seq_len=256),
-        help="GPT-2 128-d, 2 layers, vocab 4096 (CPU-sized, tests)",
-    )
-)
-register_model(
-    ModelPreset(
-        name="gpt2-small",
-        family=GPT2,
-        config=GPT2Config(d_model=768, n_layers=12, n_heads=12, d_ff=3072),
-        help="GPT-2 small (124M): 768-d, 12 layers, 12 heads, vocab 50257, context 1024",
-    )
-)
+GPT2_PRESETS: dict[str, GPT2Config] = {
+    "gpt2-tiny": GPT2Config(d_model=128, n_layers=2, n_heads=4, d_ff=512, vocab_size=4096, max_seq_len=256),
+    "gpt2-small": GPT2Config(d_model=768, n_layers=12, n_heads=12, d_ff=3072),
+}
+_HELP = {
+    "gpt2-tiny": "GPT-2 128-d, 2 layers, vocab 4096 (CPU-sized, tests)",
+    "gpt2-small": "GPT-2 small (124M): 768-d, 12 layers, 12 heads, vocab 50257, context 1024",
+}
+register_presets(GPT2, GPT2_PRESETS, _HELP)

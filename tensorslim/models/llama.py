@@ -18,7 +18,7 @@ from torch import nn
 from tensorslim._checks import check_fields, require_int
 from tensorslim.functional.attention import causal_attention
 from tensorslim.models.projections import linear_many
-from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
+from tensorslim.models.registry import ModelFamily, register_presets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,5 +282,4 @@ _HELP = {
     "1b": "LLaMA 1B (GaLore/CoLA): 2048-d, 24 layers, 32 heads",
     "7b": "LLaMA 7B (GaLore/CoLA): 4096-d, 32 layers, 32 heads, context 2048",
 }
-for _name, _config in CONFIGS.items():
-    register_model(ModelPreset(name=_name, family=LLAMA, config=_config, help=_HELP[_name]))
+register_presets(LLAMA, CONFIGS, _HELP)

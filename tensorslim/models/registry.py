@@ -5,14 +5,14 @@ tasks it has heads for; a :class:`ModelPreset` is a named shape of a family (``t
 and, for a pretrained model, where its weights and tokenizer lie on disk. Presets hold shapes only: the learning
 rates and ranks that papers pair with a size are method recipes (:mod:`tensorslim.methods`).
 
-Each family module registers its presets with :func:`register_model`; importing :mod:`tensorslim.models` registers
-them all. This module imports none of them.
+Each family module registers its presets with :func:`register_model`, or a table of them with
+:func:`register_presets`; importing :mod:`tensorslim.models` registers them all. This module imports none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,16 @@ MODELS: dict[str, ModelPreset] = {}
 def register_model(preset: ModelPreset) -> ModelPreset:
     """Add ``preset`` to :data:`MODELS`; a name may be registered once."""
     return register_once(MODELS, preset, what="model")
+
+
+def register_presets(family: ModelFamily, configs: Mapping[str, Any], helps: Mapping[str, str]) -> None:
+    """Register a preset of ``family`` for each name of ``helps``, in its order: ``configs[name]`` is its shape and
+    ``helps[name]`` its listing line. Every name is checked before any is registered."""
+    missing = [name for name in helps if name not in configs]
+    if missing:
+        raise ValueError(f"presets {missing} of family {family.name!r} have no config; allowed: {list(configs)}")
+    for name, help in helps.items():
+        register_model(ModelPreset(name=name, family=family, config=configs[name], help=help))
 
 
 def get_model(name: str) -> ModelPreset:

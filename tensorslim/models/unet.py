@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from tensorslim._checks import check_fields
-from tensorslim.models.registry import ModelFamily, ModelPreset, register_model
+from tensorslim.models.registry import ModelFamily, register_presets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,36 +115,16 @@ def _build(config: UNetConfig, *, task: str) -> nn.Module:
 
 
 UNET = ModelFamily(name="unet", tasks=("segment",), build=_build, head_names=("head",))
-
-register_model(
-    ModelPreset(
-        name="unet",
-        family=UNET,
-        config=UNetConfig(),
-        help="2-D U-Net, 4 levels of 16-128 channels (segmentation, arXiv 2205.09107)",
-    )
-)
-register_model(
-    ModelPreset(
-        name="unet-small",
-        family=UNET,
-        config=UNetConfig(channels=(8, 16, 32, 64)),
-        help="2-D U-Net, 4 levels of 8-64 channels (CPU-sized segmentation)",
-    )
-)
-register_model(
-    ModelPreset(
-        name="unet-deep",
-        family=UNET,
-        config=UNetConfig(channels=(8, 16, 32, 64, 128)),
-        help="2-D U-Net, 5 levels of 8-128 channels (nnU-Net's depth at 96 x 96: pooled down to 6 x 6)",
-    )
-)
-register_model(
-    ModelPreset(
-        name="unet-deep-in",
-        family=UNET,
-        config=UNetConfig(channels=(8, 16, 32, 64, 128), norm="instance"),
-        help="unet-deep with instance norm (as nnU-Net and MONAI's BasicUNet use)",
-    )
-)
+UNET_PRESETS: dict[str, UNetConfig] = {
+    "unet": UNetConfig(),
+    "unet-small": UNetConfig(channels=(8, 16, 32, 64)),
+    "unet-deep": UNetConfig(channels=(8, 16, 32, 64, 128)),
+    "unet-deep-in": UNetConfig(channels=(8, 16, 32, 64, 128), norm="instance"),
+}
+_HELP = {
+    "unet": "2-D U-Net, 4 levels of 16-128 channels (segmentation, arXiv 2205.09107)",
+    "unet-small": "2-D U-Net, 4 levels of 8-64 channels (CPU-sized segmentation)",
+    "unet-deep": "2-D U-Net, 5 levels of 8-128 channels (nnU-Net's depth at 96 x 96: pooled down to 6 x 6)",
+    "unet-deep-in": "unet-deep with instance norm (as nnU-Net and MONAI's BasicUNet use)",
+}
+register_presets(UNET, UNET_PRESETS, _HELP)

@@ -22,6 +22,7 @@ from tensorslim.models import (
     model_config,
     model_names,
     register_model,
+    register_presets,
 )
 from tensorslim.models.bert import BERT_PRESETS
 from tensorslim.models.llama import CONFIGS, LlamaConfig
@@ -143,6 +144,20 @@ def test_register_rejects_duplicates_and_bad_families(monkeypatch: pytest.Monkey
         ModelFamily(name="x", tasks=("translate",), build=lambda config, *, task: nn.Identity())
     with pytest.raises(ValueError, match="family 'llama' cannot load any"):
         ModelPreset(name="x", family=get_model("tiny").family, config=None, help="x", weights_folder=Path)
+
+
+def test_a_preset_table_registers_in_its_listing_order_or_not_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    family = get_model("tiny").family
+    monkeypatch.setattr(registry, "MODELS", {})
+    configs = {"a": CONFIGS["tiny"], "b": CONFIGS["60m"]}
+    with pytest.raises(ValueError, match=r"^presets \['c'\] of family 'llama' have no config; allowed: \['a', 'b'\]$"):
+        register_presets(family, configs, {"b": "second", "c": "third"})
+    assert registry.MODELS == {}
+    register_presets(family, configs, {"b": "listed first", "a": "listed second"})
+    assert [(name, p.config, p.help, p.family) for name, p in registry.MODELS.items()] == [
+        ("b", CONFIGS["60m"], "listed first", family),
+        ("a", CONFIGS["tiny"], "listed second", family),
+    ]
 
 
 def test_meta_builds_never_read_pretrained_weights(monkeypatch: pytest.MonkeyPatch) -> None:
