@@ -24,10 +24,10 @@ from _results import table, write
 from tensorslim.bench.harness import BenchConfig, synthetic_batch
 from tensorslim.books import count_params
 from tensorslim.methods import build_for_method, get_method
-from tensorslim.methods.recipes import galore_rank, recipe_for
+from tensorslim.methods.recipes import recipe_for
 from tensorslim.tasks import get_task
 from tensorslim.train.execution import autocast, resolve_dtype
-from tensorslim.train.optim import build_optimizer
+from tensorslim.train.optim import build_optimizer, galore_projection_rank
 
 GRAD_CLIP = 0.5  # TrainConfig.grad_clip's default
 
@@ -44,7 +44,8 @@ class Model:
         self.model, _, _ = build_for_method(
             preset, method, task="lm", max_seq_len=seq_len, factor_vocab=vocab_rank, device=device
         )
-        rank = galore_rank(preset) if get_method(method).optimizer == "galore" else None
+        galore = get_method(method).optimizer == "galore"
+        rank = galore_projection_rank(recipe_for(preset).cola_rank) if galore else None
         self.optimizer = build_optimizer(
             self.model, lr=1e-4, weight_decay=0.0, galore_rank=rank, state_dtype=optimizer_state
         )

@@ -33,7 +33,7 @@ import torch
 from tensorslim._checks import check_fields, require_int
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.methods import build_for_method, get_method
-from tensorslim.methods.recipes import galore_rank
+from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import model_config, resolve_task
 from tensorslim.options import option
 from tensorslim.tasks import get_task
@@ -43,7 +43,7 @@ from tensorslim.train.allocator import keep_freed_memory
 from tensorslim.train.config import check_preset
 from tensorslim.train.execution import DTYPES, autocast, compile_model, compile_seconds, resolve_dtype
 from tensorslim.train.memory import count_saved_tensors, training_memory
-from tensorslim.train.optim import build_optimizer
+from tensorslim.train.optim import build_optimizer, galore_projection_rank
 
 BENCH_TASKS = ("lm", "mlm", "classify")
 
@@ -121,7 +121,8 @@ class _Arm:
         self.model, _, _ = build_for_method(
             config.preset, method, task=config.task, options=options, device=config.device, max_seq_len=config.seq_len
         )
-        rank = galore_rank(config.preset, config.rank) if get_method(method).optimizer == "galore" else None
+        galore = get_method(method).optimizer == "galore"
+        rank = galore_projection_rank(recipe_for(config.preset).cola_rank, rank=config.rank) if galore else None
         self.optimizer = build_optimizer(self.model, lr=1e-4, weight_decay=0.0, galore_rank=rank)
         if compiled:
             compile_model(self.model)

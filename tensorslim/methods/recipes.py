@@ -43,9 +43,3 @@ RECIPES: dict[str, Recipe] = {
 def recipe_for(model_name: str) -> Recipe:
     """The recipe of ``model_name``, or :data:`DEFAULT_RECIPE` for models the papers do not size."""
     return RECIPES.get(model_name, DEFAULT_RECIPE)
-
-
-def galore_rank(model_name: str, rank: int | None = None) -> int:
-    """GaLore's projection rank for ``model_name``: ``rank`` when given, else the model's CoLA rank (the papers pair
-    the two at each size), else 128."""
-    return rank or recipe_for(model_name).cola_rank or 128

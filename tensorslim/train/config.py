@@ -12,12 +12,12 @@ from tensorslim._checks import check_fields, require_int
 from tensorslim.distributed.layout import ParallelSetup
 from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
-from tensorslim.methods.recipes import galore_rank, recipe_for
+from tensorslim.methods.recipes import recipe_for
 from tensorslim.models.registry import MODELS, get_model, resolve_task
 from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
 from tensorslim.train.execution import DTYPES
-from tensorslim.train.optim import STATE_DTYPES
+from tensorslim.train.optim import STATE_DTYPES, galore_projection_rank
 from tensorslim.train.schedule import LRSchedule
 
 # Seeds go to torch generators (64-bit) as ``seed + epoch`` and ``seed + 1``: below 2**63 they never overflow.
@@ -129,6 +129,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_fields(self)  # types first: a bool, a text or a non-finite number is named before any range check
         check_preset(self.preset)
+        # The preset's recipe, looked up once: the learning rate, warm-up and GaLore rank defaults below read it.
+        object.__setattr__(self, "_recipe", recipe_for(self.preset))
         get_method(self.method)
         if self.init and self.init_base:
             raise ValueError(
@@ -222,7 +224,7 @@ class TrainConfig:
         settings = {"lr": self.peak_lr(), "weight_decay": self.weight_decay, "state_dtype": self.optimizer_state}
         if get_method(self.method).optimizer == "galore":
             settings.update(
-                galore_rank=galore_rank(self.preset, self.options.rank),
+                galore_rank=galore_projection_rank(self._recipe.cola_rank, rank=self.options.rank),
                 galore_update_proj_gap=self.options.update_proj_gap,
                 galore_scale=self.options.scale,
             )
@@ -238,10 +240,10 @@ class TrainConfig:
 
     def peak_lr(self) -> float:
         """The given lr, else the method's own (GaLore: 0.01), else the model's recipe (CoLA's lr per size)."""
-        return self.lr or get_method(self.method).lr or recipe_for(self.preset).lr
+        return self.lr or get_method(self.method).lr or self._recipe.lr
 
     def warmup(self) -> float:
-        return self.warmup_fraction if self.warmup_fraction is not None else recipe_for(self.preset).warmup_fraction
+        return self.warmup_fraction if self.warmup_fraction is not None else self._recipe.warmup_fraction
 
     def lr_schedule(self) -> LRSchedule:
         """The run's learning rate: warm-up over :meth:`warmup` of the steps to :meth:`peak_lr`, then cosine down to

@@ -25,6 +25,12 @@ def galore_targets(model: nn.Module) -> list[nn.Parameter]:
     ]
 
 
+def galore_projection_rank(cola_rank: int | None, *, rank: int | None = None) -> int:
+    """GaLore's projection rank: ``rank`` when given, else the model's CoLA rank (``cola_rank`` of its
+    :class:`~tensorslim.methods.recipes.Recipe`: the papers pair the two at each size), else 128."""
+    return rank or cola_rank or 128
+
+
 def build_optimizer(
     model: nn.Module,
     *,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from tensorslim.methods.recipes import recipe_for
+from tensorslim.methods.recipes import DEFAULT_RECIPE, RECIPES, recipe_for
 from tensorslim.train.config import TrainConfig
+from tensorslim.train.optim import galore_projection_rank
 
 
 def test_galore_settings_come_from_the_method_options_and_the_recipe() -> None:
@@ -44,3 +47,17 @@ def test_lr_schedule_warms_up_over_the_recipe_share_then_decays_to_the_floor() -
     assert schedule.factor(0) == 1 / warmup and schedule.factor(warmup - 1) == 1.0
     assert schedule.factor(200) == pytest.approx(0.2)
     assert TrainConfig(steps=200, warmup_fraction=0.0).lr_schedule().factor(0) == 1.0
+
+
+def test_galore_rank_is_the_given_one_else_the_size_s_cola_rank_else_128() -> None:
+    # GaLore (arXiv 2403.03507, §5) and CoLA (arXiv 2502.10940, §4) use the same rank at each LLaMA size
+    assert galore_projection_rank(RECIPES["1b"].cola_rank) == 512
+    assert galore_projection_rank(RECIPES["1b"].cola_rank, rank=8) == 8
+    assert DEFAULT_RECIPE.cola_rank is None and galore_projection_rank(DEFAULT_RECIPE.cola_rank) == 128
+
+
+def test_a_replaced_preset_brings_its_own_recipe() -> None:
+    tiny = TrainConfig(method="galore", options={"update_proj_gap": 50})
+    bigger = dataclasses.replace(tiny, preset="1b", method="cola", options=None)
+    assert (bigger.peak_lr(), bigger.warmup()) == (RECIPES["1b"].lr, RECIPES["1b"].warmup_fraction)
+    assert dataclasses.replace(tiny, preset="1b").optimizer_settings()["galore_rank"] == RECIPES["1b"].cola_rank == 512
