@@ -218,7 +218,32 @@ def stream_neighbours(names: Iterable[str]) -> list[tuple[str, int, str, str | N
     return neighbours
 
 
-class LatentCrossing:
+class LatentStream:
+    """A layer whose latent is one stream of a :class:`LatentStore`: it publishes its latent for the same stream's
+    layer in the next block and reads the one of the block before (LaX layers, and LoRA adapters that cross).
+
+    The layer calls :meth:`_init_stream` in its ``__init__``; its ``join`` calls :meth:`_join_stream`.
+    """
+
+    def _init_stream(self) -> None:
+        self.stream: str | None = None
+        self._store: LatentStore | None = None
+
+    def _join_stream(self, store: LatentStore, stream: str) -> None:
+        self._store, self.stream = store, stream
+
+    def _previous_latent(self) -> torch.Tensor:
+        """The latent the same stream's layer in the block before published during this forward pass."""
+        return self._store.get(self.stream)
+
+    def _publish(self, latent: torch.Tensor) -> torch.Tensor:
+        """``latent``, published for the next block when the layer has joined a stream."""
+        if self._store is not None:
+            self._store.put(self.stream, latent)
+        return latent
+
+
+class LatentCrossing(LatentStream):
     """What every LaX layer adds to its factorization: the crossing ``σ(LN_r(z + G(h_prev)))`` of its latent ``z``
     (LaX §3), wired by :func:`attach_crossings` through a shared :class:`LatentStore`.
 
@@ -232,8 +257,7 @@ class LatentCrossing:
         self.crossing_kind, self.norm_eps = crossing, norm_eps
         self.crossing: nn.Module | None = None
         self.norm: nn.LayerNorm | None = None
-        self.stream: str | None = None
-        self._store: LatentStore | None = None
+        self._init_stream()
 
     @property
     def crosses(self) -> bool:
@@ -242,7 +266,7 @@ class LatentCrossing:
 
     def join(self, store: LatentStore, stream: str, *, cross: bool) -> None:
         """Publish this layer's latent to ``store`` under ``stream``; with ``cross`` also read the previous one."""
-        self._store, self.stream = store, stream
+        self._join_stream(store, stream)
         if cross and not self.crosses:
             factor = next(self.parameters())  # type: ignore[attr-defined]
             factory = {"device": factor.device, "dtype": factor.dtype}
@@ -252,11 +276,8 @@ class LatentCrossing:
     def _cross(self, latent: torch.Tensor) -> torch.Tensor:
         """``σ(LN(z + G(h_prev)))`` (or ``σ(z)`` in block 0), published for the next block. ``latent``: (..., r)."""
         if self.norm is not None:
-            latent = self.norm(latent + self.crossing(self._store.get(self.stream)))
-        latent = activation_fn(self.activation)(latent)
-        if self._store is not None:
-            self._store.put(self.stream, latent)
-        return latent
+            latent = self.norm(latent + self.crossing(self._previous_latent()))
+        return self._publish(activation_fn(self.activation)(latent))
 
 
 class LaXLinear(LatentCrossing, LowRankLinear):

@@ -31,6 +31,7 @@ from tensorslim.layers.lax import (
     CROSSINGS,
     KroneckerCrossing,
     LatentStore,
+    LatentStream,
     crossing_params,
     ensure_store,
     make_crossing,
@@ -82,7 +83,7 @@ def check_rank(name: str, rank: int, d_in: int, d_out: int) -> None:
         raise ValueError(f"rank={rank} does not fit {name} ({d_in} -> {d_out}); allowed: 1..{min(d_in, d_out)}")
 
 
-class LoRALinear(nn.Module):
+class LoRALinear(LatentStream, nn.Module):
     """A frozen ``nn.Linear`` (or CoLA/SVD layer) plus a trainable low-rank update, optionally crossing latents
     (LaX-LoRA).
 
@@ -104,8 +105,7 @@ class LoRALinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.gate: nn.Module | None = None
-        self.stream: str | None = None
-        self._store: LatentStore | None = None
+        self._init_stream()
 
     @property
     def crossing(self) -> bool:
@@ -113,17 +113,15 @@ class LoRALinear(nn.Module):
 
     def join(self, store: LatentStore, stream: str, *, gate: str | None) -> None:
         """Publish the adapter latent under ``stream``; with a ``gate`` also add the previous block's latent."""
-        self._store, self.stream = store, stream
+        self._join_stream(store, stream)
         if gate is not None:
             self.gate = make_crossing(gate, self.rank, device=self.lora_a.device, dtype=self.lora_a.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         latent = F.linear(self.dropout(x), self.lora_a)  # (..., r)
         if self.gate is not None:
-            latent = latent + self.gate(self._store.get(self.stream))
-        if self._store is not None:
-            self._store.put(self.stream, latent)
-        return self.base(x) + self.scaling * F.linear(latent, self.lora_b)  # (..., d_out)
+            latent = latent + self.gate(self._previous_latent())
+        return self.base(x) + self.scaling * F.linear(self._publish(latent), self.lora_b)  # (..., d_out)
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, scaling={self.scaling:g}, crossing={self.crossing}"
