@@ -91,6 +91,7 @@ class Classification(Task):
 
     name = "classify"
     options = ClassifyOptions
+    model_task = "classify"  # tasks built on this one (lookahead) train the same head
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream, low_resource_split

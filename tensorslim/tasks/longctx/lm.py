@@ -25,6 +25,8 @@ from tensorslim.tasks.lm import causal_lm_loss
 
 @dataclass(frozen=True, kw_only=True)
 class LongContextOptions:
+    """The needle documents among the training blocks: their share, facts, restatements and loss weight."""
+
     needles: float = option(0.5, "share of training blocks that are needle documents, in [0, 1] (at most 4,000)")
     needle_keys: int = option(8, "facts per training needle document (fewer if the block is short)")
     mentions: int = option(3, "times each fact is stated in a training needle document (>= 2: the later are recalls)")

@@ -27,6 +27,8 @@ CUES = (" false", " true")
 
 @dataclass(frozen=True, kw_only=True)
 class LookaheadOptions:
+    """How far after ``[CLS]`` the cue may lie, and how many training documents there are."""
+
     max_distance: int = option(32, "the cue lies 1..max_distance tokens after [CLS]")
     examples: int = option(2000, "training documents (validation: --eval-blocks documents)")
 
@@ -71,7 +73,6 @@ class LookAhead(Classification):
 
     name = "lookahead"
     options = LookaheadOptions
-    model_task = "classify"
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream
