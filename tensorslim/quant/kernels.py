@@ -107,14 +107,18 @@ def int4_scales_and_zeros(scale: torch.Tensor, zero: torch.Tensor, *, in_feature
     return table.to(dtype).unsqueeze(0).expand(k_pad // int4_group(k_pad), n_pad, 2).contiguous()
 
 
-def int4_mm(x: torch.Tensor, weight: torch.Tensor, table: torch.Tensor, *, out_features: int) -> torch.Tensor:
-    """``x Wᵀ`` for ``(M, K)`` ``x`` in ``table``'s dtype and the int4-packed ``W`` viewed as ``(N', K' / 2)``;
-    ``(M, N)`` in the same dtype. Pads and slices only where ``W``'s shape is off the kernel's blocks."""
+def int4_mm(
+    x: torch.Tensor, weight: torch.Tensor, table: torch.Tensor, *, out_features: int, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x Wᵀ (+ bias)`` for ``(M, K)`` ``x`` in ``table``'s dtype and the int4-packed ``W`` viewed as
+    ``(N', K' / 2)``: ``(M, N)`` in ``table``'s dtype, or in the promoted dtype of ``bias`` and ``table`` (fp32 for an
+    fp32 bias: the addition is the cast). Pads and slices only where ``W``'s shape is off the kernel's blocks."""
     k_pad = 2 * weight.shape[1]
     if x.shape[1] != k_pad:
         x = torch.nn.functional.pad(x, (0, k_pad - x.shape[1]))
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight, k_pad // table.shape[0], table)  # (M, N')
-    return y if y.shape[1] == out_features else y[:, :out_features]
+    y = y if y.shape[1] == out_features else y[:, :out_features]
+    return y if bias is None else torch.add(bias, y)
 
 
 def _int8_padded(in_features: int) -> int:
@@ -138,23 +142,34 @@ def int8_codes(weight: torch.Tensor, in_features: int) -> torch.Tensor:
     return weight[:, :in_features] ^ 0x80  # q − 128 in two's complement is q with its top bit flipped
 
 
-def int8_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
-    """``x Wᵀ`` for ``W = s · (q − center) + offset`` with ``weight`` from :func:`int8_weight`.
+def int8_mm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    *,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x Wᵀ (+ bias)`` for ``W = s · (q − center) + offset`` with ``weight`` from :func:`int8_weight`.
 
     Args:
         x: ``(M, K)`` activations (any float dtype: the kernel reads them in ``scale``'s dtype).
         weight: ``(N, K')`` ``int8`` view of ``q − center``.
         scale: ``(N,)`` in the kernel's activation dtype.
         offset: ``(1, N)`` fp32 ``s · (center − z)``, or None where ``center`` is the zero point.
+        bias: ``(N,)`` or None.
 
     Returns:
-        ``(M, N)``: fp32 where ``offset`` is added (the zero point's rank-one term ``(Σ_k x_k) · offset``, in fp32
-        from ``x`` as given), else in ``scale``'s dtype.
+        ``(M, N)``: fp32 where ``offset`` is added (the zero point's rank-one term ``(Σ_k x_k) · offset`` and the
+        bias in one ``addmm`` in fp32 from ``x`` as given, then the kernel's product added in place), else in
+        ``scale``'s dtype or the promoted dtype of ``bias`` and ``scale``.
     """
     low = x.to(scale.dtype)
     if low.shape[1] != weight.shape[1]:
         low = torch.nn.functional.pad(low, (0, weight.shape[1] - low.shape[1]))
     y = torch.ops.aten._weight_int8pack_mm(low, weight, scale)  # (M, N)
     if offset is None:
-        return y
-    return torch.addmm(y.float(), x.sum(dim=-1, keepdim=True, dtype=torch.float32), offset)
+        return y if bias is None else torch.add(bias, y)
+    row_sums = x.sum(dim=-1, keepdim=True, dtype=torch.float32)  # (M, 1)
+    rank_one = row_sums * offset if bias is None else torch.addmm(bias.float(), row_sums, offset)  # (M, N)
+    return rank_one.add_(y)

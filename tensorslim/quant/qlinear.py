@@ -29,6 +29,7 @@ they are small).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Iterable
 from typing import NamedTuple, TypeVar
@@ -61,12 +62,32 @@ class KernelOperands(NamedTuple):
 
 
 class _Source(NamedTuple):
-    """The buffers a derived tensor of a :class:`QuantLinear` came from: their identity and contents."""
+    """What a derived tensor of a :class:`QuantLinear` came from: the codes' storage, the buffers' dtypes, and
+    snapshots (:func:`_snapshot`) of the scales, the zero points and, where the derived tensor copies them, the
+    codes."""
 
-    identity: tuple
-    scale: torch.Tensor
-    zero: torch.Tensor
-    packed: torch.Tensor | None
+    packed_ptr: int
+    dtypes: tuple[torch.dtype, torch.dtype]
+    scale: bytes | torch.Tensor
+    zero: bytes | torch.Tensor
+    packed: bytes | torch.Tensor | None
+
+
+def _snapshot(tensor: torch.Tensor) -> bytes | torch.Tensor:
+    """A copy of ``tensor``'s values to compare with later: its raw bytes where it is a contiguous CPU tensor (read
+    and compared in a fraction of a microsecond for a layer's row scales, several times faster than ``torch.equal``),
+    else a clone."""
+    if tensor.is_cpu and tensor.is_contiguous():
+        return ctypes.string_at(tensor.data_ptr(), tensor.nbytes)
+    return tensor.detach().clone()
+
+
+def _unchanged(snapshot: bytes | torch.Tensor, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds the values :func:`_snapshot` recorded (the dtype is compared by the caller)."""
+    if type(snapshot) is bytes:
+        contiguous_cpu = tensor.is_cpu and tensor.is_contiguous()
+        return contiguous_cpu and ctypes.string_at(tensor.data_ptr(), tensor.nbytes) == snapshot
+    return snapshot.device == tensor.device and torch.equal(snapshot, tensor)
 
 
 def _kernel_layout(bits: int, device: torch.device) -> str:
@@ -159,29 +180,35 @@ class QuantLinear(nn.Module):
 
     # --- derived tensors -----------------------------------------------------------------------------------------
 
-    def _identity(self) -> tuple:
-        """The buffers' storage, in-place versions, dtype and device (read on every forward, so spelled out flat:
-        ``packed`` is always ``uint8`` and on the scales' device)."""
-        packed, scale, zero = self.packed, self.scale, self.zero
-        return (
-            packed.data_ptr(), packed._version, scale.data_ptr(), scale._version, scale.dtype, scale.device,
-            zero.data_ptr(), zero._version,
-        )  # fmt: skip
+    def _codes_and_grid(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``packed``, ``scale``, ``zero`` from the buffer table: read on every call, and several times faster than
+        ``nn.Module.__getattr__`` (through which they are read where one was made a parameter, to learn it)."""
+        buffers = self._buffers
+        try:
+            return buffers["packed"], buffers["scale"], buffers["zero"]
+        except KeyError:
+            return self.packed, self.scale, self.zero
 
     def _source(self, *, codes: bool) -> _Source:
-        """What a derived tensor comes from: the buffers' identity and copies of their contents (the codes only
-        where the derived tensor copies them): a write through ``.data`` changes neither storage nor version."""
-        packed = self.packed.detach().clone() if codes else None
-        return _Source(self._identity(), self.scale.detach().clone(), self.zero.detach().clone(), packed)
+        """What a derived tensor comes from: the codes' storage (a kernel layout's operand is a view of it), the
+        dtypes, and snapshots of the values (the codes only where the derived tensor copies them). Values are
+        compared rather than in-place version counters because a write through ``.data`` bumps no version."""
+        packed, scale, zero = self._codes_and_grid()
+        return _Source(
+            packed.data_ptr(), (scale.dtype, zero.dtype), _snapshot(scale), _snapshot(zero),
+            _snapshot(packed) if codes else None,
+        )  # fmt: skip
 
     def _is_source(self, source: _Source) -> bool:
-        """Whether the buffers still hold what ``source`` recorded (``d_out`` scales and zero points compared on
-        every call, cheap beside the matmul; the codes only for a derived copy of them)."""
+        """Whether the buffers still hold what ``source`` recorded: run on every call, so spelled out flat (two
+        byte-string comparisons of ``d_out`` scales and zero points; the codes only for a derived copy of them)."""
+        packed, scale, zero = self._codes_and_grid()
         return (
-            source.identity == self._identity()
-            and torch.equal(source.scale, self.scale)
-            and torch.equal(source.zero, self.zero)
-            and (source.packed is None or torch.equal(source.packed, self.packed))
+            packed.data_ptr() == source.packed_ptr
+            and (scale.dtype, zero.dtype) == source.dtypes
+            and _unchanged(source.scale, scale)
+            and _unchanged(source.zero, zero)
+            and (source.packed is None or _unchanged(source.packed, packed))
         )
 
     def dequantized_weight(self) -> torch.Tensor:
@@ -209,7 +236,7 @@ class QuantLinear(nn.Module):
             held += [t for t in (operands.table, operands.offset) if t is not None]
             held += [operands.weight] if operands.derived_weight else []
         held += [t for source in sources for t in (source.scale, source.zero, source.packed) if t is not None]
-        return sum(t.numel() * t.element_size() for t in held)
+        return sum(len(t) if type(t) is bytes else t.nbytes for t in held)  # tensors, and snapshots as bytes
 
     def _kernel_operands(self, dtype: torch.dtype) -> KernelOperands:
         """The kernel's operands for ``dtype`` activations, rebuilt when the buffers change."""
@@ -235,20 +262,21 @@ class QuantLinear(nn.Module):
         weight = self.packed.view(self.out_features, -1).view(torch.int8)
         return KernelOperands("int8", weight, scale.to(dtype), offset, False)
 
-    def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``x Wᵀ`` (no bias) on the packed kernel for ``(M, d_in)`` ``x``: ``(M, d_out)`` in the kernel's activation
-        dtype (fp32 where an 8-bit zero point's term is added). Chained layers (CoLA's ``A`` then ``B``) pass this
-        result on without converting it back and forth."""
+    def kernel_matmul(self, x: torch.Tensor, *, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x Wᵀ (+ bias)`` on the packed kernel for ``(M, d_in)`` ``x``: ``(M, d_out)`` in the kernel's activation
+        dtype, or fp32 where an 8-bit zero point's term or an fp32 bias is added (the addition is the cast). Chained
+        layers (CoLA's ``A`` then ``B``) pass this result on without converting it back and forth."""
         dtype = kernels.kernel_dtype(self.activations)
         operands = self._kernel_operands(dtype)
         if operands.kind == "int4":
-            return kernels.int4_mm(x.to(dtype), operands.weight, operands.table, out_features=self.out_features)
-        return kernels.int8_mm(x, operands.weight, operands.table, operands.offset)
+            return kernels.int4_mm(
+                x.to(dtype), operands.weight, operands.table, out_features=self.out_features, bias=bias
+            )
+        return kernels.int8_mm(x, operands.weight, operands.table, operands.offset, bias=bias)
 
     def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.kernel_matmul(x.reshape(-1, self.in_features)).to(self.scale.dtype)  # (M, d_out)
-        y = y.view(*x.shape[:-1], self.out_features)
-        return y + self.bias if self.bias is not None else y
+        y = self.kernel_matmul(x.reshape(-1, self.in_features), bias=self.bias).to(self.scale.dtype)  # (M, d_out)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def _uses_kernel(self, x: torch.Tensor) -> bool:
         """The kernels serve inference on CPU in fp32/bf16; gradients and other dtypes take the float weight."""
@@ -469,8 +497,8 @@ class QuantLowRankLinear(nn.Module):
         # both factors on the kernels: σ(A x) stays in the kernels' activation dtype between them (bf16 rounds the
         # product once, where B's kernel would round its input anyway)
         hidden = sigma(self.a.kernel_matmul(x.reshape(-1, self.in_features)))  # (M, r)
-        y = self.b.kernel_matmul(hidden).to(self.b.scale.dtype).view(*x.shape[:-1], self.out_features)
-        return y + self.bias if self.bias is not None else y
+        y = self.b.kernel_matmul(hidden, bias=self.bias).to(self.b.scale.dtype)  # (M, d_out)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def storage_bytes(self) -> int:
         """Bytes of both factors' packed codes, scales and zero points, and the bias."""

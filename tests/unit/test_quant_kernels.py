@@ -151,3 +151,28 @@ def test_derived_tensors_follow_every_change_of_the_buffers(change, cache: bool)
     reference, _ = _reference(layer, x)
     assert not torch.allclose(after, before)
     torch.testing.assert_close(after.double(), reference, rtol=1e-4, atol=1e-4)
+
+
+def _scale_strided(layer: QuantLinear) -> None:
+    layer.scale.data = torch.cat([layer.scale.data, layer.scale.data], dim=1)[:, :1]  # same values, column stride 2
+    assert not layer.scale.is_contiguous()
+
+
+def _scale_as_parameter(layer: QuantLinear) -> None:
+    layer.scale = nn.Parameter(layer.scale.detach().clone(), requires_grad=False)  # as scale-learning methods hold it
+
+
+@pytest.mark.parametrize("hold", [_scale_strided, _scale_as_parameter])
+@pytest.mark.parametrize("cache", [True, False])
+def test_in_place_writes_reach_the_forward_whatever_holds_the_scales(hold, cache: bool) -> None:
+    layer = _layer(4, 64, 48)
+    layer.cache_weight, layer.activations = cache, "float32"
+    x = torch.randn(3, 64)
+    hold(layer)
+    with torch.no_grad():
+        before = layer(x)  # builds the float copy or the kernel operands from the scales as now held
+        torch.testing.assert_close(before.double(), _reference(layer, x)[0], rtol=1e-4, atol=1e-4)
+        layer.scale.data.mul_(2)
+        after = layer(x)
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after.double(), _reference(layer, x)[0], rtol=1e-4, atol=1e-4)
