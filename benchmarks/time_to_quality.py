@@ -10,7 +10,8 @@ every finished arm under ``--runs``, be written once all are there (``--report-o
 Wall time is the sum of the arm's train-step times (forward, backward and optimizer, as ``metrics.jsonl`` records them
 through ``tokens_per_s``); validation passes and checkpoints are left out, so every arm pays the same for them. The
 time an arm needs to reach the dense run's final validation loss is interpolated linearly between the two evaluations
-that straddle it. Arms run one after the other on a machine others may be loading: the load average before and after
+that straddle it; a dense run at another learning rate (``dense@LR``) is a second target, reported in a table of its
+own. Arms run one after the other on a machine others may be loading: the load average before and after
 each arm is recorded beside its figures.
 
 Where other jobs shared the machine while the arms trained, their recorded step times are not comparable. With
@@ -220,6 +221,17 @@ def reach(points: list[dict[str, float]], target: float) -> dict[str, float] | N
     return None
 
 
+def time_to_loss(arm: dict[str, Any], dense: dict[str, Any], tokens_per_arm: int) -> dict[str, float] | None:
+    """Seconds and tokens ``arm`` needs to reach the ``dense`` run's final loss, also as shares of dense's time and of
+    the tokens of a run; None if it never does."""
+    reached = reach(arm["evaluations"], dense["final_val_loss"])
+    return reached and {
+        **reached,
+        "time_vs_dense": reached["seconds"] / dense["train_seconds"],
+        "tokens_vs_dense": reached["tokens"] / tokens_per_arm,
+    }
+
+
 def step_seconds(arms: list[Arm], args: argparse.Namespace) -> dict[str, float]:
     """The median train-step seconds of each of ``arms`` by name, timed side by side in this process: one warm-up
     step, then ``args.step_repeats`` steps per kind of step, kinds taking turns so that the machine's noise hits them
@@ -276,15 +288,14 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             arm["train_seconds"] = args.steps * seconds
     dense = arms.get("dense")
     if dense is not None:
-        target = dense["final_val_loss"]
         for arm in arms.values():
-            reached = reach(arm["evaluations"], target)
-            arm["to_dense_loss"] = reached and {
-                **reached,
-                "time_vs_dense": reached["seconds"] / dense["train_seconds"],
-                "tokens_vs_dense": reached["tokens"] / (args.steps * tokens_per_step),
-            }
+            arm["to_dense_loss"] = time_to_loss(arm, dense, args.steps * tokens_per_step)
             arm["step_speedup_vs_dense"] = dense["train_seconds"] / arm["train_seconds"]
+    # A dense run at another learning rate is a second target: its final loss, reached in what share of its time.
+    other_targets = {name: arm["final_val_loss"] for name, arm in arms.items() if name.startswith("dense@")}
+    for name in other_targets:
+        for arm in arms.values():
+            arm.setdefault("to_loss_of", {})[name] = time_to_loss(arm, arms[name], args.steps * tokens_per_step)
     return {
         "config": {
             "preset": args.preset,
@@ -300,6 +311,7 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             "data": "stdlib (built-in corpus), held-out split",
         },
         "target": dense and dense["final_val_loss"],
+        "other_targets": other_targets,
         "arms": arms,
     }
 
@@ -329,7 +341,8 @@ def notes(result: dict[str, Any]) -> list[str]:
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
-    """The target and the table: every arm's final loss, time and the time and tokens it needs to reach dense's."""
+    """The target and the table: every arm's final loss, time and the time and tokens it needs to reach dense's;
+    one more table per dense run at another learning rate, with the time and tokens to reach its loss."""
     lines = []
     target = result["target"]
     if target is not None:
@@ -349,7 +362,21 @@ def markdown(result: dict[str, Any]) -> list[str]:
         )
     columns = ["arm", "params", "peak lr", "final val loss", "train time (s)", "step speed × dense"]
     columns.append("time to dense's loss (s)")
-    return lines + table([*columns, "× dense time", "tokens to dense's loss"], rows)
+    lines += table([*columns, "× dense time", "tokens to dense's loss"], rows)
+    for target_name, target in result.get("other_targets", {}).items():
+        lines += ["", f"Target: the {target_name} run's final validation loss, **{target:.4f}**.", ""]
+        rows = []
+        for name, arm in result["arms"].items():
+            reached = arm["to_loss_of"][target_name]
+            cells = (
+                [f"{reached['seconds']:.1f}", f"{reached['time_vs_dense']:.2f}", f"{reached['tokens']:,.0f}"]
+                if reached
+                else ["not reached", "—", "—"]
+            )
+            rows.append([name, *cells])
+        columns = [f"time to {target_name}'s loss (s)", f"× {target_name}'s time", f"tokens to {target_name}'s loss"]
+        lines += table(["arm", *columns], rows)
+    return lines
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -365,8 +392,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         by_time.plot([p["seconds"] for p in points], losses, marker=".", label=name)
         by_tokens.plot([p["tokens"] for p in points], losses, marker=".", label=name)
     for axis in (by_time, by_tokens):
-        if result["target"] is not None:
-            axis.axhline(result["target"], color="grey", linestyle=":", linewidth=1)
+        for target in [result["target"], *result.get("other_targets", {}).values()]:
+            if target is not None:
+                axis.axhline(target, color="grey", linestyle=":", linewidth=1)
         axis.grid(alpha=0.3)
     by_time.set_xlabel("train-step wall time (s)")
     by_tokens.set_xlabel("tokens")

@@ -97,3 +97,36 @@ def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: py
         module.main(["--arms", "cola@fast"])
     with pytest.raises(SystemExit):
         module.main(["--step-repeats", "-1"])
+
+
+def fake_run(run_dir: Path, *, seconds_per_step: float, lr: float, val_losses: dict[int, float]) -> None:
+    """A finished run folder as ``tensorslim train`` leaves it: one metrics line per step (batch 2 × 4 tokens)."""
+    run_dir.mkdir(parents=True)
+    lines = [
+        {"step": step, "lr": lr, "tokens": 8 * step, "tokens_per_s": 8 / seconds_per_step}
+        | {"val_loss": val_losses.get(step)}
+        for step in range(1, 5)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (run_dir / "summary.json").write_text(json.dumps({"params_total": 10, "flops_per_token": 1.0, "tokens_per_s": 1.0}))
+
+
+def test_a_dense_run_at_another_learning_rate_is_a_second_target(tmp_path: Path) -> None:
+    module = load()
+    fake_run(tmp_path / "dense", seconds_per_step=2.0, lr=6e-3, val_losses={2: 6.0, 4: 5.0})
+    fake_run(tmp_path / "dense@2e-3", seconds_per_step=2.0, lr=2e-3, val_losses={2: 5.5, 4: 4.0})
+    fake_run(tmp_path / "cola@2e-3", seconds_per_step=1.0, lr=2e-3, val_losses={2: 5.0, 4: 4.5})
+    args = module.parse_args(["--steps", "4", "--batch-size", "2", "--seq-len", "4", "--eval-every", "2"])
+    result = module.summarize(args, tmp_path, {})
+    assert (result["target"], result["other_targets"]) == (5.0, {"dense@2e-3": 4.0})
+    cola = result["arms"]["cola@2e-3"]
+    assert cola["peak_lr"] == 2e-3
+    # cola is at 5.0 (dense's final loss) at step 2: 2 s of dense's 8 s; it never reaches dense@2e-3's 4.0.
+    assert cola["to_dense_loss"] == {"seconds": 2.0, "tokens": 16, "time_vs_dense": 0.25, "tokens_vs_dense": 0.5}
+    assert cola["to_loss_of"] == {"dense@2e-3": None}
+    # dense@2e-3 reaches 5.0 halfway between its evaluations at steps 2 (5.5, 4 s) and 4 (4.0, 8 s): at 16/3 s.
+    faster = result["arms"]["dense@2e-3"]["to_dense_loss"]
+    assert faster["seconds"] == pytest.approx(16 / 3) and faster["time_vs_dense"] == pytest.approx(2 / 3)
+    text = "\n".join(module.markdown(result))
+    assert "Target: the dense@2e-3 run's final validation loss, **4.0000**." in text
+    assert "| cola@2e-3 | not reached | — | — |" in text
