@@ -5,7 +5,8 @@ rank), on the same data (the built-in corpus and its held-out split), the same b
 ``ARM@LR`` (e.g. ``cola@3e-3``) is the same arm at another peak learning rate; its run has its own folder. An arm's
 folder under ``--runs`` is reused: a finished arm is read back, an interrupted one resumes from its last checkpoint
 (``tensorslim train --resume``), so the arms can run one at a time (``--arms dense``) and the report, which reads back
-every finished arm under ``--runs``, be written once all are there (``--report-only``).
+every arm under ``--runs``, be written once all are there (``--report-only``). An arm stopped before its last step is
+reported up to its last evaluation, marked as stopped.
 
 Wall time is the sum of the arm's train-step times (forward, backward and optimizer, as ``metrics.jsonl`` records them
 through ``tokens_per_s``); validation passes and checkpoints are left out, so every arm pays the same for them. The
@@ -97,16 +98,16 @@ def parse_arm(spec: str) -> Arm:
     return replace(ARMS[name], name=spec, lr=lr)
 
 
-def finished_arms(runs: Path) -> list[Arm]:
-    """Every finished arm under ``runs`` (a folder named ``NAME`` or ``NAME@LR`` with a summary), in the order of
-    :data:`ARMS`, each method's recipe run first and then by falling learning rate."""
+def reported_arms(runs: Path) -> list[Arm]:
+    """Every arm under ``runs`` with at least one evaluation (a folder named ``NAME`` or ``NAME@LR``, finished or
+    stopped), in the order of :data:`ARMS`, each method's recipe run first and then by falling learning rate."""
     found = []
     for run_dir in runs.iterdir() if runs.is_dir() else ():
         try:
             arm = parse_arm(run_dir.name)
         except ValueError:
             continue
-        if (run_dir / "summary.json").exists():
+        if (run_dir / "metrics.jsonl").exists() and evaluations(run_dir, tokens_per_step=1):
             found.append(arm)
     order = list(ARMS)
     return sorted(found, key=lambda arm: (order.index(arm.name.partition("@")[0]), -(arm.lr or math.inf)))
@@ -261,21 +262,24 @@ def step_seconds(arms: list[Arm], args: argparse.Namespace) -> dict[str, float]:
 def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
     tokens_per_step = args.batch_size * args.seq_len
     arms: dict[str, Any] = {}
-    found = finished_arms(runs)
+    found = reported_arms(runs)
     for arm in found:
         run_dir = runs / arm.name
-        summary = json.loads((run_dir / "summary.json").read_text())
+        finished = (run_dir / "summary.json").exists()
+        summary = json.loads((run_dir / "summary.json").read_text()) if finished else {}
         points = evaluations(run_dir, tokens_per_step)
         arms[arm.name] = {
             "method": arm.method,
             "factor_vocab": vocab_rank(args) if arm.factor_vocab else 0,
             "optimizer_state": arm.optimizer_state,
             "peak_lr": peak_lr(run_dir),
-            "params": summary["params_total"],
-            "flops_per_token": summary["flops_per_token"],
+            "params": summary.get("params_total"),
+            "flops_per_token": summary.get("flops_per_token"),
+            "stopped": not finished,
+            "steps": points[-1]["step"],  # of the last evaluation: the run's last step unless it was stopped
             "final_val_loss": points[-1]["val_loss"],
             "train_seconds": points[-1]["seconds"],
-            "median_tokens_per_s": summary["tokens_per_s"],
+            "median_tokens_per_s": summary.get("tokens_per_s"),
             "evaluations": points,
             **infos.get(arm.name, {}),
         }
@@ -285,14 +289,18 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             arm["recorded_train_seconds"], arm["step_seconds"] = arm["train_seconds"], seconds
             for point in arm["evaluations"]:
                 point["seconds"] = point["step"] * seconds
-            arm["train_seconds"] = args.steps * seconds
+            arm["train_seconds"] = arm["steps"] * seconds
     dense = arms.get("dense")
     if dense is not None:
         for arm in arms.values():
             arm["to_dense_loss"] = time_to_loss(arm, dense, args.steps * tokens_per_step)
-            arm["step_speedup_vs_dense"] = dense["train_seconds"] / arm["train_seconds"]
+            arm["step_speedup_vs_dense"] = (dense["train_seconds"] / dense["steps"]) / (
+                arm["train_seconds"] / arm["steps"]
+            )
     # A dense run at another learning rate is a second target: its final loss, reached in what share of its time.
-    other_targets = {name: arm["final_val_loss"] for name, arm in arms.items() if name.startswith("dense@")}
+    other_targets = {
+        name: arm["final_val_loss"] for name, arm in arms.items() if name.startswith("dense@") and not arm["stopped"]
+    }
     for name in other_targets:
         for arm in arms.values():
             arm.setdefault("to_loss_of", {})[name] = time_to_loss(arm, arms[name], args.steps * tokens_per_step)
@@ -351,7 +359,8 @@ def markdown(result: dict[str, Any]) -> list[str]:
     for name, arm in result["arms"].items():
         reached = arm.get("to_dense_loss")
         rows.append(
-            [name, f"{arm['params']:,}", f"{arm['peak_lr']:.1e}", f"{arm['final_val_loss']:.4f}"]
+            [name, "—" if arm["params"] is None else f"{arm['params']:,}", f"{arm['peak_lr']:.1e}"]
+            + [f"{arm['final_val_loss']:.4f}" + (f" (stopped at step {arm['steps']})" if arm["stopped"] else "")]
             + [f"{arm['train_seconds']:.1f}"]
             + [f"{arm.get('step_speedup_vs_dense', float('nan')):.2f}"]
             + (
@@ -414,12 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for arm in args.arm_list:
             infos[arm.name] = run_arm(arm, args, runs / arm.name)
-    for arm in finished_arms(runs):
+    for arm in reported_arms(runs):
         if arm.name not in infos and (runs / arm.name / "arm.json").exists():
             infos[arm.name] = json.loads((runs / arm.name / "arm.json").read_text())
     result = summarize(args, runs, infos)
     if not result["arms"]:
-        print(f"no finished arm under {runs}", file=sys.stderr)
+        print(f"no arm with an evaluation under {runs}", file=sys.stderr)
         return 2
     out = Path(args.out)
     stem = f"time_to_quality_{args.preset}_{datetime.datetime.now(datetime.UTC):%Y-%m-%d}{args.tag}"

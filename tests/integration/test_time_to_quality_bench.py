@@ -46,13 +46,12 @@ def test_arm_specs_name_an_arm_and_optionally_its_learning_rate(tmp_path: Path) 
     for bad in ("nope", "nope@1e-3", "cola@", "cola@x", "cola@0", "cola@-1e-3", "cola@inf", "cola@nan"):
         with pytest.raises(ValueError, match="cola@3e-3"):
             module.parse_arm(bad)
-    # The report reads every finished arm: recipe runs first, then by falling learning rate; unfinished ones and
-    # folders that name no arm are left out.
+    # The report reads every arm with an evaluation, finished or stopped: recipe runs first, then by falling learning
+    # rate; runs stopped before their first evaluation and folders that name no arm are left out.
     for name in ("cola@2e-3", "dense", "cola+vocab@3e-3", "cola@1e-3", "notes", "cola", "cola@3e-3"):
-        (tmp_path / name).mkdir()
-        if name != "cola@1e-3":
-            (tmp_path / name / "summary.json").write_text("{}")
-    found = [arm.name for arm in module.finished_arms(tmp_path)]
+        evaluated = {} if name == "cola@1e-3" else {2: 5.0}
+        fake_run(tmp_path / name, seconds_per_step=1.0, lr=1e-3, val_losses=evaluated, finished=name != "cola@3e-3")
+    found = [arm.name for arm in module.reported_arms(tmp_path)]
     assert found == ["dense", "cola", "cola@3e-3", "cola@2e-3", "cola+vocab@3e-3"]
 
 
@@ -99,16 +98,27 @@ def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: py
         module.main(["--step-repeats", "-1"])
 
 
-def fake_run(run_dir: Path, *, seconds_per_step: float, lr: float, val_losses: dict[int, float]) -> None:
-    """A finished run folder as ``tensorslim train`` leaves it: one metrics line per step (batch 2 × 4 tokens)."""
+def fake_run(
+    run_dir: Path,
+    *,
+    seconds_per_step: float,
+    lr: float,
+    val_losses: dict[int, float],
+    finished: bool = True,
+    steps: int = 4,
+) -> None:
+    """A run folder as ``tensorslim train`` leaves it: one metrics line per step (batch 2 × 4 tokens), and a summary
+    when it ``finished``."""
     run_dir.mkdir(parents=True)
     lines = [
         {"step": step, "lr": lr, "tokens": 8 * step, "tokens_per_s": 8 / seconds_per_step}
         | {"val_loss": val_losses.get(step)}
-        for step in range(1, 5)
+        for step in range(1, steps + 1)
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    (run_dir / "summary.json").write_text(json.dumps({"params_total": 10, "flops_per_token": 1.0, "tokens_per_s": 1.0}))
+    if finished:
+        summary = {"params_total": 10, "flops_per_token": 1.0, "tokens_per_s": 1.0}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
 def test_a_dense_run_at_another_learning_rate_is_a_second_target(tmp_path: Path) -> None:
@@ -116,6 +126,8 @@ def test_a_dense_run_at_another_learning_rate_is_a_second_target(tmp_path: Path)
     fake_run(tmp_path / "dense", seconds_per_step=2.0, lr=6e-3, val_losses={2: 6.0, 4: 5.0})
     fake_run(tmp_path / "dense@2e-3", seconds_per_step=2.0, lr=2e-3, val_losses={2: 5.5, 4: 4.0})
     fake_run(tmp_path / "cola@2e-3", seconds_per_step=1.0, lr=2e-3, val_losses={2: 5.0, 4: 4.5})
+    # Stopped after step 2 of 4: reported up to there, its step time compared per step; not a target.
+    fake_run(tmp_path / "dense@1e-3", seconds_per_step=4.0, lr=1e-3, val_losses={2: 4.5}, finished=False, steps=3)
     args = module.parse_args(["--steps", "4", "--batch-size", "2", "--seq-len", "4", "--eval-every", "2"])
     result = module.summarize(args, tmp_path, {})
     assert (result["target"], result["other_targets"]) == (5.0, {"dense@2e-3": 4.0})
@@ -124,9 +136,19 @@ def test_a_dense_run_at_another_learning_rate_is_a_second_target(tmp_path: Path)
     # cola is at 5.0 (dense's final loss) at step 2: 2 s of dense's 8 s; it never reaches dense@2e-3's 4.0.
     assert cola["to_dense_loss"] == {"seconds": 2.0, "tokens": 16, "time_vs_dense": 0.25, "tokens_vs_dense": 0.5}
     assert cola["to_loss_of"] == {"dense@2e-3": None}
+    assert cola["step_speedup_vs_dense"] == 2.0 and not cola["stopped"]
+    stopped = result["arms"]["dense@1e-3"]
+    assert (stopped["stopped"], stopped["steps"], stopped["params"], stopped["step_speedup_vs_dense"]) == (
+        True,
+        2,
+        None,
+        0.5,
+    )
+    assert stopped["to_loss_of"]["dense@2e-3"] is None and stopped["to_dense_loss"]["seconds"] == 8.0
     # dense@2e-3 reaches 5.0 halfway between its evaluations at steps 2 (5.5, 4 s) and 4 (4.0, 8 s): at 16/3 s.
     faster = result["arms"]["dense@2e-3"]["to_dense_loss"]
     assert faster["seconds"] == pytest.approx(16 / 3) and faster["time_vs_dense"] == pytest.approx(2 / 3)
     text = "\n".join(module.markdown(result))
     assert "Target: the dense@2e-3 run's final validation loss, **4.0000**." in text
     assert "| cola@2e-3 | not reached | — | — |" in text
+    assert "| dense@1e-3 | — | 1.0e-03 | 4.5000 (stopped at step 2) |" in text
