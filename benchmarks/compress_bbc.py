@@ -38,7 +38,7 @@ from _results import table, write  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=float, default=0.5, help="budget: share of the linear layers' parameters")
-    parser.add_argument("--calibration", type=int, default=32, help="BBC training articles to calibrate on")
+    parser.add_argument("--calibration", type=int, default=128, help="BBC training articles to calibrate on")
     parser.add_argument("--heal-texts", type=int, default=0, help="BBC training articles to heal on (0: all)")
     parser.add_argument("--held-out", type=int, default=0, help="BBC validation articles to score on (0: all)")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="end-to-end steps (default: HealConfig's)")
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--loss", default=None, help="end-to-end loss of the encoder (default: HealConfig's)")
+    parser.add_argument(
+        "--compressed", default=None,
+        help="embedding arm: a folder with the compressed model (loaded if it holds one; else compressed and saved "
+        "there), so that healing settings can be compared on one compressed model",
+    )  # fmt: skip
     parser.add_argument("--arms", default="embedding,classifier", help="embedding, classifier or both")
     parser.add_argument("--finetune-steps", type=int, default=300, help="steps of the classifier's fine-tuning")
     parser.add_argument("--finetune-lr", type=float, default=1e-4, help="peak learning rate of the fine-tuning")
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from tensorslim.tasks.base import model_tokenizer
 
     warnings.simplefilter("ignore")
-    given = {k: getattr(args, k) for k in ("block_steps", "block_lr", "steps", "lr", "batch_size")}
+    given = {k: getattr(args, k) for k in ("block_steps", "block_lr", "steps", "lr", "batch_size", "loss")}
     healing = HealConfig(**{k: v for k, v in given.items() if v is not None})
     tokenizer = AutoTokenizer.from_pretrained(model_tokenizer("minilm"))
     corpus = load_corpus("bbcnews")
@@ -78,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(0, len(texts), 8)
         ]  # fmt: skip
 
-    train = list(corpus.train)
+    train = list(corpus.train)  # sorted by topic: drawn in a fixed random order, as tensorslim compress does
+    train = [train[i] for i in torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()]
     calibration = batches(train[: args.calibration])
     heal_data = batches(train[: args.heal_texts or None])
     held_out = batches(list(corpus.validation[: args.held_out or None]))
@@ -113,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             f"training articles with {healing}. Embedding arm: the corpus split (healing on its training articles, "
             f"cosine on its {sum(len(b['input_ids']) for b in held_out)} validation articles). Classifier arm: the "
             "stratified split of the labelled articles (fine-tuning, calibration and healing on its training "
-            f"articles, accuracy on {'the first ' + str(args.test_articles) if args.test_articles else 'all'} of "
+            f"articles, accuracy on {str(args.test_articles) + ' random' if args.test_articles else 'all'} of "
             "its test articles). Times are per stage: wall seconds, and CPU seconds of this process (all threads); "
             "the load average below says how busy the shared machine was.",
             *(["", f"Fine-tuning, test accuracy: {curve}."] if curve else []),
@@ -130,12 +137,22 @@ def main(argv: list[str] | None = None) -> int:
 
     if "embedding" in args.arms:
         from tensorslim.compression.api import agreement
+        from tensorslim.pretrained import MANIFEST, load_pretrained, save_pretrained
 
         original = build_model("minilm", task="embed").eval()
         start = clock()
-        student, report = compress(original, budget, calibration, families=("lowrank",), held_out=held_out)
-        measure("embedding", "original", 1.0, "cosine", start, size(original))
-        measure("embedding", "compressed", report.stages[-1].quality, "cosine", start, size(student))
+        saved = Path(args.compressed) if args.compressed else None
+        if saved is not None and (saved / MANIFEST).is_file():
+            student = load_pretrained(saved)
+            measure("embedding", "original", 1.0, "cosine", start, size(original))
+            quality = agreement(student, original, held_out)
+            measure("embedding", f"compressed (loaded from {saved.name})", quality, "cosine", start, size(student))
+        else:
+            student, report = compress(original, budget, calibration, families=("lowrank",), held_out=held_out)
+            measure("embedding", "original", 1.0, "cosine", start, size(original))
+            measure("embedding", "compressed", report.stages[-1].quality, "cosine", start, size(student))
+            if saved is not None:
+                save_pretrained(student, saved)
         since = clock()
 
         def embedding_stage(name: str) -> None:
@@ -166,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         data["finetune_curve"] = curve
         classifier = trainer.model.eval()
         test, pad_id = trainer.data.validation
-        scored = dataclasses.replace(trainer.data, validation=(test[: args.test_articles or None], pad_id))
+        shuffled = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))  # the split is sorted by class
+        scored = dataclasses.replace(trainer.data, validation=(test[shuffled[: args.test_articles or None]], pad_id))
         # the classifier's own training articles (ordered by class: shuffled once), tokenized as it saw them;
         # calibration and healing never see its test articles
         articles = trainer.data.train.rows.blocks

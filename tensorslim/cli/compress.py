@@ -40,7 +40,7 @@ class CompressCommand:
     held_out: int = option(16, "held-out texts that each stage is scored on")
     seq_len: int = option(128, "tokens per text")
     heal: bool = option(False, "heal by distillation from the original model: layer by layer, then end to end")
-    heal_texts: int = option(800, "healing texts, from the start of the training split")
+    heal_texts: int = option(800, "healing texts, drawn from the training split")
     block_steps: int | None = option(
         None, "healing layer by layer: steps per changed block (default 100; 0: none; given, it turns on --heal)"
     )
@@ -171,6 +171,8 @@ def _text_batches(source: Source, config: CompressCommand) -> tuple[list, list, 
 
     size = 8
     if is_encoder(source.model):
+        import torch
+
         from tensorslim.data import load_corpus
 
         corpus = load_corpus(config.data)
@@ -183,7 +185,9 @@ def _text_batches(source: Source, config: CompressCommand) -> tuple[list, list, 
                 for i in range(0, len(texts), size)
             ]  # fmt: skip
 
-        train = list(corpus.train)
+        train = list(corpus.train)  # drawn in a fixed random order: a training split may be sorted by topic
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
+        train = [train[i] for i in order]
         healing = batches(train[: config.heal_texts]) if config.healing is not None else []
         return batches(train[: config.calibration]), healing, batches(list(corpus.validation[: config.held_out]))
     from tensorslim.data import build_lm_data

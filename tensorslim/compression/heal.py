@@ -34,11 +34,13 @@ from torch import nn
 from tensorslim._checks import require_int
 from tensorslim.compression.calibration import Batch
 from tensorslim.options import option
-from tensorslim.quant.distill import hidden_loss, logit_kl
+from tensorslim.quant.distill import hidden_loss, logit_kl, mean_pooled
 from tensorslim.tasks.base import Autocast, Task, TaskData, logits_of, mean_over_batches
 from tensorslim.tasks.distill import Distillation, DistillOptions, TextStream, split_rows
 from tensorslim.tasks.lm import lm_loss
 from tensorslim.train.schedule import LRSchedule
+
+ENCODER_LOSSES = ("layers", "output")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +60,11 @@ class HealConfig:
     steps: int = option(50, "end to end: distillation steps on the Trainer (0: skip this stage)")
     lr: float = option(2e-4, "end to end: peak learning rate (warm-up, then cosine to a tenth)")
     batch_size: int = option(8, "sequences per step, both stages")
+    loss: str = option(
+        "layers",
+        "end to end, for an encoder: 'layers' (every hidden state, the attention KL and the pooled embeddings) or "
+        "'output' (the last hidden state and the pooled embeddings)",
+    )
     eval_every: int | None = option(None, "end to end: steps between held-out evaluations (default: at the end)")
     seed: int = option(0, "seed of the data order")
     progress: bool = option(True, "progress bars")
@@ -68,6 +75,8 @@ class HealConfig:
         require_int("batch_size", self.batch_size)
         if self.eval_every is not None:
             require_int("eval_every", self.eval_every)
+        if self.loss not in ENCODER_LOSSES:
+            raise ValueError(f"loss={self.loss!r} is invalid; allowed: {' or '.join(map(repr, ENCODER_LOSSES))}")
         for name in ("block_lr", "lr"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
@@ -312,6 +321,54 @@ class EncoderHealing(Distillation):
         return encoder_data(self.rows, self.held_out, config)
 
 
+class OutputHealing(Task):
+    """Distillation of a Hugging Face encoder's output only: the last hidden state's ``MSE + 1 − cos`` and ``1 − cos``
+    of the mean-pooled sentence embeddings, on given rows ``[ids ‖ mask]``; evaluated by that loss (``val_loss``) and
+    the mean cosine of the pooled embeddings (``val_cos_mean``). The attention stays as the model has it (no
+    attention probabilities are asked for)."""
+
+    name = "heal-output"
+    help = "last hidden state and pooled embeddings of an encoder against its original model's"
+
+    def __init__(self, teacher: nn.Module, train: torch.Tensor, held_out: torch.Tensor) -> None:
+        super().__init__()
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.rows, self.held_out = train, held_out
+
+    def build_data(self, config: Any, *, model_name: str) -> TaskData:
+        return encoder_data(self.rows, self.held_out, config)
+
+    def _losses(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss and the per-text cosine of the pooled embeddings ``(B,)``."""
+        ids, mask = batch
+        with torch.no_grad():
+            target = self.teacher(input_ids=ids, attention_mask=mask).last_hidden_state.float()  # (B, T, D)
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        cos = F.cosine_similarity(mean_pooled(hidden, mask), mean_pooled(target, mask), dim=-1)  # (B,)
+        return hidden_loss(hidden, target) + 1 - cos.mean(), cos
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self._losses(model, batch)[0]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: TaskData, *, batch_size: int, autocast: Autocast) -> dict[str, float]:
+        device = next(model.parameters()).device
+
+        def loss(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+            with autocast():
+                return self._losses(model, split_rows(rows))[0] * len(rows), len(rows)
+
+        def cos(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+            with autocast():
+                return self._losses(model, split_rows(rows))[1].sum(), len(rows)
+
+        held_out = (data.validation,)
+        return {
+            "val_loss": mean_over_batches(held_out, loss, batch_size=batch_size, device=device),
+            "val_cos_mean": mean_over_batches(held_out, cos, batch_size=batch_size, device=device),
+        }
+
+
 class LMHealing(Task):
     """Logit distillation of a causal LM from a given teacher on given ``(N, T)`` token blocks; evaluated by the KL
     (``val_loss``) and the student's perplexity on the held-out blocks."""
@@ -428,7 +485,7 @@ def distill(
         preset, task_name, seq_len = "minilm", "distill", train.shape[1] // 2
     elif is_encoder(model):
         train, valid = encoder_rows(data), encoder_rows(held_out)
-        task = EncoderHealing(teacher, train, valid)
+        task = (EncoderHealing if config.loss == "layers" else OutputHealing)(teacher, train, valid)
         preset, task_name, seq_len = "minilm", "distill", train.shape[1] // 2
     else:
         train, valid = torch.cat(list(data)), torch.cat(held_out)

@@ -113,6 +113,7 @@ def test_heal_runs_both_stages_and_names_them() -> None:
         ({"block_lr": float("nan")}, "block_lr=nan"),
         ({"lr": 0}, "lr=0"),
         ({"batch_size": 0}, "batch_size=0"),
+        ({"loss": "hidden"}, "loss='hidden'"),
     ],
 )
 def test_heal_config_refuses_bad_values(kwargs: dict, match: str) -> None:
@@ -177,3 +178,25 @@ def test_a_sequence_classifier_heals_on_its_class_distribution() -> None:
     with torch.no_grad():
         same = student(**held_out[0]).logits.argmax(-1) == teacher(**held_out[0]).logits.argmax(-1)
     assert metrics["val_agreement"] == pytest.approx(same.float().mean().item())
+
+
+def test_output_healing_brings_the_last_hidden_state_closer_and_reports_the_pooled_cosine() -> None:
+    teacher = tiny_hf_bert()
+    student = _compressed(teacher, rank=2)
+    held_out = _texts(1, seed=9)
+
+    def pooled_cosine(model: torch.nn.Module) -> float:
+        batch = held_out[0]
+        mask = batch["attention_mask"][..., None].float()  # (B, T, 1)
+        with torch.no_grad():
+            s, t = (m(**batch).last_hidden_state for m in (model, teacher))
+        pooled = [(h * mask).sum(1) / mask.sum(1) for h in (s, t)]  # (B, D) each
+        return F.cosine_similarity(*pooled, dim=-1).mean().item()
+
+    before = _error(student, teacher, held_out[0])
+    metrics = distill(
+        student, teacher, _texts(4, seed=0), held_out=held_out,
+        config=HealConfig(block_steps=0, steps=15, lr=1e-4, batch_size=4, loss="output", progress=False),
+    )  # fmt: skip
+    assert _error(student, teacher, held_out[0]) < before
+    assert metrics["val_cos_mean"] == pytest.approx(pooled_cosine(student), rel=1e-5)  # evaluated the healed model
