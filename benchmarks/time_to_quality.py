@@ -11,9 +11,9 @@ reported up to its last evaluation, marked as stopped.
 Wall time is the sum of the arm's train-step times (forward, backward and optimizer, as ``metrics.jsonl`` records them
 through ``tokens_per_s``); validation passes and checkpoints are left out, so every arm pays the same for them. The
 time an arm needs to reach the dense run's final validation loss is interpolated linearly between the two evaluations
-that straddle it; a dense run at another learning rate (``dense@LR``) is a second target, reported in a table of its
-own. Arms run one after the other on a machine others may be loading: the load average before and after
-each arm is recorded beside its figures.
+that straddle it; a dense run at another learning rate (``dense@LR``) is a second target (its last evaluated loss when
+it was stopped), reported in a table of its own. Arms run one after the other on a machine others may be loading: the
+load average before and after each arm is recorded beside its figures.
 
 Where other jobs shared the machine while the arms trained, their recorded step times are not comparable. With
 ``--step-repeats N`` the report instead times every reported arm's train step side by side in one process (its model
@@ -297,10 +297,9 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
             arm["step_speedup_vs_dense"] = (dense["train_seconds"] / dense["steps"]) / (
                 arm["train_seconds"] / arm["steps"]
             )
-    # A dense run at another learning rate is a second target: its final loss, reached in what share of its time.
-    other_targets = {
-        name: arm["final_val_loss"] for name, arm in arms.items() if name.startswith("dense@") and not arm["stopped"]
-    }
+    # A dense run at another learning rate is a second target: its final loss (its last evaluated one if it was
+    # stopped), reached in what share of its time to there.
+    other_targets = {name: arm["final_val_loss"] for name, arm in arms.items() if name.startswith("dense@")}
     for name in other_targets:
         for arm in arms.values():
             arm.setdefault("to_loss_of", {})[name] = time_to_loss(arm, arms[name], args.steps * tokens_per_step)
@@ -373,7 +372,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
     columns.append("time to dense's loss (s)")
     lines += table([*columns, "× dense time", "tokens to dense's loss"], rows)
     for target_name, target in result.get("other_targets", {}).items():
-        lines += ["", f"Target: the {target_name} run's final validation loss, **{target:.4f}**.", ""]
+        baseline = result["arms"][target_name]
+        which = f"validation loss at step {baseline['steps']}, where it was stopped" if baseline["stopped"] else ""
+        lines += ["", f"Target: the {target_name} run's {which or 'final validation loss'}, **{target:.4f}**.", ""]
         rows = []
         for name, arm in result["arms"].items():
             reached = arm["to_loss_of"][target_name]

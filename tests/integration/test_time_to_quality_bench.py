@@ -126,16 +126,20 @@ def test_a_dense_run_at_another_learning_rate_is_a_second_target(tmp_path: Path)
     fake_run(tmp_path / "dense", seconds_per_step=2.0, lr=6e-3, val_losses={2: 6.0, 4: 5.0})
     fake_run(tmp_path / "dense@2e-3", seconds_per_step=2.0, lr=2e-3, val_losses={2: 5.5, 4: 4.0})
     fake_run(tmp_path / "cola@2e-3", seconds_per_step=1.0, lr=2e-3, val_losses={2: 5.0, 4: 4.5})
-    # Stopped after step 2 of 4: reported up to there, its step time compared per step; not a target.
+    # Stopped after step 2 of 4: reported up to there, its step time compared per step; its loss there is a target.
     fake_run(tmp_path / "dense@1e-3", seconds_per_step=4.0, lr=1e-3, val_losses={2: 4.5}, finished=False, steps=3)
     args = module.parse_args(["--steps", "4", "--batch-size", "2", "--seq-len", "4", "--eval-every", "2"])
     result = module.summarize(args, tmp_path, {})
-    assert (result["target"], result["other_targets"]) == (5.0, {"dense@2e-3": 4.0})
+    assert (result["target"], result["other_targets"]) == (5.0, {"dense@2e-3": 4.0, "dense@1e-3": 4.5})
     cola = result["arms"]["cola@2e-3"]
     assert cola["peak_lr"] == 2e-3
     # cola is at 5.0 (dense's final loss) at step 2: 2 s of dense's 8 s; it never reaches dense@2e-3's 4.0.
     assert cola["to_dense_loss"] == {"seconds": 2.0, "tokens": 16, "time_vs_dense": 0.25, "tokens_vs_dense": 0.5}
-    assert cola["to_loss_of"] == {"dense@2e-3": None}
+    # It reaches dense@1e-3's 4.5 at step 4 (4 s), where dense@1e-3 needed its 2 steps of 4 s.
+    assert cola["to_loss_of"] == {
+        "dense@2e-3": None,
+        "dense@1e-3": {"seconds": 4.0, "tokens": 32, "time_vs_dense": 0.5, "tokens_vs_dense": 1.0},
+    }
     assert cola["step_speedup_vs_dense"] == 2.0 and not cola["stopped"]
     stopped = result["arms"]["dense@1e-3"]
     assert (stopped["stopped"], stopped["steps"], stopped["params"], stopped["step_speedup_vs_dense"]) == (
@@ -152,3 +156,4 @@ def test_a_dense_run_at_another_learning_rate_is_a_second_target(tmp_path: Path)
     assert "Target: the dense@2e-3 run's final validation loss, **4.0000**." in text
     assert "| cola@2e-3 | not reached | — | — |" in text
     assert "| dense@1e-3 | — | 1.0e-03 | 4.5000 (stopped at step 2) |" in text
+    assert "Target: the dense@1e-3 run's validation loss at step 2, where it was stopped, **4.5000**." in text
