@@ -161,6 +161,9 @@ class TrainConfig:
             raise ValueError(f"tp_overlap={self.tp_overlap!r} is unknown; allowed: {list(OVERLAPS)}")
         if self.lr is not None and not 0 < self.lr < math.inf:
             raise ValueError(f"lr={self.lr} is invalid; allowed: a finite number > 0")
+        # One process's tokens per update; a data-parallel run updates on more, so its recipe rate errs low.
+        tokens_per_step = self.batch_size * self.seq_len * self.grad_accum
+        object.__setattr__(self, "_recipe_lr", self._recipe.lr_at(tokens_per_step))
         for name in ("weight_decay", "grad_clip"):  # ``not >=`` also rejects nan
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: a number >= 0")
@@ -239,8 +242,9 @@ class TrainConfig:
         return f"runs/{self.preset}{middle}-{self.method}"
 
     def peak_lr(self) -> float:
-        """The given lr, else the method's own (GaLore: 0.01), else the model's recipe (CoLA's lr per size)."""
-        return self.lr or get_method(self.method).lr or self._recipe.lr
+        """The given lr, else the method's own (GaLore: 0.01), else the model's recipe (CoLA's lr per size) at this
+        run's tokens per update (:meth:`Recipe.lr_at`)."""
+        return self.lr or get_method(self.method).lr or self._recipe_lr
 
     def warmup(self) -> float:
         return self.warmup_fraction if self.warmup_fraction is not None else self._recipe.warmup_fraction

@@ -59,5 +59,17 @@ def test_galore_rank_is_the_given_one_else_the_size_s_cola_rank_else_128() -> No
 def test_a_replaced_preset_brings_its_own_recipe() -> None:
     tiny = TrainConfig(method="galore", options={"update_proj_gap": 50})
     bigger = dataclasses.replace(tiny, preset="1b", method="cola", options=None)
-    assert (bigger.peak_lr(), bigger.warmup()) == (RECIPES["1b"].lr, RECIPES["1b"].warmup_fraction)
+    tokens = bigger.batch_size * bigger.seq_len
+    assert (bigger.peak_lr(), bigger.warmup()) == (RECIPES["1b"].lr_at(tokens), RECIPES["1b"].warmup_fraction)
     assert dataclasses.replace(tiny, preset="1b").optimizer_settings()["galore_rank"] == RECIPES["1b"].cola_rank == 512
+
+
+def test_the_recipe_lr_holds_at_the_papers_batch_and_shrinks_with_the_fourth_root_below_it() -> None:
+    sixty = RECIPES["60m"]
+    assert sixty.batch_tokens == 512 * 256  # GaLore §5 / CoLA: 512 sequences of 256 tokens per update
+    assert sixty.lr_at(512 * 256) == sixty.lr_at(10**7) == 6e-3
+    assert sixty.lr_at(1024) == pytest.approx(6e-3 * (1024 / (512 * 256)) ** 0.25)  # 1.78e-3
+    assert RECIPES["tiny"].lr_at(1024) == 6e-3 and DEFAULT_RECIPE.lr_at(1024) == DEFAULT_RECIPE.lr
+    run = TrainConfig(preset="60m", batch_size=4, seq_len=256, grad_accum=2)
+    assert run.peak_lr() == pytest.approx(sixty.lr_at(2048))
+    assert dataclasses.replace(run, lr=5e-3).peak_lr() == 5e-3  # a given rate wins
