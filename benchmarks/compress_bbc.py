@@ -202,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         measure("classifier", f"fine-tuned ({args.finetune_steps} steps)", accuracy(classifier), "accuracy", start,
                 size(classifier))  # fmt: skip
         start = clock()
-        encoder, _ = compress(classifier.bert, budget, classifier_calibration, families=("lowrank",))
+        # the pooler feeds the classifier head but not the encoder's mean-pooled output, by which compress measures
+        # the encoder: left to compress, it would cost nothing there and be cut to rank 1
+        encoder, _ = compress(
+            classifier.bert, budget, classifier_calibration, families=("lowrank",),
+            filter_fn=lambda module, name: not name.startswith("pooler."),
+        )  # fmt: skip
         small = copy.deepcopy(classifier)
         small.bert = encoder
         measure("classifier", "compressed", accuracy(small), "accuracy", start, size(small))

@@ -39,14 +39,16 @@ class CompressCommand:
     )
     held_out: int = option(16, "held-out texts that each stage is scored on")
     seq_len: int = option(128, "tokens per text")
-    heal: bool = option(False, "heal by distillation from the original model: layer by layer, then end to end")
-    heal_texts: int = option(800, "healing texts, drawn from the training split")
+    heal: bool = option(
+        False, "heal by distillation from the original model: layer by layer (then end to end with --heal-steps)"
+    )
+    heal_texts: int = option(4800, "healing texts, drawn from the training split (a corpus may hold fewer)")
     block_steps: int | None = option(
-        None, "healing layer by layer: steps per changed block (default 100; 0: none; given, it turns on --heal)"
+        None, "healing layer by layer: steps per changed block (default 600; 0: none; given, it turns on --heal)"
     )
     block_lr: float | None = option(None, "peak learning rate of the layer-by-layer healing (default 1e-3)")
     heal_steps: int | None = option(
-        None, "healing end to end: distillation steps from the original model (default 50; 0: none)"
+        None, "healing end to end: distillation steps from the original model (default 0: none)"
     )
     lr: float | None = option(None, "peak learning rate of the end-to-end healing (default 2e-4)")
     batch_size: int | None = option(None, "texts per healing step (default 8)")

@@ -641,14 +641,15 @@ options:
                                the calibration text, not the model (default: 128)
   --held-out INT               held-out texts that each stage is scored on (default: 16)
   --seq-len INT                tokens per text (default: 128)
-  --heal, --no-heal            heal by distillation from the original model: layer by layer, then
-                               end to end (default: False)
-  --heal-texts INT             healing texts, from the start of the training split (default: 800)
-  --block-steps INT            healing layer by layer: steps per changed block (default 100; 0:
+  --heal, --no-heal            heal by distillation from the original model: layer by layer (then
+                               end to end with --heal-steps) (default: False)
+  --heal-texts INT             healing texts, drawn from the training split (a corpus may hold
+                               fewer) (default: 4800)
+  --block-steps INT            healing layer by layer: steps per changed block (default 600; 0:
                                none; given, it turns on --heal)
   --block-lr FLOAT             peak learning rate of the layer-by-layer healing (default 1e-3)
   --heal-steps INT             healing end to end: distillation steps from the original model
-                               (default 50; 0: none)
+                               (default 0: none)
   --lr FLOAT                   peak learning rate of the end-to-end healing (default 2e-4)
   --batch-size INT             texts per healing step (default 8)""",
     ),
