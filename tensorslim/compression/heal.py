@@ -323,14 +323,9 @@ class EncoderHealing(Distillation):
         return encoder_data(self.rows, self.held_out, config)
 
 
-class OutputHealing(Task):
-    """Distillation of a Hugging Face encoder's output only: the last hidden state's ``MSE + 1 − cos`` and ``1 − cos``
-    of the mean-pooled sentence embeddings, on given rows ``[ids ‖ mask]``; evaluated by that loss (``val_loss``) and
-    the mean cosine of the pooled embeddings (``val_cos_mean``). The attention stays as the model has it (no
-    attention probabilities are asked for)."""
-
-    name = "heal-output"
-    help = "last hidden state and pooled embeddings of an encoder against its original model's"
+class _FromTeacher(Task):
+    """A task that fits a model to a given, frozen teacher on given rows, validated on given held-out rows; the rows
+    are an encoder's ``[ids ‖ mask]`` unless a subclass reads them otherwise."""
 
     def __init__(self, teacher: nn.Module, train: torch.Tensor, held_out: torch.Tensor) -> None:
         super().__init__()
@@ -339,6 +334,16 @@ class OutputHealing(Task):
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         return encoder_data(self.rows, self.held_out, config)
+
+
+class OutputHealing(_FromTeacher):
+    """Distillation of a Hugging Face encoder's output only: the last hidden state's ``MSE + 1 − cos`` and ``1 − cos``
+    of the mean-pooled sentence embeddings, on given rows ``[ids ‖ mask]``; evaluated by that loss (``val_loss``) and
+    the mean cosine of the pooled embeddings (``val_cos_mean``). The attention stays as the model has it (no
+    attention probabilities are asked for)."""
+
+    name = "heal-output"
+    help = "last hidden state and pooled embeddings of an encoder against its original model's"
 
     def _losses(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss and the per-text cosine of the pooled embeddings ``(B,)``."""
@@ -371,17 +376,12 @@ class OutputHealing(Task):
         }
 
 
-class LMHealing(Task):
+class LMHealing(_FromTeacher):
     """Logit distillation of a causal LM from a given teacher on given ``(N, T)`` token blocks; evaluated by the KL
     (``val_loss``) and the student's perplexity on the held-out blocks."""
 
     name = "heal-lm"
     help = "KL of a causal LM's next-token distribution from its original model's"
-
-    def __init__(self, teacher: nn.Module, train: torch.Tensor, held_out: torch.Tensor) -> None:
-        super().__init__()
-        self.teacher = teacher.eval().requires_grad_(False)
-        self.rows, self.held_out = train, held_out
 
     def build_data(self, config: Any, *, model_name: str) -> TaskData:
         from tensorslim.data import BatchStream
@@ -424,8 +424,7 @@ class ClassifierHealing(LMHealing):
     name = "heal-classifier"
     help = "KL of a sequence classifier's class distribution from its original model's"
 
-    def build_data(self, config: Any, *, model_name: str) -> TaskData:
-        return encoder_data(self.rows, self.held_out, config)
+    build_data = _FromTeacher.build_data  # the rows are an encoder's, not token blocks
 
     def _logits(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = batch
