@@ -53,19 +53,21 @@ from tensorslim.methods.recipes import recipe_for  # noqa: E402
 
 @dataclass(frozen=True)
 class Arm:
-    """One training run: a method, optionally with the factored vocabulary, AdamW's moments in bf16 and a peak
-    learning rate other than the recipe's (``lr``; None: the recipe's)."""
+    """One training run: a method, optionally with a factored LM head (``factor_vocab``) and token embedding
+    (``factor_embedding``), AdamW's moments in bf16 and a peak learning rate other than the recipe's (``lr``; None:
+    the recipe's)."""
 
     name: str
     method: str
     factor_vocab: bool = False
+    factor_embedding: bool = False
     optimizer_state: str = "fp32"
     lr: float | None = None
 
     @property
-    def step_kind(self) -> tuple[str, bool, str]:
+    def step_kind(self) -> tuple[str, bool, bool, str]:
         """What its train step computes: arms that differ only in learning rate step alike."""
-        return self.method, self.factor_vocab, self.optimizer_state
+        return self.method, self.factor_vocab, self.factor_embedding, self.optimizer_state
 
 
 ARMS = {
@@ -76,7 +78,8 @@ ARMS = {
         Arm("cola-m", "cola-m"),
         Arm("galore", "galore"),
         Arm("comera", "comera"),
-        Arm("cola+vocab", "cola", factor_vocab=True),
+        Arm("cola+head", "cola", factor_vocab=True),
+        Arm("cola+vocab", "cola", factor_vocab=True, factor_embedding=True),
         Arm("cola+bf16-state", "cola", optimizer_state="bf16"),
     )
 }
@@ -124,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--dtype", default="fp32", help="train's --dtype: fp32, bf16 or auto (default: fp32)")
     parser.add_argument(
-        "--vocab-rank", type=int, default=None, help="rank of the factored vocabulary (default: the CoLA rank)"
+        "--vocab-rank", type=int, default=None, help="rank of the factored head and embedding (default: the CoLA rank)"
     )
     parser.add_argument(
         "--arms",
@@ -170,6 +173,8 @@ def train_command(arm: Arm, args: argparse.Namespace, run_dir: Path, *, resume: 
         command += ["--lr", repr(arm.lr)]
     if arm.factor_vocab:
         command += ["--factor-vocab", str(vocab_rank(args))]
+    if arm.factor_embedding:
+        command += ["--factor-embedding"]
     if arm.optimizer_state != "fp32":
         command += ["--optimizer-state", arm.optimizer_state]
     return command + (["--resume"] if resume else [])
@@ -249,7 +254,15 @@ def step_seconds(arms: list[Arm], args: argparse.Namespace) -> dict[str, float]:
     for arm in arms:
         if arm.step_kind not in stepped:
             rank = vocab_rank(args) if arm.factor_vocab else 0
-            model = Model(args.preset, arm.method, rank, args.seq_len, args.device, optimizer_state=arm.optimizer_state)
+            model = Model(
+                args.preset,
+                arm.method,
+                rank,
+                args.seq_len,
+                args.device,
+                factor_embedding=arm.factor_embedding,
+                optimizer_state=arm.optimizer_state,
+            )
             stepped[arm.step_kind] = Stepped(model, dtype)
     config = BenchConfig(preset=args.preset, task="lm", batch_size=args.batch_size, seq_len=args.seq_len)
     batch = synthetic_batch(config).to(torch.device(args.device))
@@ -271,6 +284,7 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
         arms[arm.name] = {
             "method": arm.method,
             "factor_vocab": vocab_rank(args) if arm.factor_vocab else 0,
+            "factor_embedding": arm.factor_embedding,
             "optimizer_state": arm.optimizer_state,
             "peak_lr": peak_lr(run_dir),
             "params": summary.get("params_total"),

@@ -1,6 +1,8 @@
-"""The LLaMA train step with a factored vocabulary (``--factor-vocab R``) beside dense and CoLA, side by side.
+"""The LLaMA train step with a factored LM head (``--factor-vocab R``, optionally with ``--factor-embedding``)
+beside dense and CoLA, side by side.
 
-Each arm is what ``tensorslim train --preset P --method M [--factor-vocab R]`` builds and steps: the method's model
+Each arm is what ``tensorslim train --preset P --method M [--factor-vocab R [--factor-embedding]]`` builds and steps:
+the method's model
 (``build_for_method``), the trainer's AdamW (``build_optimizer``, fused), bf16 autocast or fp32, the LM loss, gradient
 clipping at the trainer's default 0.5, the AdamW step. All arms are built in one process and, after warm-up, take
 turns step by step so that machine noise hits them alike; the table gives each arm's median wall-clock step and
@@ -33,16 +35,31 @@ GRAD_CLIP = 0.5  # TrainConfig.grad_clip's default
 
 
 class Model:
-    """One ``(method, factor_vocab)``: its model and the trainer's optimizer (GaLore's for GaLore, with the trainer's
-    rank; AdamW with ``optimizer_state`` moments otherwise), shared by the arms of every precision."""
+    """One ``(method, factor_vocab, factor_embedding)``: its model and the trainer's optimizer (GaLore's for GaLore,
+    with the trainer's rank; AdamW with ``optimizer_state`` moments otherwise), shared by the arms of every
+    precision."""
 
     def __init__(
-        self, preset: str, method: str, vocab_rank: int, seq_len: int, device: str, *, optimizer_state: str = "fp32"
+        self,
+        preset: str,
+        method: str,
+        vocab_rank: int,
+        seq_len: int,
+        device: str,
+        *,
+        factor_embedding: bool = False,
+        optimizer_state: str = "fp32",
     ) -> None:
-        self.method, self.vocab_rank, self.device = method, vocab_rank, device
+        self.method, self.vocab_rank, self.factor_embedding, self.device = method, vocab_rank, factor_embedding, device
         torch.manual_seed(0)
         self.model, _, _ = build_for_method(
-            preset, method, task="lm", max_seq_len=seq_len, factor_vocab=vocab_rank, device=device
+            preset,
+            method,
+            task="lm",
+            max_seq_len=seq_len,
+            factor_vocab=vocab_rank,
+            factor_embedding=factor_embedding,
+            device=device,
         )
         galore = get_method(method).optimizer == "galore"
         rank = galore_projection_rank(recipe_for(preset).cola_rank) if galore else None
@@ -57,6 +74,7 @@ class Arm:
 
     def __init__(self, model: Model, dtype: str) -> None:
         self.method, self.vocab_rank, self.dtype = model.method, model.vocab_rank, dtype
+        self.factor_embedding = model.factor_embedding
         self.model, self.optimizer, self.params, self.device = model.model, model.optimizer, model.params, model.device
         self.task = get_task("lm")()
         self.times: list[float] = []
@@ -64,7 +82,8 @@ class Arm:
 
     @property
     def name(self) -> str:
-        return self.method + (f" + factor-vocab {self.vocab_rank}" if self.vocab_rank else "")
+        vocab = f" + factor-vocab {self.vocab_rank}" if self.vocab_rank else ""
+        return self.method + vocab + (" + factor-embedding" if self.factor_embedding else "")
 
     def step(self, batch: torch.Tensor, *, timed: bool) -> None:
         start, thread_start = time.perf_counter(), time.thread_time()
@@ -92,7 +111,8 @@ def main() -> None:
     parser.add_argument(
         "--arms",
         default="dense,method,vocab",
-        help="comma-separated: dense, method (--method alone), vocab (--method with --factor-vocab); dense first",
+        help="comma-separated: dense, method (--method alone), vocab (--method with --factor-vocab), vocab+embedding "
+        "(and --factor-embedding); dense first",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=2)
@@ -105,8 +125,19 @@ def main() -> None:
     dtypes = list(dict.fromkeys(resolve_dtype(d.strip(), args.device)[0] for d in args.dtypes.split(",")))
     # One model per arm kind, shared by the precisions (autocast changes only the compute): at 350m each fp32
     # model with AdamW state holds 12 bytes per parameter.
-    kinds = {"dense": ("dense", 0), "method": (args.method, 0), "vocab": (args.method, rank)}
-    models = [Model(args.preset, *kinds[kind], args.seq_len, args.device) for kind in args.arms.split(",")]
+    kinds = {
+        "dense": ("dense", 0, False),
+        "method": (args.method, 0, False),
+        "vocab": (args.method, rank, False),
+        "vocab+embedding": (args.method, rank, True),
+    }
+    unknown = [kind for kind in args.arms.split(",") if kind not in kinds]
+    if unknown:
+        parser.error(f"--arms: {unknown[0]!r} is unknown; allowed: {', '.join(kinds)}")
+    models = [
+        Model(args.preset, method, vocab_rank, args.seq_len, args.device, factor_embedding=embedding)
+        for method, vocab_rank, embedding in (kinds[kind] for kind in args.arms.split(","))
+    ]
     arms = [Arm(model, dtype) for dtype in dtypes for model in models]
     config = BenchConfig(preset=args.preset, task="lm", batch_size=args.batch_size, seq_len=args.seq_len)
     batch = synthetic_batch(config).to(args.device)

@@ -131,17 +131,18 @@ options:
     ),
     "train": (
         """usage: tensorslim train [-h] [--preset STR] [--task STR] [--method STR] [--factor-vocab INT]
-                        [--steps INT] [--batch-size INT] [--seq-len INT] [--grad-accum INT]
-                        [--lr FLOAT] [--weight-decay FLOAT] [--optimizer-state STR]
-                        [--grad-clip FLOAT] [--warmup-fraction FLOAT] [--min-lr-ratio FLOAT]
-                        [--dtype STR] [--compile | --no-compile]
-                        [--keep-freed-memory | --no-keep-freed-memory] [--seed INT] [--data STR]
-                        [--text-field STR] [--tokenizer STR] [--vocab-size INT] [--eval-every INT]
-                        [--eval-blocks INT] [--checkpoint-every INT] [--init STR] [--init-base STR]
-                        [--out-dir STR] [--resume | --no-resume] [--overwrite | --no-overwrite]
-                        [--device STR] [--cuda-graphs | --no-cuda-graphs]
-                        [--progress | --no-progress] [--tensorboard | --no-tensorboard] [--tp INT]
-                        [--tp-style STR] [--dp-shard INT] [--tp-overlap STR]
+                        [--factor-embedding | --no-factor-embedding] [--steps INT]
+                        [--batch-size INT] [--seq-len INT] [--grad-accum INT] [--lr FLOAT]
+                        [--weight-decay FLOAT] [--optimizer-state STR] [--grad-clip FLOAT]
+                        [--warmup-fraction FLOAT] [--min-lr-ratio FLOAT] [--dtype STR]
+                        [--compile | --no-compile] [--keep-freed-memory | --no-keep-freed-memory]
+                        [--seed INT] [--data STR] [--text-field STR] [--tokenizer STR]
+                        [--vocab-size INT] [--eval-every INT] [--eval-blocks INT]
+                        [--checkpoint-every INT] [--init STR] [--init-base STR] [--out-dir STR]
+                        [--resume | --no-resume] [--overwrite | --no-overwrite] [--device STR]
+                        [--cuda-graphs | --no-cuda-graphs] [--progress | --no-progress]
+                        [--tensorboard | --no-tensorboard] [--tp INT] [--tp-style STR]
+                        [--dp-shard INT] [--tp-overlap STR]
                         [method options] [task options]
 
 train a registered model with a method on a task (default: tiny CoLA on the stdlib corpus)
@@ -203,8 +204,11 @@ options:
   --preset STR                  registered model (listed above) (default: tiny)
   --task STR                    a task listed above (default: the model's first task)
   --method STR                  training method (listed above) (default: cola)
-  --factor-vocab INT            rank of a factored LM head and token embedding (LLaMA; beyond the
-                                papers), 0 keeps them dense (default: 0)
+  --factor-vocab INT            rank of a factored LM head (LLaMA; beyond the papers), 0 keeps it
+                                dense (default: 0)
+  --factor-embedding, --no-factor-embedding
+                                also factor the token embedding at --factor-vocab's rank (fewer
+                                parameters, no faster step) (default: False)
   --steps INT                   optimizer steps (default: 300)
   --batch-size INT              sequences per micro-batch (default: 16)
   --seq-len INT                 tokens per sequence (default: 128)

@@ -32,6 +32,7 @@ def build_for_method(
     run_dir: Any = None,
     base_state: dict[str, torch.Tensor] | None = None,
     factor_vocab: int = 0,
+    factor_embedding: bool = False,
     **overrides: Any,
 ) -> tuple[nn.Module, list, MethodContext]:
     """Model ``model_name`` built for ``task`` and converted by ``method``.
@@ -45,8 +46,9 @@ def build_for_method(
         steps, run_dir: passed to the method's hook through the returned context.
         base_state: weights loaded into the model as built, before the method converts it
             (:func:`load_matching_`).
-        factor_vocab: when > 0, the rank of a factored LM head and token embedding, applied after the method
+        factor_vocab: when > 0, the rank of a factored LM head, applied after the method
             (:func:`tensorslim.methods.vocab.factor_vocabulary_`).
+        factor_embedding: also factor the token embedding at rank ``factor_vocab``.
         overrides: ``vocab_size``, ``max_seq_len``, ``n_classes`` for the model.
 
     Returns:
@@ -54,6 +56,8 @@ def build_for_method(
     """
     from tensorslim.models.registry import build_model, get_model, resolve_task
 
+    if factor_embedding and not factor_vocab:
+        raise ValueError("factor_embedding=True needs factor_vocab > 0 (the rank it shares with the head)")
     preset = get_model(model_name)
     task = resolve_task(model_name, task)
     options = method_options(method, options)
@@ -78,7 +82,8 @@ def build_for_method(
     )
     reports = apply_method(model, method, context)
     if factor_vocab:
-        reports += factor_vocabulary_(model, factor_vocab, init="svd" if context.pretrained else "random")
+        init = "svd" if context.pretrained else "random"
+        reports += factor_vocabulary_(model, factor_vocab, embedding=factor_embedding, init=init)
     return model, reports, context
 
 
@@ -130,14 +135,23 @@ def method_books(
     task: str | None = None,
     options: Any = None,
     factor_vocab: int = 0,
+    factor_embedding: bool = False,
     **overrides: Any,
 ) -> dict[str, float]:
     """:func:`model_books` of ``model_name`` built for ``method`` and of the dense baseline (keys ``dense_...``),
     counted on meta models (nothing is allocated); the arguments as :func:`build_for_method` takes them."""
     books: dict[str, float] = {}
-    for prefix, name, method_options, rank in (("", method, options, factor_vocab), ("dense_", "dense", None, 0)):
+    arms = (("", method, options, factor_vocab, factor_embedding), ("dense_", "dense", None, 0, False))
+    for prefix, name, method_options, rank, embedding in arms:
         model, _, _ = build_for_method(
-            model_name, name, task=task, options=method_options, device="meta", factor_vocab=rank, **overrides
+            model_name,
+            name,
+            task=task,
+            options=method_options,
+            device="meta",
+            factor_vocab=rank,
+            factor_embedding=embedding,
+            **overrides,
         )
         books.update(model_books(model, seq_len=seq_len, prefix=prefix))
     return books

@@ -63,8 +63,9 @@ class TrainConfig:
     task: str | None = option(None, "a task listed above (default: the model's first task)")
     method: str = option("cola", "training method (listed above)")
     options: Any = option(None, "the method's options")
-    factor_vocab: int = option(
-        0, "rank of a factored LM head and token embedding (LLaMA; beyond the papers), 0 keeps them dense"
+    factor_vocab: int = option(0, "rank of a factored LM head (LLaMA; beyond the papers), 0 keeps it dense")
+    factor_embedding: bool = option(
+        False, "also factor the token embedding at --factor-vocab's rank (fewer parameters, no faster step)"
     )
     task_options: Any = option(None, "the task's options")
     steps: int = option(300, "optimizer steps")
@@ -150,6 +151,8 @@ class TrainConfig:
         if self.vocab_size is not None:
             require_int("vocab_size", self.vocab_size)
         require_int("factor_vocab", self.factor_vocab, minimum=0)
+        if self.factor_embedding and not self.factor_vocab:
+            raise ValueError("factor_embedding=True needs factor_vocab > 0 (the rank it shares with the head)")
         require_int("tp", self.tp)
         require_int("seed", self.seed, minimum=0)  # numpy's generators (segment, reading tasks) take no negatives
         if self.seed > MAX_SEED:
@@ -203,6 +206,7 @@ class TrainConfig:
             "task": self.model_task,
             "options": self.options,
             "factor_vocab": self.factor_vocab,
+            "factor_embedding": self.factor_embedding,
         }
 
     def parallel_setup(self) -> ParallelSetup:

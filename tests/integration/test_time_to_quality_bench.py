@@ -43,6 +43,13 @@ def test_arm_specs_name_an_arm_and_optionally_its_learning_rate(tmp_path: Path) 
     assert (arm.name, arm.method, arm.lr) == ("cola@3e-3", "cola", 0.003)
     assert arm.step_kind == module.ARMS["cola"].step_kind != module.ARMS["cola+vocab"].step_kind
     assert module.parse_arm("cola+vocab") == module.ARMS["cola+vocab"] and module.ARMS["cola+vocab"].lr is None
+    # cola+head factors the LM head only; cola+vocab the token embedding too, at the same rank.
+    assert module.ARMS["cola+head"].step_kind != module.ARMS["cola+vocab"].step_kind
+    args = module.parse_args(["--vocab-rank", "8"])
+    head = module.train_command(module.ARMS["cola+head"], args, tmp_path, resume=False)
+    vocab = module.train_command(module.ARMS["cola+vocab"], args, tmp_path, resume=False)
+    assert "--factor-embedding" not in head and vocab == [*head, "--factor-embedding"]
+    assert head[head.index("--factor-vocab") + 1] == "8"
     for bad in ("nope", "nope@1e-3", "cola@", "cola@x", "cola@0", "cola@-1e-3", "cola@inf", "cola@nan"):
         with pytest.raises(ValueError, match="cola@3e-3"):
             module.parse_arm(bad)
@@ -59,22 +66,22 @@ def test_two_arms_train_report_and_are_read_back(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path)
     module = load()
     argv = ["--steps", "2", "--batch-size", "2", "--seq-len", "16", "--eval-every", "1", "--eval-blocks", "2"]
-    argv += ["--arms", "dense,cola+vocab@2e-3", "--runs", "runs", "--out", "out", "--vocab-rank", "8"]
+    argv += ["--arms", "dense,cola+head@2e-3", "--runs", "runs", "--out", "out", "--vocab-rank", "8"]
     assert module.main(argv) == 0
     (result_json,) = Path("out").glob("time_to_quality_tiny_*.json")
     result = json.loads(result_json.read_text())["result"]  # under the shared header's command and machine
-    assert set(result["arms"]) == {"dense", "cola+vocab@2e-3"}
-    dense, vocab = result["arms"]["dense"], result["arms"]["cola+vocab@2e-3"]
+    assert set(result["arms"]) == {"dense", "cola+head@2e-3"}
+    dense, vocab = result["arms"]["dense"], result["arms"]["cola+head@2e-3"]
     assert result["target"] == json.loads(Path("runs/dense/summary.json").read_text())["val_loss"]
     assert 0 < dense["to_dense_loss"]["time_vs_dense"] <= 1.0  # dense reaches its own final loss by its end
     assert [p["step"] for p in vocab["evaluations"]] == [1, 2]
-    assert "--factor-vocab 8" in vocab["command"] and vocab["factor_vocab"] == 8
+    assert "--factor-vocab 8" in vocab["command"] and vocab["factor_vocab"] == 8 and not vocab["factor_embedding"]
     # Same schedule, another peak: the learning rates of every step stand in the ratio of the peaks.
     assert "--lr 0.002" in vocab["command"] and "--lr" not in dense["command"]
     assert vocab["peak_lr"] / dense["peak_lr"] == pytest.approx(2e-3 / recipe_for("tiny").lr)
     assert vocab["params"] < dense["params"]
     assert result_json.with_suffix(".png").stat().st_size > 0
-    assert "| cola+vocab@2e-3 |" in result_json.with_suffix(".md").read_text()
+    assert "| cola+head@2e-3 |" in result_json.with_suffix(".md").read_text()
     # A finished arm is read back, not trained again: its metrics stay as they were.
     metrics = Path("runs/dense/metrics.jsonl").read_text()
     assert module.main([*argv, "--arms", "dense"]) == 0

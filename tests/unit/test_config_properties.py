@@ -373,6 +373,7 @@ RUN_FIELDS_ELSEWHERE = {
     "keep_freed_memory",
     "tensorboard",
     "cuda_graphs",
+    "factor_embedding",  # valid only beside factor_vocab > 0: tests/unit/test_factor_vocab.py
 }
 
 

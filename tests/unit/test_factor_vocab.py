@@ -1,5 +1,6 @@
-"""The factored vocabulary (``--factor-vocab``): a low-rank LM head and token embedding on our LLaMA, checked against
-the dense model, gradcheck, the FLOP counter and a save/load round trip."""
+"""The factored vocabulary (``--factor-vocab``, ``--factor-embedding``): a low-rank LM head, and optionally a low-rank
+token embedding, on our LLaMA, checked against the dense model, gradcheck, the FLOP counter and a save/load round
+trip."""
 
 from __future__ import annotations
 
@@ -39,11 +40,13 @@ def _reference_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
 
 
-def test_full_rank_factorization_equals_the_dense_model() -> None:
+@pytest.mark.parametrize("embedding", [False, True])
+def test_full_rank_factorization_equals_the_dense_model(embedding: bool) -> None:
     dense = _dense()
     factored = copy.deepcopy(dense)
-    factor_vocabulary_(factored, CONFIG.d_model, init="svd")
-    assert isinstance(factored.lm_head, LowRankLinear) and isinstance(factored.embed_tokens, LowRankEmbedding)
+    factor_vocabulary_(factored, CONFIG.d_model, embedding=embedding, init="svd")
+    assert isinstance(factored.lm_head, LowRankLinear)
+    assert isinstance(factored.embed_tokens, LowRankEmbedding if embedding else nn.Embedding)
     ids = _ids()
     torch.testing.assert_close(factored(ids), dense(ids), rtol=1e-10, atol=1e-10)
     # The LM task's fused loss over the factored head equals the dense logits' cross-entropy.
@@ -53,7 +56,7 @@ def test_full_rank_factorization_equals_the_dense_model() -> None:
 
 def test_fused_factored_loss_gradients_equal_the_logits_path() -> None:
     model = _dense()
-    factor_vocabulary_(model, 5)
+    factor_vocabulary_(model, 5, embedding=True)
     ids = _ids()
     fused = torch.autograd.grad(lm_loss(model, ids), list(model.parameters()))
     plain = torch.autograd.grad(_reference_loss(model(ids), ids), list(model.parameters()))
@@ -74,17 +77,32 @@ def test_gradcheck_of_the_factored_head_and_loss() -> None:
     assert torch.autograd.gradcheck(loss, (hidden, weight_a, weight_b))
 
 
-def test_plan_and_flops_books_are_exact() -> None:
+def test_head_only_plan_and_books_leave_the_embedding_dense() -> None:
     rank, d, vocab, seq = 4, CONFIG.d_model, CONFIG.vocab_size, 6
     model = _dense(torch.float32)
     dense_params, dense_flops = count_params(model), flops_per_token(model, seq_len=seq)
-    head_plan, table_plan = plan_vocabulary(model, rank)
+    (head_plan,) = plan_vocabulary(model, rank)
+    assert [layer.name for layer in head_plan.layers] == ["lm_head"]
+    assert head_plan.layers[0].params_after == rank * (d + vocab)
+    embedding = model.embed_tokens
+    factor_vocabulary_(model, rank)
+    assert model.embed_tokens is embedding
+    assert dense_params.total - count_params(model).total == vocab * d - rank * (vocab + d)
+    # Per token the head drops from 2·V·d to 2·r·(d + V); nothing else changes.
+    assert flops_per_token(model, seq_len=seq) == dense_flops - 2 * vocab * d + 2 * rank * (d + vocab)
+
+
+def test_plan_and_flops_books_with_the_embedding_are_exact() -> None:
+    rank, d, vocab, seq = 4, CONFIG.d_model, CONFIG.vocab_size, 6
+    model = _dense(torch.float32)
+    dense_params, dense_flops = count_params(model), flops_per_token(model, seq_len=seq)
+    head_plan, table_plan = plan_vocabulary(model, rank, embedding=True)
     assert isinstance(model.lm_head, nn.Linear)  # plan changes nothing
     assert [layer.name for layer in head_plan.layers] == ["lm_head"]
     assert [layer.name for layer in table_plan.layers] == ["embed_tokens"]
     assert head_plan.layers[0].params_after == rank * (d + vocab)
     assert table_plan.layers[0].params_after == rank * (vocab + d)
-    factor_vocabulary_(model, rank)
+    factor_vocabulary_(model, rank, embedding=True)
     params = count_params(model)
     saved = 2 * vocab * d - 2 * rank * (vocab + d)
     assert dense_params.total - params.total == saved
@@ -95,13 +113,17 @@ def test_plan_and_flops_books_are_exact() -> None:
     assert model.lm_head.flops(seq) + model.embed_tokens.flops(seq) == seq * (expected - dense_flops + 2 * vocab * d)
 
 
-def test_save_load_round_trip(tmp_path: Path) -> None:
-    model, _, _ = build_for_method("tiny", "cola", factor_vocab=8, vocab_size=64, max_seq_len=16)
+@pytest.mark.parametrize("embedding", [False, True])
+def test_save_load_round_trip(tmp_path: Path, embedding: bool) -> None:
+    model, _, _ = build_for_method(
+        "tiny", "cola", factor_vocab=8, factor_embedding=embedding, vocab_size=64, max_seq_len=16
+    )
     ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(3))
     model.eval()
     tensorslim.save_pretrained(model, tmp_path / "saved", base="tiny")
     loaded = tensorslim.load_pretrained(tmp_path / "saved")
-    assert isinstance(loaded.lm_head, LowRankLinear) and isinstance(loaded.embed_tokens, LowRankEmbedding)
+    assert isinstance(loaded.lm_head, LowRankLinear)
+    assert isinstance(loaded.embed_tokens, LowRankEmbedding if embedding else nn.Embedding)
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
 
@@ -110,9 +132,11 @@ def test_refused_requests_change_nothing() -> None:
     model = _dense()
     before = {name: p.clone() for name, p in model.state_dict().items()}
     with pytest.raises(ValueError, match="factor_vocab=17 is out of range; allowed 1..16"):
-        factor_vocabulary_(model, 17)
+        factor_vocabulary_(model, 17, embedding=True)
     with pytest.raises(ValueError, match="factor_vocab=0 is invalid"):
         factor_vocabulary_(model, 0)
+    with pytest.raises(TypeError, match="embedding='yes' is invalid; allowed: True or False"):
+        factor_vocabulary_(model, 4, embedding="yes")
     assert isinstance(model.lm_head, nn.Linear) and isinstance(model.embed_tokens, nn.Embedding)
     assert all(torch.equal(before[name], p) for name, p in model.state_dict().items())
     factor_vocabulary_(model, 4)
@@ -120,3 +144,7 @@ def test_refused_requests_change_nothing() -> None:
         factor_vocabulary_(model, 4)
     with pytest.raises(ValueError, match="factor_vocab=-1 is invalid; allowed: an integer >= 0"):
         TrainConfig(factor_vocab=-1)
+    with pytest.raises(ValueError, match="factor_embedding=True needs factor_vocab > 0"):
+        TrainConfig(factor_embedding=True)
+    with pytest.raises(ValueError, match="factor_embedding=True needs factor_vocab > 0"):
+        build_for_method("tiny", "cola", factor_embedding=True, device="meta")
