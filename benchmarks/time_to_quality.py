@@ -12,8 +12,9 @@ Wall time is the sum of the arm's train-step times (forward, backward and optimi
 through ``tokens_per_s``); validation passes and checkpoints are left out, so every arm pays the same for them. The
 time an arm needs to reach the dense run's final validation loss is interpolated linearly between the two evaluations
 that straddle it; a dense run at another learning rate (``dense@LR``) is a second target (its last evaluated loss when
-it was stopped), reported in a table of its own. Arms run one after the other on a machine others may be loading: the
-load average before and after each arm is recorded beside its figures.
+it was stopped), reported in a table of its own, which also gives the other way round: the time each arm needs to
+reach its own final loss beside the time that dense run needs to reach the same loss. Arms run one after the other
+on a machine others may be loading: the load average before and after each arm is recorded beside its figures.
 
 Where other jobs shared the machine while the arms trained, their recorded step times are not comparable. With
 ``--step-repeats N`` the report instead times every reported arm's train step side by side in one process (its model
@@ -238,6 +239,21 @@ def time_to_loss(arm: dict[str, Any], dense: dict[str, Any], tokens_per_arm: int
     }
 
 
+def time_to_own_loss(arm: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float] | None:
+    """The seconds ``arm`` needs to reach its own final loss beside the seconds the ``baseline`` run needs to reach
+    the same loss, and their ratio: how much sooner the arm reaches the quality it ends at. None if the baseline never
+    reaches it."""
+    theirs = reach(baseline["evaluations"], arm["final_val_loss"])
+    if theirs is None:
+        return None
+    own = reach(arm["evaluations"], arm["final_val_loss"])
+    return {
+        "seconds": own["seconds"],
+        "baseline_seconds": theirs["seconds"],
+        "time_vs_baseline": own["seconds"] / theirs["seconds"],
+    }
+
+
 def step_seconds(arms: list[Arm], args: argparse.Namespace) -> dict[str, float]:
     """The median train-step seconds of each of ``arms`` by name, timed side by side in this process: one warm-up
     step, then ``args.step_repeats`` steps per kind of step, kinds taking turns so that the machine's noise hits them
@@ -312,11 +328,13 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
                 arm["train_seconds"] / arm["steps"]
             )
     # A dense run at another learning rate is a second target: its final loss (its last evaluated one if it was
-    # stopped), reached in what share of its time to there.
+    # stopped), reached in what share of its time to there; and, the other way round, its time to each arm's final
+    # loss.
     other_targets = {name: arm["final_val_loss"] for name, arm in arms.items() if name.startswith("dense@")}
     for name in other_targets:
         for arm in arms.values():
             arm.setdefault("to_loss_of", {})[name] = time_to_loss(arm, arms[name], args.steps * tokens_per_step)
+            arm.setdefault("own_loss_vs", {})[name] = time_to_own_loss(arm, arms[name])
     return {
         "config": {
             "preset": args.preset,
@@ -363,7 +381,8 @@ def notes(result: dict[str, Any]) -> list[str]:
 
 def markdown(result: dict[str, Any]) -> list[str]:
     """The target and the table: every arm's final loss, time and the time and tokens it needs to reach dense's;
-    one more table per dense run at another learning rate, with the time and tokens to reach its loss."""
+    one more table per dense run at another learning rate, with the time and tokens to reach its loss and that run's
+    time to each arm's final loss."""
     lines = []
     target = result["target"]
     if target is not None:
@@ -391,14 +410,20 @@ def markdown(result: dict[str, Any]) -> list[str]:
         lines += ["", f"Target: the {target_name} run's {which or 'final validation loss'}, **{target:.4f}**.", ""]
         rows = []
         for name, arm in result["arms"].items():
-            reached = arm["to_loss_of"][target_name]
+            reached, own = arm["to_loss_of"][target_name], arm["own_loss_vs"][target_name]
             cells = (
                 [f"{reached['seconds']:.1f}", f"{reached['time_vs_dense']:.2f}", f"{reached['tokens']:,.0f}"]
                 if reached
                 else ["not reached", "—", "—"]
             )
+            cells += (
+                [f"{own['seconds']:.1f}", f"{own['baseline_seconds']:.1f}", f"{own['time_vs_baseline']:.2f}"]
+                if own
+                else ["—", f"{target_name} does not reach it", "—"]
+            )
             rows.append([name, *cells])
         columns = [f"time to {target_name}'s loss (s)", f"× {target_name}'s time", f"tokens to {target_name}'s loss"]
+        columns += ["time to its final loss (s)", f"{target_name}'s time to that loss (s)", f"× {target_name}'s"]
         lines += table(["arm", *columns], rows)
     return lines
 

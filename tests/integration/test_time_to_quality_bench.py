@@ -37,6 +37,31 @@ def test_reach_interpolates_between_the_evaluations_that_straddle_the_target() -
     assert load().reach(points, 2.9) is None
 
 
+def test_time_to_own_loss_compares_with_the_baseline_at_the_arms_final_loss() -> None:
+    baseline = {
+        "evaluations": [
+            {"seconds": 2.0, "tokens": 100, "val_loss": 5.0},
+            {"seconds": 6.0, "tokens": 300, "val_loss": 3.0},
+        ]
+    }
+    # The arm ends at 4.0, first reached at 1.5 s (it was 4.0 before its last evaluation too); the baseline gets
+    # there half-way between its evaluations, at 4 s.
+    arm = {
+        "final_val_loss": 4.0,
+        "evaluations": [
+            {"seconds": 1.0, "tokens": 100, "val_loss": 4.5},
+            {"seconds": 2.0, "tokens": 200, "val_loss": 3.5},
+            {"seconds": 3.0, "tokens": 300, "val_loss": 4.0},
+        ],
+    }
+    assert load().time_to_own_loss(arm, baseline) == {
+        "seconds": 1.5,
+        "baseline_seconds": 4.0,
+        "time_vs_baseline": 0.375,
+    }
+    assert load().time_to_own_loss({**arm, "final_val_loss": 2.0}, baseline) is None  # the baseline never gets there
+
+
 def test_arm_specs_name_an_arm_and_optionally_its_learning_rate(tmp_path: Path) -> None:
     module = load()
     arm = module.parse_arm("cola@3e-3")
