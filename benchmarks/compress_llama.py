@@ -1,29 +1,48 @@
-"""A trained LLaMA run compressed to 75/50/25 % of its linear layers' parameters and to 1/8 of their bytes: held-out
-perplexity before and after healing.
+"""Size against held-out perplexity of a trained LLaMA run under post-training compression, before and after healing.
 
-The run is any ``tensorslim train`` run of our LLaMA (its ``model/`` folder and tokenizer); calibration and healing
-use its training text, perplexity is measured on the first blocks of its validation split, all in this one process.
-Per size: ``tensorslim.compress`` without healing, then again with healing (layer by layer, then logit distillation
-end to end on the Trainer); the 1/8-bytes arm chooses among low rank, Kronecker, 8- and 4-bit per layer. Writes
-``benchmarks/results/compress_llama_<date>.md/.json/.png``.
+The run is any ``tensorslim train`` run of our LLaMA (its ``model/`` folder and tokenizer). Every arm is measured in
+one process on the same text: calibration on the first blocks of the run's training split, healing on the blocks
+after them, perplexity on the first blocks of its validation split (never calibrated or healed on). Arms per size:
+each single family at its best (plain SVD with ranks by budget, input-whitened SVD with ranks by budget, Kronecker
+chosen per layer; RTN and COMQ 4-bit for a bytes budget) against ``tensorslim.compress`` over all its default
+families. For a bytes budget ``compress`` also runs at exactly the bytes that COMQ 4-bit takes (its scales and zero
+points make it a little more than 1/8 of fp32). Healing (layer by layer, then optionally end to end) runs on
+``compress`` at every size (its quantized layers, if any, stay fixed) and on the best structured single family of
+each parameter budget. Sizes are shares of the dense linear layers inside the blocks (the output head stays dense).
+Writes ``benchmarks/results/compress_llama_<date>.md/.json/.png``; the table is rewritten as each row finishes, so a
+stopped run keeps what it measured.
 
-    python -m tensorslim train --preset tiny --method dense --steps 200 --batch-size 8 --seq-len 128 \
-        --out-dir /tmp/tiny-dense
-    python benchmarks/compress_llama.py --run /tmp/tiny-dense
+    python -m tensorslim train --preset 60m --method dense --steps 1000 --batch-size 4 --seq-len 256 \
+        --out-dir /tmp/60m-dense
+    OMP_NUM_THREADS=1 python benchmarks/compress_llama.py --run /tmp/60m-dense
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
+import sys
 import time
 import warnings
 from datetime import date
 from pathlib import Path
 
-from _results import table, write
+import torch
 
-SIZES = (("params", 0.75), ("params", 0.5), ("params", 0.25), ("bytes", 0.125))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results, when loaded by path
+from _results import table, write  # noqa: E402
+
+ARMS = (
+    "SVD",
+    "SVD, whitened",
+    "Kronecker (per layer)",
+    "RTN 4-bit",
+    "COMQ 4-bit",
+    "compress",
+    "compress (COMQ's bytes)",
+)
+SIZES = (("params", 0.5), ("bytes", 0.125), ("params", 0.75), ("params", 0.25))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,22 +50,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", required=True, help="a tensorslim train run folder of our LLaMA")
     parser.add_argument("--data", default="stdlib", help="the run's corpus")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--calibration", type=int, default=32, help="training blocks to calibrate on")
-    parser.add_argument("--heal-blocks", type=int, default=512, help="training blocks to heal on")
+    parser.add_argument("--calibration", type=int, default=8, help="training blocks to calibrate on")
+    parser.add_argument("--heal-blocks", type=int, default=800, help="training blocks to heal on (after those)")
     parser.add_argument("--held-out", type=int, default=64, help="validation blocks to measure perplexity on")
-    parser.add_argument("--block-steps", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=200, help="end-to-end healing steps")
-    parser.add_argument("--lr", type=float, default=3e-4, help="end-to-end healing learning rate")
+    parser.add_argument("--block-steps", type=int, default=100, help="layer-by-layer healing steps per block")
+    parser.add_argument("--steps", type=int, default=0, help="end-to-end healing steps")
+    parser.add_argument("--lr", type=float, default=2e-4, help="end-to-end healing learning rate")
+    parser.add_argument(
+        "--sizes", default=",".join(f"{k}:{v}" for k, v in SIZES), help="kind:value pairs, e.g. params:0.5,bytes:0.125"
+    )
+    parser.add_argument("--arms", default=";".join(ARMS), help=f"a ';'-separated subset of: {'; '.join(ARMS)}")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", default=f"benchmarks/results/compress_llama_{date.today():%Y-%m-%d}")
     args = parser.parse_args(argv)
+    arms = {arm.strip() for arm in args.arms.split(";")}
+    if arms - set(ARMS):
+        parser.error(f"--arms {sorted(arms - set(ARMS))} unknown; allowed: {'; '.join(ARMS)}")
+    sizes = [(kind, float(value)) for kind, value in (pair.split(":") for pair in args.sizes.split(","))]
+    if any(kind not in ("params", "bytes") for kind, _ in sizes):
+        parser.error(f"--sizes {args.sizes!r} is invalid; allowed: kinds params and bytes, e.g. params:0.5")
+    torch.set_num_threads(args.threads)
 
-    import torch
-
-    from tensorslim import Budget, load_pretrained
-    from tensorslim.compression import compress
+    from tensorslim import Budget, SVDConfig, convert_, load_pretrained
+    from tensorslim.compression import CompressReport, calibrate, compress, heal
+    from tensorslim.compression.api import model_size
     from tensorslim.compression.heal import HealConfig
+    from tensorslim.convert import output_head_ids
     from tensorslim.data import build_lm_data
+    from tensorslim.layers._source import is_dense_linear
     from tensorslim.pretrained import locate_model
+    from tensorslim.quant import COMQConfig, RTNConfig, quantize_
     from tensorslim.tasks.lm import lm_loss
 
     warnings.simplefilter("ignore")
@@ -59,84 +92,162 @@ def main(argv: list[str] | None = None) -> int:
         seq_len=args.seq_len,
         max_val_blocks=args.held_out,
     )
-    calibration = list(data.train[: args.calibration].split(8))
-    heal_data = list(data.train[: args.heal_blocks].split(8))
+    cal = list(data.train[: args.calibration].split(8))
+    heal_data = list(data.train[args.calibration : args.calibration + args.heal_blocks].split(8))
     held_out = list(data.validation.split(8))
     healing = HealConfig(block_steps=args.block_steps, steps=args.steps, lr=args.lr, progress=False)
+    heads = output_head_ids(original)
+    linear = [m for m in original.modules() if is_dense_linear(m) and id(m) not in heads]
+    dense_params = sum(p.numel() for m in linear for p in m.parameters())
+    dense_bytes = sum(p.numel() * p.element_size() for m in linear for p in m.parameters())
+    full_params, full_bytes = model_size(original)
 
     @torch.no_grad()
     def perplexity(model: torch.nn.Module) -> float:
         total = sum(lm_loss(model, block, reduction="sum").item() for block in held_out)
         return math.exp(total / sum(b.shape[0] * (b.shape[1] - 1) for b in held_out))
 
-    def linear_params(model: torch.nn.Module) -> int:
-        return sum(p.numel() for name, p in model.named_parameters() if ".layers." in f".{name}")
+    def linear_share(model: torch.nn.Module, kind: str) -> float:
+        params, nbytes = model_size(model)
+        if kind == "params":
+            return (dense_params - (full_params - params)) / dense_params
+        return (dense_bytes - (full_bytes - nbytes)) / dense_bytes
 
-    rows: list[list[object]] = []
+    intro = [
+        f"Run `{Path(args.run).name}`: {dense_params:,} parameters in the linear layers of its blocks (the size "
+        f"measured here; the output head and embedding stay dense). Calibration on the first {args.calibration} "
+        f"training blocks of {args.seq_len} tokens, healing on the next {sum(len(b) for b in heal_data)} ({healing}), "
+        f"perplexity on {sum(len(b) for b in held_out)} validation blocks. Single families: SVD and input-whitened "
+        "SVD with ranks by budget (`convert_(SVDConfig(budget=…))`), Kronecker chosen per layer "
+        "(`compress(families=('kron',), allocation='per-layer')`), RTN/COMQ 4-bit on every layer; `compress` with its "
+        "defaults (end-to-end allocation over low rank and Kronecker, plus 8/4/3-bit under a bytes budget)."
+        " Healing runs on a copy of each compressed model (quantized layers stay fixed).",
+        "",
+    ]
+    columns = ["size", "arm", "linear-layer share", "healing steps per block", "perplexity", "seconds"]
+    lines: list[list[object]] = []
+    rows: list[tuple[str, str, float, float]] = []  # (size, arm, share, perplexity) for the plot and the summary
+    notes: list[str] = []
 
     def save() -> Path:
-        columns = ["budget", "perplexity, compressed", "block params", "linear bytes", "perplexity, healed",
-                   "compress s", "compress + heal s"]  # fmt: skip
-        body = [
-            f"Run `{Path(args.run).name}` ({linear_params(original):,} parameters in its blocks); calibration on "
-            f"{args.calibration} training blocks of {args.seq_len} tokens, healing on {len(heal_data) * 8} blocks "
-            f"({healing}), perplexity on {len(held_out) * 8 if held_out else 0} validation blocks. The 1/8-bytes "
-            "arm chooses among low rank, Kronecker, 8- and 4-bit per layer; the others among low rank and Kronecker.",
-            "",
-            *table(columns, rows),
-        ]
-        path = write(Path(args.out), "A trained LLaMA run compressed and healed: perplexity", body, data={"rows": rows})
-        if len(rows) > 1:
-            plot(rows, path.with_suffix(".png"))
-        return path  # after every size: a stopped run keeps what it measured
+        body = [*intro, *table(columns, lines), *summary(rows), *notes]
+        title = "A trained LLaMA run under post-training compression: held-out perplexity"
+        path = write(Path(args.out), title, body, data={"rows": lines})
+        plot(rows, path.with_suffix(".png"), dense_ppl)
+        return path
+
+    def note(size: str, arm: str, report: CompressReport) -> None:
+        if report.plan_losses:
+            losses = ", ".join(f"{plan} {loss:.4f}" for plan, loss in report.plan_losses.items())
+            notes.append(f"- {size}, {arm}: kept `{report.plan}`; calibration loss (1 − logits cosine): {losses}")
+
+    def record(size: str, arm: str, model: torch.nn.Module, kind: str, steps: int, start: float) -> float:
+        ppl = perplexity(model)
+        share = linear_share(model, kind)
+        rows.append((size, arm + (" + healing" if steps else ""), share, ppl))
+        lines.append([size, arm, f"{share:.3f}", steps, f"{ppl:.2f}", f"{time.time() - start:.0f}"])
+        save()
+        print(f"{size} {arm} steps={steps} share={share:.3f} perplexity={ppl:.2f}", flush=True)
+        return ppl
+
+    def healed(size: str, arm: str, model: torch.nn.Module, kind: str) -> None:
+        # what compress(healing=…) does after building its choice, but with quantized layers already quantized (their
+        # codes stay fixed; compress would heal them as floats and quantize after): one compress per size, not two
+        start = time.time()
+        model = copy.deepcopy(model)
+        heal(model, copy.deepcopy(original), heal_data, config=healing)
+        record(size, arm, model, kind, args.block_steps, start)
 
     dense_ppl = perplexity(original)
-    rows.append(["dense", "-", f"{linear_params(original):,}", "-", f"{dense_ppl:.2f}", "-", "0"])
-    print(rows[-1], flush=True)
-    for kind, value in SIZES:
-        families = ("lowrank", "kron", "int8", "int4") if kind == "bytes" else ("lowrank", "kron")
+    lines.append(["dense", "dense", "1.000", 0, f"{dense_ppl:.2f}", "-"])
+    print(lines[-1], flush=True)
+    for kind, value in sizes:
+        size = f"{value:g} {kind}"
         budget = Budget(**{kind: value})
-        start = time.perf_counter()
-        small, report = compress(original, budget, calibration, families=families, progress=False)
-        plain = perplexity(small)
-        built = time.perf_counter() - start
-        start = time.perf_counter()
-        healed, report = compress(
-            original, budget, calibration, families=families, healing=healing, heal_data=heal_data, progress=False
-        )
-        fixed = perplexity(healed)
-        spent = time.perf_counter() - start
-        bytes_ = sum(c.nbytes for c in report.choices.values())
-        rows.append([f"{kind} {value:g}", f"{plain:.2f}", f"{linear_params(healed):,}", f"{bytes_:,}", f"{fixed:.2f}",
-                     f"{built:.0f}", f"{spent:.0f}"])  # fmt: skip
-        print(rows[-1], flush=True)
-        print(report.table().splitlines()[-1], flush=True)
-        save()
-
+        singles: dict[str, tuple[float, torch.nn.Module]] = {}
+        if kind == "params":
+            for arm in [a for a in ("SVD", "SVD, whitened") if a in arms]:
+                start = time.time()
+                model = copy.deepcopy(original)
+                # a calibration is keyed by the layers of the model it ran on: this copy's
+                calibration = calibrate(model, cal, progress=False) if arm != "SVD" else None
+                convert_(model, SVDConfig(budget=budget, calibration=calibration))
+                singles[arm] = (record(size, arm, model, kind, 0, start), model)
+            if "Kronecker (per layer)" in arms:
+                start = time.time()
+                model, _ = compress(original, budget, cal, families=("kron",), allocation="per-layer", progress=False)
+                singles["Kronecker (per layer)"] = (record(size, "Kronecker (per layer)", model, kind, 0, start), model)
+        else:
+            for arm, config in (("RTN 4-bit", RTNConfig(bits=4)), ("COMQ 4-bit", COMQConfig(bits=4))):
+                if arm not in arms:
+                    continue
+                start = time.time()
+                model = copy.deepcopy(original)
+                quantize_(model, config, cal)
+                record(size, arm, model, kind, 0, start)
+                if arm == "COMQ 4-bit" and "compress (COMQ's bytes)" in arms:
+                    share = linear_share(model, kind)
+                    start = time.time()
+                    # as a count: 4 bits everywhere fits it exactly
+                    model, report = compress(original, Budget(bytes=round(share * dense_bytes)), cal, progress=False)
+                    note(f"{share:.3f} {kind}", "compress (COMQ's bytes)", report)
+                    record(f"{share:.3f} {kind}", "compress (COMQ's bytes)", model, kind, 0, start)
+        if "compress" in arms:
+            start = time.time()
+            model, report = compress(original, budget, cal, progress=False)
+            note(size, "compress", report)
+            record(size, "compress", model, kind, 0, start)
+            print(report.table(), flush=True)
+        if args.block_steps or args.steps:
+            if singles:
+                best = min(singles, key=lambda arm: singles[arm][0])
+                healed(size, best, singles[best][1], kind)
+            if "compress" in arms:
+                healed(size, "compress", model, kind)
     print(f"wrote {save()}")
     return 0
 
 
-def plot(rows: list[list[object]], path: Path) -> None:
-    """Perplexity per budget, compressed and healed, against the dense run."""
+def summary(rows: list[tuple[str, str, float, float]]) -> list[str]:
+    """Per size, whether ``compress`` has a lower perplexity than every single family (before healing, and after
+    healing against the healed single family)."""
+    out = []
+    for size in dict.fromkeys(r[0] for r in rows):
+        here = [r for r in rows if r[0] == size]
+        for healed in (False, True):
+            mine = [r[3] for r in here if r[1] == "compress" + (" + healing" if healed else "")]
+            others = [r for r in here if not r[1].startswith("compress") and r[1].endswith(" + healing") == healed]
+            if mine and others:
+                best = min(others, key=lambda r: r[3])
+                verdict = "lower" if mine[0] < best[3] else "not lower"
+                out.append(
+                    f"- {size}{', healed' if healed else ''}: compress {mine[0]:.2f} is {verdict} than the best "
+                    f"single family ({best[1]}, {best[3]:.2f})"
+                )
+    return [*out, ""] if out else []
+
+
+def plot(rows: list[tuple[str, str, float, float]], path: Path, dense: float) -> None:
+    """Held-out perplexity against the linear layers' share of dense, one line per arm, the dense run dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = rows[1:]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    x = range(len(sizes))
-    ax.plot(x, [float(r[1]) for r in sizes], marker="o", label="compressed")
-    ax.plot(x, [float(r[4]) for r in sizes], marker="o", label="healed")
-    ax.axhline(float(rows[0][4]), color="gray", linestyle="--", label="dense")
-    ax.set_xticks(list(x), [str(r[0]) for r in sizes])
-    ax.set_yscale("log")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in dict.fromkeys(row[1] for row in rows):
+        points = sorted((share, ppl) for _, a, share, ppl in rows if a == arm)
+        ax.plot(*zip(*points, strict=True), marker="o", linestyle="--" if "healing" in arm else "-", label=arm)
+    ax.axhline(dense, color="gray", linestyle=":", label="dense")
+    ax.set_xlabel("share of the dense linear layers in the blocks (params; bytes for the 1/8 arms)")
     ax.set_ylabel("held-out perplexity")
-    ax.set_title("trained LLaMA compressed, before and after healing")
-    ax.legend()
+    ax.set_yscale("log")
+    ax.set_title("trained LLaMA, post-training compression")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
