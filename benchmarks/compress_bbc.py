@@ -32,7 +32,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _results import table, write  # noqa: E402
+from _results import command, machine, table, write  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,25 +111,44 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(row), flush=True)
         save()  # after every row: a stopped run keeps what it measured
 
+    running = [arm for arm in ("embedding", "classifier") if arm in args.arms]
+    kept = kept_arms(Path(args.out), running)  # the other arm's rows of an earlier run into the same file
+
     def save() -> Path:
         columns = ["arm", "stage", "params", "quality", "metric", "wall s", "CPU s"]
-        curve = ", ".join(f"{accuracy:.4f} at step {step}" for step, accuracy in data.get("finetune_curve", []))
+        mine = [dict(zip(columns, row, strict=True)) for row in rows]
+        now = {"command": command(), "date": machine()["date"], "load_average": machine()["load_average"]}
+        arms = {
+            **kept,
+            **{arm: {**now, "healing": str(healing), "rows": [r for r in mine if r["arm"] == arm]} for arm in running},
+        }
+        if "classifier" in running:
+            arms["classifier"]["finetune_curve"] = data.get("finetune_curve", [])
+        finetuned = arms.get("classifier", {}).get("finetune_curve", [])
+        curve = ", ".join(f"{accuracy:.4f} at step {step}" for step, accuracy in finetuned)
         body = [
             f"MiniLM at {args.params:.0%} of its linear layers' parameters (low rank, calibrated on "
-            f"{args.calibration} BBC training articles of {args.seq_len} tokens); healing on {data['heal_texts']} "
-            f"training articles with {healing}. Embedding arm: the corpus split (healing on its training articles, "
-            f"cosine on its {sum(len(b['input_ids']) for b in held_out)} validation articles). Classifier arm: the "
-            "stratified split of the labelled articles (fine-tuning, calibration and healing on its training "
-            f"articles, accuracy on {str(args.test_articles) + ' random' if args.test_articles else 'all'} of "
-            "its test articles). Times are per stage: wall seconds, and CPU seconds of this process (all threads); "
-            "the load average below says how busy the shared machine was.",
+            f"{args.calibration} BBC training articles of {args.seq_len} tokens). Embedding arm: the corpus split "
+            f"(healing on its training articles, cosine on its {sum(len(b['input_ids']) for b in held_out)} "
+            "validation articles). Classifier arm: the stratified split of the labelled articles (fine-tuning, "
+            "calibration and healing on its training articles, accuracy on "
+            f"{str(args.test_articles) + ' random' if args.test_articles else 'all'} of its test articles). Times are "
+            "per stage: wall seconds, and CPU seconds of the process (all threads); the load average says how busy "
+            "the shared machine was. Each arm's rows come from the command named for it (the header names the "
+            "latest):",
+            "",
+            *(
+                f"- {arm}: `{record['command']}` ({record['date']}, load {record['load_average']}; {record['healing']})"
+                for arm, record in arms.items()
+            ),
             *(["", f"Fine-tuning, test accuracy: {curve}."] if curve else []),
             "",
-            *table(columns, rows),
+            *table(columns, [list(r.values()) for record in arms.values() for r in record["rows"]]),
         ]
-        data["rows"] = [dict(zip(columns, row, strict=True)) for row in rows]
+        data["rows"] = mine
+        data["arms"] = arms
         path = write(Path(args.out), "MiniLM on BBC News: dense vs compressed vs healed", body, data=data)
-        plot(rows, path.with_suffix(".png"))
+        plot([list(r.values()) for record in arms.values() for r in record["rows"]], path.with_suffix(".png"))
         return path
 
     def size(model: torch.nn.Module) -> int:
@@ -222,6 +241,30 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"wrote {save()}")
     return 0
+
+
+def kept_arms(stem: Path, running: list[str]) -> dict[str, dict]:
+    """The arms of an earlier result at ``stem`` (``.json``) that this run does not measure: their command, date, load,
+    healing settings and rows, kept in the result file beside this run's arms."""
+    import json
+
+    path = stem.with_name(stem.name + ".json")
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text())
+    result = record["result"]
+    arms = result.get("arms") or {  # a file of one run: its rows under its command
+        arm: {
+            "command": record["command"],
+            "date": record["machine"]["date"],
+            "load_average": record["machine"]["load_average"],
+            "healing": "HealConfig(" + ", ".join(f"{k}={v!r}" for k, v in result["healing"].items()) + ")",
+            "rows": [r for r in result["rows"] if r["arm"] == arm],
+            **({"finetune_curve": result["finetune_curve"]} if arm == "classifier" else {}),
+        }
+        for arm in dict.fromkeys(r["arm"] for r in result["rows"])
+    }
+    return {arm: arms[arm] for arm in arms if arm not in running}
 
 
 def plot(rows: list[list[object]], path: Path) -> None:

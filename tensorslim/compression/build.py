@@ -28,8 +28,26 @@ from tensorslim.quant.qlinear import build_quant_layer
 from tensorslim.registry import set_submodule
 
 
+def balanced(weight_a: torch.Tensor, weight_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The factors of ``B A`` rescaled per rank component so that row ``i`` of ``A`` and column ``i`` of ``B`` have
+    the same norm; the product is unchanged.
+
+    The whitened truncation's ``A = √Σ_r V_rᵀ S⁻¹`` carries the inverse of the input scale (``S Sᵀ`` sums the inputs'
+    outer products over every calibration token): on MiniLM its columns come out 20–100× smaller than ``B``'s, so an
+    optimizer that steps every parameter by about its learning rate (AdamW, during healing) moves ``A`` by a large
+    share of its size and ``B`` by almost nothing. Balanced factors, as the plain SVD's ``U √Σ``, ``√Σ Vᵀ`` are,
+    give both factors the same relative step.
+    """
+    norm_a, norm_b = weight_a.norm(dim=1), weight_b.norm(dim=0)
+    both = (norm_a > 0) & (norm_b > 0)  # a component with a zero factor stays as it is
+    scale = torch.where(both, (norm_b / torch.where(both, norm_a, 1.0)).sqrt(), 1.0)
+    return weight_a * scale[:, None], weight_b / scale[None, :]
+
+
 def low_rank_layer(module: nn.Module, weight_a: torch.Tensor, weight_b: torch.Tensor) -> LowRankLinear:
-    """A :class:`LowRankLinear` ``x ↦ B A x + b`` with ``module``'s bias, device and dtype."""
+    """A :class:`LowRankLinear` ``x ↦ B A x + b`` with ``module``'s bias, device and dtype, its factors
+    :func:`balanced`."""
+    weight_a, weight_b = balanced(weight_a, weight_b)
     d_in, d_out = linear_shape(module)
     weight, bias = linear_weight(module)
     layer = LowRankLinear(

@@ -10,6 +10,7 @@ from torch import nn
 
 from tensorslim import Budget
 from tensorslim.compression import calibrate, compress
+from tensorslim.compression.build import balanced, low_rank_layer
 from tensorslim.compression.calibration import call_groups, first_inputs, paired_grams
 from tensorslim.compression.choose import Candidate, choose, layer_candidates
 from tensorslim.decomp.svd import aligned_target, whitened_truncation, whitening_factor
@@ -144,3 +145,17 @@ def test_choice_is_never_worse_than_the_best_uniform_one() -> None:
     )
     assert sum(o[i].params for o, i in zip(options, picks, strict=True)) <= 18
     assert error == pytest.approx(brute) == pytest.approx(1.35)
+
+
+def test_low_rank_layers_get_balanced_factors_with_the_same_product() -> None:
+    x_f, _, w = _inputs(seed=3)
+    x_f = x_f * torch.linspace(0.1, 30.0, x_f.shape[1], dtype=torch.float64)  # input scales far apart
+    a, b = whitened_truncation(w, whitening_factor(x_f.T @ x_f, damping=0.0), 4)
+    assert (b.norm(dim=0) / a.norm(dim=1)).min() > 10  # the whitened factors come out unbalanced
+    dense = nn.Linear(12, 7)
+    layer = low_rank_layer(dense, a.float(), b.float())
+    torch.testing.assert_close(layer.weight_b @ layer.weight_a, (b @ a).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight_a.norm(dim=1), layer.weight_b.norm(dim=0), rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(layer.bias, dense.bias)
+    zero_a, zero_b = balanced(torch.zeros(2, 5), torch.ones(3, 2))  # a zero component stays as it was
+    assert torch.equal(zero_a, torch.zeros(2, 5)) and torch.equal(zero_b, torch.ones(3, 2))
