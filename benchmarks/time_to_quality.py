@@ -2,7 +2,8 @@
 
 Every arm is one ``tensorslim train`` run with the defaults a user gets (the method's recipe: learning rate, warm-up,
 rank), on the same data (the built-in corpus and its held-out split), the same batches and the same number of tokens.
-``ARM@LR`` (e.g. ``cola@3e-3``) is the same arm at another peak learning rate; its run has its own folder. An arm's
+``ARM@LR`` (e.g. ``cola@3e-3``) is the same arm at another peak learning rate, and ``ARM:R`` (e.g. ``cola+head:256``) an
+arm that factors the vocabulary at rank R instead of ``--vocab-rank``; each has its own folder. An arm's
 folder under ``--runs`` is reused: a finished arm is read back, an interrupted one resumes from its last checkpoint
 (``tensorslim train --resume``), so the arms can run one at a time (``--arms dense``) and the report, which reads back
 every arm under ``--runs``, be written once all are there (``--report-only``). An arm stopped before its last step is
@@ -55,20 +56,26 @@ from tensorslim.methods.recipes import recipe_for  # noqa: E402
 @dataclass(frozen=True)
 class Arm:
     """One training run: a method, optionally with a factored LM head (``factor_vocab``) and token embedding
-    (``factor_embedding``), AdamW's moments in bf16 and a peak learning rate other than the recipe's (``lr``; None:
-    the recipe's)."""
+    (``factor_embedding``) at rank ``vocab_rank`` (None: ``--vocab-rank``), AdamW's moments in bf16 and a peak
+    learning rate other than the recipe's (``lr``; None: the recipe's)."""
 
     name: str
     method: str
     factor_vocab: bool = False
     factor_embedding: bool = False
     optimizer_state: str = "fp32"
+    vocab_rank: int | None = None
     lr: float | None = None
 
     @property
-    def step_kind(self) -> tuple[str, bool, bool, str]:
+    def step_kind(self) -> tuple[str, bool, bool, str, int | None]:
         """What its train step computes: arms that differ only in learning rate step alike."""
-        return self.method, self.factor_vocab, self.factor_embedding, self.optimizer_state
+        return self.method, self.factor_vocab, self.factor_embedding, self.optimizer_state, self.vocab_rank
+
+    @property
+    def base(self) -> str:
+        """The name in :data:`ARMS` it derives from."""
+        return self.name.partition("@")[0].partition(":")[0]
 
 
 ARMS = {
@@ -87,24 +94,37 @@ ARMS = {
 
 
 def parse_arm(spec: str) -> Arm:
-    """``NAME`` or ``NAME@LR`` (a peak learning rate > 0) as an :class:`Arm` named ``spec``; ValueError otherwise."""
-    name, at, lr_text = spec.partition("@")
+    """``NAME``, ``NAME:R`` (the rank of a factored vocabulary) and either with ``@LR`` (a peak learning rate > 0) as
+    an :class:`Arm` named ``spec``; ValueError otherwise."""
+    head, at, lr_text = spec.partition("@")
+    name, colon, rank_text = head.partition(":")
     if name not in ARMS:
-        raise ValueError(f"arm {spec!r} is unknown; allowed: one of {', '.join(ARMS)}, optionally @LR (e.g. cola@3e-3)")
+        raise ValueError(
+            f"arm {spec!r} is unknown; allowed: one of {', '.join(ARMS)}, optionally :R and @LR (e.g. cola@3e-3)"
+        )
+    arm = replace(ARMS[name], name=spec)
+    if colon:
+        if not arm.factor_vocab or not rank_text.isdigit() or int(rank_text) < 1:
+            raise ValueError(
+                f"arm {spec!r} has an invalid rank {rank_text!r}; allowed: an integer >= 1 after an arm that factors "
+                "the vocabulary (cola+head:256)"
+            )
+        arm = replace(arm, vocab_rank=int(rank_text))
     if not at:
-        return ARMS[name]
+        return arm
     try:
         lr = float(lr_text)
     except ValueError:
         lr = math.nan
     if not 0 < lr < math.inf:
         raise ValueError(f"arm {spec!r} has an invalid learning rate {lr_text!r}; allowed: a number > 0 (cola@3e-3)")
-    return replace(ARMS[name], name=spec, lr=lr)
+    return replace(arm, lr=lr)
 
 
 def reported_arms(runs: Path) -> list[Arm]:
-    """Every arm under ``runs`` with at least one evaluation (a folder named ``NAME`` or ``NAME@LR``, finished or
-    stopped), in the order of :data:`ARMS`, each method's recipe run first and then by falling learning rate."""
+    """Every arm under ``runs`` with at least one evaluation (a folder named as :func:`parse_arm` reads it, finished or
+    stopped), in the order of :data:`ARMS`, each method's recipe run first and then by falling learning rate, then by
+    rank."""
     found = []
     for run_dir in runs.iterdir() if runs.is_dir() else ():
         try:
@@ -114,7 +134,7 @@ def reported_arms(runs: Path) -> list[Arm]:
         if (run_dir / "metrics.jsonl").exists() and evaluations(run_dir, tokens_per_step=1):
             found.append(arm)
     order = list(ARMS)
-    return sorted(found, key=lambda arm: (order.index(arm.name.partition("@")[0]), -(arm.lr or math.inf)))
+    return sorted(found, key=lambda arm: (order.index(arm.base), -(arm.lr or math.inf), arm.vocab_rank or 0))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -133,8 +153,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--arms",
         default=",".join(ARMS),
-        help=f"comma-separated arms to run, each NAME or NAME@LR to override the recipe's peak learning rate "
-        f"(default: all of {', '.join(ARMS)})",
+        help=f"comma-separated arms to run, each NAME, NAME:R for an arm that factors the vocabulary at rank R, and "
+        f"either with @LR to override the recipe's peak learning rate (default: all of {', '.join(ARMS)})",
     )
     parser.add_argument("--runs", default=None, help="folder of the arms' runs (default: runs/ttq-<preset>)")
     parser.add_argument("--out", default="benchmarks/results", help="where the dated result files go")
@@ -160,8 +180,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def vocab_rank(args: argparse.Namespace) -> int:
-    return args.vocab_rank or recipe_for(args.preset).cola_rank or 64
+def vocab_rank(args: argparse.Namespace, arm: Arm) -> int:
+    """The rank of ``arm``'s factored vocabulary: its own, else ``--vocab-rank``, else the preset's CoLA rank."""
+    return arm.vocab_rank or args.vocab_rank or recipe_for(args.preset).cola_rank or 64
 
 
 def train_command(arm: Arm, args: argparse.Namespace, run_dir: Path, *, resume: bool) -> list[str]:
@@ -173,7 +194,7 @@ def train_command(arm: Arm, args: argparse.Namespace, run_dir: Path, *, resume: 
     if arm.lr is not None:
         command += ["--lr", repr(arm.lr)]
     if arm.factor_vocab:
-        command += ["--factor-vocab", str(vocab_rank(args))]
+        command += ["--factor-vocab", str(vocab_rank(args, arm))]
     if arm.factor_embedding:
         command += ["--factor-embedding"]
     if arm.optimizer_state != "fp32":
@@ -269,7 +290,7 @@ def step_seconds(arms: list[Arm], args: argparse.Namespace) -> dict[str, float]:
     stepped = {}
     for arm in arms:
         if arm.step_kind not in stepped:
-            rank = vocab_rank(args) if arm.factor_vocab else 0
+            rank = vocab_rank(args, arm) if arm.factor_vocab else 0
             model = Model(
                 args.preset,
                 arm.method,
@@ -299,7 +320,7 @@ def summarize(args: argparse.Namespace, runs: Path, infos: dict[str, dict[str, A
         points = evaluations(run_dir, tokens_per_step)
         arms[arm.name] = {
             "method": arm.method,
-            "factor_vocab": vocab_rank(args) if arm.factor_vocab else 0,
+            "factor_vocab": vocab_rank(args, arm) if arm.factor_vocab else 0,
             "factor_embedding": arm.factor_embedding,
             "optimizer_state": arm.optimizer_state,
             "peak_lr": peak_lr(run_dir),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from tensorslim.books import count_params, flops_per_token
 from tensorslim.checkpoint import latest_checkpoint, read_state
+from tensorslim.layers.lowrank import LossyConversionWarning
 from tensorslim.methods.registry import MethodContext, get_method
 from tensorslim.methods.vocab import factor_vocabulary_
 from tensorslim.options import resolve_options
@@ -82,9 +84,23 @@ def build_for_method(
     )
     reports = apply_method(model, method, context)
     if factor_vocab:
-        init = "svd" if context.pretrained else "random"
-        reports += factor_vocabulary_(model, factor_vocab, embedding=factor_embedding, init=init)
+        fresh = not preset.pretrained and base_state is None  # its weights are the dense random init
+        reports += _factor_vocabulary(model, factor_vocab, factor_embedding, device, fresh=fresh)
     return model, reports, context
+
+
+def _factor_vocabulary(
+    model: nn.Module, rank: int, embedding: bool, device: torch.device | str | None, *, fresh: bool
+) -> list:
+    """The vocabulary layers factored as the truncated SVD of their weights (on meta, where there are none, CoLA's
+    random init of the same shapes); on a fresh model that SVD is of the dense random init, so the warning about a
+    lossy conversion of trained weights does not apply."""
+    if torch.device(device or "cpu").type == "meta":
+        return factor_vocabulary_(model, rank, embedding=embedding, init="random")
+    with warnings.catch_warnings():
+        if fresh:
+            warnings.simplefilter("ignore", LossyConversionWarning)
+        return factor_vocabulary_(model, rank, embedding=embedding, init="svd")
 
 
 def build_run_model(

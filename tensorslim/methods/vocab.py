@@ -10,6 +10,12 @@ nothing, so factoring it (a ``V × r`` table lifted by an ``r → d`` projection
 :class:`~tensorslim.layers.lowrank_embedding.LowRankEmbedding`) saves parameters and optimizer state but no step
 time; it is therefore a separate choice (``embedding=True``). Both work with every training method, which converts
 the blocks only.
+
+Both layers start as the truncated SVD of the weights they replace (``init="svd"``): a trained model's, or, when
+training from scratch, the dense layer's own random init (its best rank-r approximation; ``A`` has orthogonal rows).
+CoLA's random init (``init="random"``, every entry of both factors alike), made for the blocks, gave a head that
+learned markedly slower (60m, rank 128, lr 2e-3: validation loss 6.48 at step 200 against 6.29 from the SVD of the
+dense init, on the same batches; CoLA with a dense head 6.02).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ def plan_vocabulary(model: nn.Module, rank: int, *, embedding: bool = False) -> 
 
 
 def factor_vocabulary_(
-    model: nn.Module, rank: int, *, embedding: bool = False, init: str = "random"
+    model: nn.Module, rank: int, *, embedding: bool = False, init: str = "svd"
 ) -> list[ConversionReport]:
     """Replace ``model.lm_head`` (and, with ``embedding``, ``model.embed_tokens``) by a rank-``rank``
     factorization, in place.
@@ -66,8 +72,8 @@ def factor_vocabulary_(
         model: a model with an ``nn.Linear`` ``lm_head`` (and an ``nn.Embedding`` ``embed_tokens``): our LLaMA.
         rank: r, at most the model width.
         embedding: also factor the token embedding at the same rank (fewer parameters, no faster step).
-        init: ``"random"`` for training from scratch (CoLA's init for the head, the dense scale for the table), or
-            ``"svd"`` to factorize trained weights (exact at full rank).
+        init: ``"svd"`` factorizes the layers' current weights, trained or freshly initialized (exact at full
+            rank); ``"random"`` draws CoLA's init for the head and the dense scale for the table.
 
     Returns:
         The conversion reports: the head's, then the embedding's if ``embedding``.

@@ -75,6 +75,14 @@ def test_arm_specs_name_an_arm_and_optionally_its_learning_rate(tmp_path: Path) 
     vocab = module.train_command(module.ARMS["cola+vocab"], args, tmp_path, resume=False)
     assert "--factor-embedding" not in head and vocab == [*head, "--factor-embedding"]
     assert head[head.index("--factor-vocab") + 1] == "8"
+    ranked = module.parse_arm("cola+head:16@2e-3")
+    assert (ranked.vocab_rank, ranked.lr, ranked.base) == (16, 2e-3, "cola+head")
+    assert ranked.step_kind != module.ARMS["cola+head"].step_kind
+    command = module.train_command(ranked, args, tmp_path, resume=False)
+    assert command[command.index("--factor-vocab") + 1] == "16"
+    for bad in ("cola:16", "cola+head:0", "cola+head:x", "cola+head:"):
+        with pytest.raises(ValueError, match="cola\\+head:256"):
+            module.parse_arm(bad)
     for bad in ("nope", "nope@1e-3", "cola@", "cola@x", "cola@0", "cola@-1e-3", "cola@inf", "cola@nan"):
         with pytest.raises(ValueError, match="cola@3e-3"):
             module.parse_arm(bad)

@@ -5,6 +5,7 @@ trip."""
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ def test_full_rank_factorization_equals_the_dense_model(embedding: bool) -> None
 
 def test_fused_factored_loss_gradients_equal_the_logits_path() -> None:
     model = _dense()
-    factor_vocabulary_(model, 5, embedding=True)
+    factor_vocabulary_(model, 5, embedding=True, init="random")
     ids = _ids()
     fused = torch.autograd.grad(lm_loss(model, ids), list(model.parameters()))
     plain = torch.autograd.grad(_reference_loss(model(ids), ids), list(model.parameters()))
@@ -85,7 +86,7 @@ def test_head_only_plan_and_books_leave_the_embedding_dense() -> None:
     assert [layer.name for layer in head_plan.layers] == ["lm_head"]
     assert head_plan.layers[0].params_after == rank * (d + vocab)
     embedding = model.embed_tokens
-    factor_vocabulary_(model, rank)
+    factor_vocabulary_(model, rank, init="random")
     assert model.embed_tokens is embedding
     assert dense_params.total - count_params(model).total == vocab * d - rank * (vocab + d)
     # Per token the head drops from 2·V·d to 2·r·(d + V); nothing else changes.
@@ -102,7 +103,7 @@ def test_plan_and_flops_books_with_the_embedding_are_exact() -> None:
     assert [layer.name for layer in table_plan.layers] == ["embed_tokens"]
     assert head_plan.layers[0].params_after == rank * (d + vocab)
     assert table_plan.layers[0].params_after == rank * (vocab + d)
-    factor_vocabulary_(model, rank, embedding=True)
+    factor_vocabulary_(model, rank, embedding=True, init="random")
     params = count_params(model)
     saved = 2 * vocab * d - 2 * rank * (vocab + d)
     assert dense_params.total - params.total == saved
@@ -128,6 +129,23 @@ def test_save_load_round_trip(tmp_path: Path, embedding: bool) -> None:
         torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
 
 
+def test_a_fresh_model_starts_from_the_truncated_svd_of_the_dense_init() -> None:
+    """Training from scratch, the factored head is the best rank-r approximation of the dense head it replaces (its
+    random init), not CoLA's much smaller random init, and no warning about lossy conversion is raised."""
+    sizes = {"vocab_size": 64, "max_seq_len": 16}
+    torch.manual_seed(4)
+    dense, _, _ = build_for_method("tiny", "cola", **sizes)
+    torch.manual_seed(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        factored, _, _ = build_for_method("tiny", "cola", factor_vocab=8, **sizes)
+    u, s, vh = torch.linalg.svd(dense.lm_head.weight.double(), full_matrices=False)
+    best = (u[:, :8] * s[:8]) @ vh[:8]  # Eckart–Young
+    product = factored.lm_head.weight_b.double() @ factored.lm_head.weight_a.double()
+    torch.testing.assert_close(product, best, rtol=1e-5, atol=1e-6)
+    assert torch.equal(factored.embed_tokens.weight, dense.embed_tokens.weight)  # the table stays as it was
+
+
 def test_refused_requests_change_nothing() -> None:
     model = _dense()
     before = {name: p.clone() for name, p in model.state_dict().items()}
@@ -139,7 +157,7 @@ def test_refused_requests_change_nothing() -> None:
         factor_vocabulary_(model, 4, embedding="yes")
     assert isinstance(model.lm_head, nn.Linear) and isinstance(model.embed_tokens, nn.Embedding)
     assert all(torch.equal(before[name], p) for name, p in model.state_dict().items())
-    factor_vocabulary_(model, 4)
+    factor_vocabulary_(model, 4, init="random")
     with pytest.raises(ValueError, match="already converted"):
         factor_vocabulary_(model, 4)
     with pytest.raises(ValueError, match="factor_vocab=-1 is invalid; allowed: an integer >= 0"):
