@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=float, default=0.5, help="budget: share of the linear layers' parameters")
     parser.add_argument("--calibration", type=int, default=128, help="BBC training articles to calibrate on")
     parser.add_argument("--heal-texts", type=int, default=0, help="BBC training articles to heal on (0: all)")
+    parser.add_argument(
+        "--heal-windows", type=int, default=1,
+        help="embedding arm: sequences of --seq-len tokens cut from each healing article (its first N consecutive "
+        "windows, in a fixed random order; 1: its first --seq-len tokens only)",
+    )  # fmt: skip
     parser.add_argument("--held-out", type=int, default=0, help="BBC validation articles to score on (0: all)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--block-steps", type=int, default=None, help="layer-by-layer steps (default: HealConfig's)")
@@ -67,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from tensorslim import Budget
     from tensorslim.compression import compress
     from tensorslim.compression.heal import HealConfig, heal
+    from tensorslim.compression.texts import window_batches
     from tensorslim.data import load_corpus
     from tensorslim.models.registry import build_model
     from tensorslim.tasks.base import model_tokenizer
@@ -87,10 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     train = list(corpus.train)  # sorted by topic: drawn in a fixed random order, as tensorslim compress does
     train = [train[i] for i in torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()]
     calibration = batches(train[: args.calibration])
-    heal_data = batches(train[: args.heal_texts or None])
+
+    heal_texts = train[: args.heal_texts or None]
+    if args.heal_windows == 1:
+        heal_data = batches(heal_texts)
+    else:
+        heal_data = window_batches(tokenizer, heal_texts, seq_len=args.seq_len, windows=args.heal_windows)
     held_out = batches(list(corpus.validation[: args.held_out or None]))
     rows: list[list[object]] = []
-    data: dict[str, object] = {"healing": healing.__dict__, "heal_texts": len(train[: args.heal_texts or None])}
+    data: dict[str, object] = {
+        "healing": healing.__dict__,
+        "heal_texts": len(heal_texts),
+        "heal_sequences": sum(len(b["input_ids"]) for b in heal_data),
+    }
     budget = Budget(params=args.params)
 
     def clock() -> tuple[float, float]:
@@ -114,13 +129,24 @@ def main(argv: list[str] | None = None) -> int:
     running = [arm for arm in ("embedding", "classifier") if arm in args.arms]
     kept = kept_arms(Path(args.out), running)  # the other arm's rows of an earlier run into the same file
 
+    def described(arm: str) -> str:
+        if arm == "classifier":
+            return f"healing on its training articles with {healing}"
+        per = f", up to {args.heal_windows} windows per article" if args.heal_windows > 1 else ""
+        return (
+            f"healing on {data['heal_sequences']} sequences of up to {args.seq_len} tokens from {data['heal_texts']} "
+            f"training articles{per}, with {healing}"
+        )
+
     def save() -> Path:
         columns = ["arm", "stage", "params", "quality", "metric", "wall s", "CPU s"]
         mine = [dict(zip(columns, row, strict=True)) for row in rows]
         now = {"command": command(), "date": machine()["date"], "load_average": machine()["load_average"]}
         arms = {
             **kept,
-            **{arm: {**now, "healing": str(healing), "rows": [r for r in mine if r["arm"] == arm]} for arm in running},
+            **{
+                arm: {**now, "healing": described(arm), "rows": [r for r in mine if r["arm"] == arm]} for arm in running
+            },
         }
         if "classifier" in running:
             arms["classifier"]["finetune_curve"] = data.get("finetune_curve", [])

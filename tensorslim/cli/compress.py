@@ -50,7 +50,7 @@ class CompressCommand:
     heal_steps: int | None = option(
         None, "healing end to end: distillation steps from the original model (default 0: none)"
     )
-    lr: float | None = option(None, "peak learning rate of the end-to-end healing (default 2e-4)")
+    lr: float | None = option(None, "peak learning rate of the end-to-end healing (default 3e-5)")
     batch_size: int | None = option(None, "texts per healing step (default 8)")
 
     @property

@@ -82,9 +82,16 @@ def test_lm_healing_on_the_trainer_lowers_the_kl_and_reports_perplexity() -> Non
     held_out = [torch.randint(0, 96, (4, 16), generator=gen)]
     with torch.no_grad():
         kl_before = logit_kl(student(held_out[0]), teacher(held_out[0])).item()
+    outside = {k: v.clone() for k, v in student.state_dict().items() if not k.startswith("layers.")}
+    student.norm.weight.requires_grad_(False)  # a flag the user set stays as it was
     metrics = distill(
         student, teacher, data, held_out=held_out, config=HealConfig(block_steps=0, steps=12, lr=3e-3, progress=False)
     )
+    # only the converted blocks learn: the embeddings, the final norm and the head stay the original's
+    assert outside and all(torch.equal(student.state_dict()[k], v) for k, v in outside.items())
+    assert [p.requires_grad for p in student.parameters()] == [
+        p is not student.norm.weight for p in student.parameters()
+    ]
     with torch.no_grad():
         logits = student(held_out[0])
         kl_after = logit_kl(logits, teacher(held_out[0])).item()
