@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import sys
 import time
@@ -62,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default=";".join(ARMS), help=f"a ';'-separated subset of: {'; '.join(ARMS)}")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", default=f"benchmarks/results/compress_llama_{date.today():%Y-%m-%d}")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="continue the result at --out (same run and settings): measure only its missing sizes",
+    )
     args = parser.parse_args(argv)
     arms = {arm.strip() for arm in args.arms.split(";")}
     if arms - set(ARMS):
@@ -128,11 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[list[object]] = []
     rows: list[tuple[str, str, float, float]] = []  # (size, arm, share, perplexity) for the plot and the summary
     notes: list[str] = []
+    earlier: list[str] = []  # the commands that measured the kept rows
+    stem = Path(args.out).with_suffix("") if Path(args.out).suffix in (".md", ".json") else Path(args.out)
+    if args.keep and stem.with_name(stem.name + ".json").exists():
+        record_ = json.loads(stem.with_name(stem.name + ".json").read_text())
+        earlier = [*record_["result"].get("earlier", []), record_["command"]]
+        lines = record_["result"]["rows"]
+        notes = [n for n in stem.with_name(stem.name + ".md").read_text().splitlines() if ": kept `" in n]
+        rows = [(r[0], r[1] + (" + healing" if r[3] else ""), float(r[2]), float(r[4])) for r in lines[1:]]
+        sizes = [(kind, value) for kind, value in sizes if f"{value:g} {kind}" not in {r[0] for r in lines}]
 
     def save() -> Path:
         body = [*intro, *table(columns, lines), *summary(rows), *notes]
         title = "A trained LLaMA run under post-training compression: held-out perplexity"
-        path = write(Path(args.out), title, body, data={"rows": lines})
+        data = {"rows": lines, "earlier": earlier}
+        path = write(stem, title, body, data=data, notes=[f"earlier rows: `{c}`" for c in earlier])
         plot(rows, path.with_suffix(".png"), dense_ppl)
         return path
 
@@ -158,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         heal(model, copy.deepcopy(original), heal_data, config=healing)
         record(size, arm, model, kind, args.block_steps, start)
 
-    dense_ppl = perplexity(original)
-    lines.append(["dense", "dense", "1.000", 0, f"{dense_ppl:.2f}", "-"])
-    print(lines[-1], flush=True)
+    if lines:
+        dense_ppl = float(lines[0][4])
+    else:
+        dense_ppl = perplexity(original)
+        lines.append(["dense", "dense", "1.000", 0, f"{dense_ppl:.2f}", "-"])
+    print(lines[0], flush=True)
     for kind, value in sizes:
         size = f"{value:g} {kind}"
         budget = Budget(**{kind: value})
