@@ -64,12 +64,17 @@ def outputs(model: nn.Module, batch: Batch) -> torch.Tensor:
     return logits.float().reshape(len(logits), -1)
 
 
+def cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise cosine of two ``(N, D)`` outputs, summed in float64: a causal LM's flattened logits have millions of
+    entries per example, over which float32 sums err by ~1e-4, more than a small swap changes the cosine."""
+    return F.cosine_similarity(a.double(), b.double(), dim=-1)
+
+
 @torch.no_grad()
 def agreement(model: nn.Module, reference: nn.Module, batches: Sequence[Batch]) -> float:
     """Mean cosine between ``model``'s and ``reference``'s per-example outputs on ``batches`` (for an encoder: the
     mean-pooled sentence embeddings)."""
-    cosines = [F.cosine_similarity(outputs(model, b), outputs(reference, b), dim=-1) for b in batches]
-    return torch.cat(cosines).mean().item()
+    return torch.cat([cosines(outputs(model, b), outputs(reference, b)) for b in batches]).mean().item()
 
 
 class EndToEnd:
@@ -87,14 +92,13 @@ class EndToEnd:
 
     @torch.no_grad()
     def loss(self) -> float:
-        """``1 −`` the mean cosine of the model's outputs now to the reference outputs (computed on one thread: many
-        small forward passes, where threads that spin-wait for each other on a busy machine cost up to 10×)."""
+        """``1 −`` the mean cosine of the model's outputs now to the reference outputs, at least 0 (computed on one
+        thread: many small forward passes, where threads that spin-wait for each other on a busy machine cost up to
+        10×)."""
         with one_thread():
-            cosines = [
-                F.cosine_similarity(outputs(self.model, b), ref, dim=-1)
-                for b, ref in zip(self.batches, self.reference, strict=True)
-            ]
-        return 1.0 - torch.cat(cosines).mean().item()
+            now = [cosines(outputs(self.model, b), ref) for b, ref in zip(self.batches, self.reference, strict=True)]
+        # Rounding can still leave 1 − cos a hair below 0; a negative error would rank the worst swap as the best.
+        return max(0.0, 1.0 - torch.cat(now).mean().item())
 
     def swapped_loss(self, module: nn.Module, new: nn.Module) -> float:
         """:meth:`loss` with ``module``'s output replaced by ``new``'s on the same input (one layer compressed)."""

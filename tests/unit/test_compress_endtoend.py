@@ -70,3 +70,26 @@ def test_compress_at_comq_bytes_is_no_worse_than_comq_4bit_end_to_end() -> None:
     assert report.plan_losses[report.plan] == pytest.approx(_loss(student, model, batches), rel=1e-4, abs=1e-7)
     assert _loss(student, model, batches) <= _loss(comq, model, batches) + 1e-7
     assert sum(c.nbytes for c in report.choices.values()) <= budget.bytes
+
+
+def test_loss_over_a_language_model_s_long_flattened_logits_is_never_negative() -> None:
+    """Two examples of 128 tokens × 32,000 logits: float32 sums over 4M entries err by ~1e-4, enough to make the
+    unswapped loss negative and to rank a worse swap below a better one."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 32_000)).eval()
+    batches = [torch.randint(0, 64, (2, 128))]
+    end_to_end = EndToEnd(model, batches)
+    assert end_to_end.loss() == pytest.approx(0.0, abs=1e-12) and end_to_end.loss() >= 0.0
+    head = model[1]
+    losses = []
+    for noise in (1e-3, 1e-2):
+        new = copy.deepcopy(head)
+        with torch.no_grad():
+            new.weight.add_(noise * torch.randn_like(new.weight))
+        with torch.no_grad():
+            a = model(batches[0]).double().reshape(2, -1)
+            b = new(model[0](batches[0])).double().reshape(2, -1)
+        expected = 1.0 - ((a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).mean().item()
+        losses.append(end_to_end.swapped_loss(head, new))
+        assert losses[-1] == pytest.approx(expected, rel=1e-6)
+    assert 0.0 < losses[0] < losses[1]
