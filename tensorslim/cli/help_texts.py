@@ -654,7 +654,7 @@ options:
   --block-lr FLOAT             peak learning rate of the layer-by-layer healing (default 1e-3)
   --heal-steps INT             healing end to end: distillation steps from the original model
                                (default 0: none)
-  --lr FLOAT                   peak learning rate of the end-to-end healing (default 2e-4)
+  --lr FLOAT                   peak learning rate of the end-to-end healing (default 3e-5)
   --batch-size INT             texts per healing step (default 8)""",
     ),
 }
