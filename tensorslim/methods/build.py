@@ -13,7 +13,7 @@ from tensorslim.books import count_params, flops_per_token
 from tensorslim.checkpoint import latest_checkpoint, read_state
 from tensorslim.layers.lowrank import LossyConversionWarning
 from tensorslim.methods.registry import MethodContext, get_method
-from tensorslim.methods.vocab import factor_vocabulary_
+from tensorslim.methods.vocab import check_vocabulary_choice, factor_vocabulary_
 from tensorslim.options import resolve_options
 from tensorslim.pretrained import MANIFEST, load_pretrained, read_manifest, read_weights, register_base
 
@@ -58,8 +58,7 @@ def build_for_method(
     """
     from tensorslim.models.registry import build_model, get_model, resolve_task
 
-    if factor_embedding and not factor_vocab:
-        raise ValueError("factor_embedding=True needs factor_vocab > 0 (the rank it shares with the head)")
+    check_vocabulary_choice(factor_vocab, factor_embedding)
     preset = get_model(model_name)
     task = resolve_task(model_name, task)
     options = method_options(method, options)

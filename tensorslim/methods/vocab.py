@@ -56,6 +56,12 @@ def _conversions(model: nn.Module, rank: int, *, embedding: bool, init: str) -> 
     return conversions
 
 
+def check_vocabulary_choice(rank: int, embedding: bool) -> None:
+    """A one-line ``ValueError`` when the token embedding is to be factored without a head rank to share."""
+    if embedding and not rank:
+        raise ValueError("factor_embedding=True needs factor_vocab > 0 (the rank it shares with the head)")
+
+
 def plan_vocabulary(model: nn.Module, rank: int, *, embedding: bool = False) -> list[ConversionReport]:
     """The reports of :func:`factor_vocabulary_` (parameters before and after), with nothing changed."""
     conversions = _conversions(model, rank, embedding=embedding, init="random")

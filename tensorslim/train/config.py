@@ -13,6 +13,7 @@ from tensorslim.distributed.layout import ParallelSetup
 from tensorslim.distributed.parallelize import OVERLAPS, STYLES
 from tensorslim.methods import get_method, method_options
 from tensorslim.methods.recipes import recipe_for
+from tensorslim.methods.vocab import check_vocabulary_choice
 from tensorslim.models.registry import MODELS, get_model, resolve_task
 from tensorslim.options import option, resolve_options
 from tensorslim.tasks import get_task
@@ -151,8 +152,7 @@ class TrainConfig:
         if self.vocab_size is not None:
             require_int("vocab_size", self.vocab_size)
         require_int("factor_vocab", self.factor_vocab, minimum=0)
-        if self.factor_embedding and not self.factor_vocab:
-            raise ValueError("factor_embedding=True needs factor_vocab > 0 (the rank it shares with the head)")
+        check_vocabulary_choice(self.factor_vocab, self.factor_embedding)
         require_int("tp", self.tp)
         require_int("seed", self.seed, minimum=0)  # numpy's generators (segment, reading tasks) take no negatives
         if self.seed > MAX_SEED:
