@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="continue the result at --out (same run and settings): measure only its missing sizes",
+        help="continue the result at --out (same run and settings): measure only its missing rows",
     )
     args = parser.parse_args(argv)
     arms = {arm.strip() for arm in args.arms.split(";")}
@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = record_["result"]["rows"]
         notes = [n for n in stem.with_name(stem.name + ".md").read_text().splitlines() if ": kept `" in n]
         rows = [(r[0], r[1] + (" + healing" if r[3] else ""), float(r[2]), float(r[4])) for r in lines[1:]]
-        sizes = [(kind, value) for kind, value in sizes if f"{value:g} {kind}" not in {r[0] for r in lines}]
+
+    def kept(size: str, arm: str, steps: int) -> float | None:
+        """The perplexity of a row the result already holds (``--keep``), else None."""
+        return next((float(r[4]) for r in lines[1:] if (r[0], r[1], int(r[3])) == (size, arm, steps)), None)
 
     def save() -> Path:
         body = [*intro, *table(columns, lines), *summary(rows), *notes]
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     def healed(size: str, arm: str, model: torch.nn.Module, kind: str) -> None:
         # what compress(healing=…) does after building its choice, but with quantized layers already quantized (their
         # codes stay fixed; compress would heal them as floats and quantize after): one compress per size, not two
+        if kept(size, arm, args.block_steps) is not None:
+            return
         start = time.time()
         model = copy.deepcopy(model)
         heal(model, copy.deepcopy(original), heal_data, config=healing)
@@ -180,22 +185,31 @@ def main(argv: list[str] | None = None) -> int:
         dense_ppl = perplexity(original)
         lines.append(["dense", "dense", "1.000", 0, f"{dense_ppl:.2f}", "-"])
     print(lines[0], flush=True)
+    healing_on = bool(args.block_steps or args.steps)
     for kind, value in sizes:
         size = f"{value:g} {kind}"
         budget = Budget(**{kind: value})
-        singles: dict[str, tuple[float, torch.nn.Module]] = {}
+        # a kept row is not measured again; its model is rebuilt only where healing still needs it
+        singles: dict[str, tuple[float, torch.nn.Module | None]] = {}
         if kind == "params":
-            for arm in [a for a in ("SVD", "SVD, whitened") if a in arms]:
+            structured = [a for a in ("SVD", "SVD, whitened", "Kronecker (per layer)") if a in arms]
+            measured = {arm: ppl for arm in structured if (ppl := kept(size, arm, 0)) is not None}
+            best_kept = min(measured, key=measured.__getitem__) if measured else None
+            for arm in structured:
+                if (ppl := measured.get(arm)) is not None and not (healing_on and arm == best_kept):
+                    singles[arm] = (ppl, None)
+                    continue
                 start = time.time()
-                model = copy.deepcopy(original)
-                # a calibration is keyed by the layers of the model it ran on: this copy's
-                calibration = calibrate(model, cal, progress=False) if arm != "SVD" else None
-                convert_(model, SVDConfig(budget=budget, calibration=calibration))
-                singles[arm] = (record(size, arm, model, kind, 0, start), model)
-            if "Kronecker (per layer)" in arms:
-                start = time.time()
-                model, _ = compress(original, budget, cal, families=("kron",), allocation="per-layer", progress=False)
-                singles["Kronecker (per layer)"] = (record(size, "Kronecker (per layer)", model, kind, 0, start), model)
+                if arm == "Kronecker (per layer)":
+                    model, _ = compress(
+                        original, budget, cal, families=("kron",), allocation="per-layer", progress=False
+                    )
+                else:
+                    model = copy.deepcopy(original)
+                    # a calibration is keyed by the layers of the model it ran on: this copy's
+                    calibration = calibrate(model, cal, progress=False) if arm != "SVD" else None
+                    convert_(model, SVDConfig(budget=budget, calibration=calibration))
+                singles[arm] = (ppl if ppl is not None else record(size, arm, model, kind, 0, start), model)
         else:
             for arm, config in (("RTN 4-bit", RTNConfig(bits=4)), ("COMQ 4-bit", COMQConfig(bits=4))):
                 if arm not in arms:
@@ -203,25 +217,33 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.time()
                 model = copy.deepcopy(original)
                 quantize_(model, config, cal)
-                record(size, arm, model, kind, 0, start)
-                if arm == "COMQ 4-bit" and "compress (COMQ's bytes)" in arms:
-                    share = linear_share(model, kind)
+                if kept(size, arm, 0) is None:
+                    record(size, arm, model, kind, 0, start)
+                share = linear_share(model, kind)
+                at_comq = f"{share:.3f} {kind}"
+                if (
+                    arm == "COMQ 4-bit"
+                    and "compress (COMQ's bytes)" in arms
+                    and kept(at_comq, "compress (COMQ's bytes)", 0) is None
+                ):
                     start = time.time()
                     # as a count: 4 bits everywhere fits it exactly
                     model, report = compress(original, Budget(bytes=round(share * dense_bytes)), cal, progress=False)
-                    note(f"{share:.3f} {kind}", "compress (COMQ's bytes)", report)
-                    record(f"{share:.3f} {kind}", "compress (COMQ's bytes)", model, kind, 0, start)
-        if "compress" in arms:
+                    note(at_comq, "compress (COMQ's bytes)", report)
+                    record(at_comq, "compress (COMQ's bytes)", model, kind, 0, start)
+        model = None
+        if "compress" in arms and (kept(size, "compress", 0) is None or healing_on):
             start = time.time()
             model, report = compress(original, budget, cal, progress=False)
-            note(size, "compress", report)
-            record(size, "compress", model, kind, 0, start)
+            if kept(size, "compress", 0) is None:
+                note(size, "compress", report)
+                record(size, "compress", model, kind, 0, start)
             print(report.table(), flush=True)
-        if args.block_steps or args.steps:
+        if healing_on:
             if singles:
                 best = min(singles, key=lambda arm: singles[arm][0])
                 healed(size, best, singles[best][1], kind)
-            if "compress" in arms:
+            if model is not None:
                 healed(size, "compress", model, kind)
     print(f"wrote {save()}")
     return 0
