@@ -12,9 +12,9 @@ each parameter budget. Sizes are shares of the dense linear layers inside the bl
 Writes ``benchmarks/results/compress_llama_<date>.md/.json/.png``; the table is rewritten as each row finishes, so a
 stopped run keeps what it measured.
 
-    python -m tensorslim train --preset 60m --method dense --steps 1000 --batch-size 4 --seq-len 256 \
+    python -m tensorslim train --preset 60m --method dense --steps 1000 --batch-size 4 --seq-len 256 --lr 2e-3 \
         --out-dir /tmp/60m-dense
-    OMP_NUM_THREADS=1 python benchmarks/compress_llama.py --run /tmp/60m-dense
+    OMP_NUM_THREADS=1 python benchmarks/compress_llama.py --run /tmp/60m-dense --held-out 64 --block-steps 0
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def note(size: str, arm: str, report: CompressReport) -> None:
         if report.plan_losses:
-            losses = ", ".join(f"{plan} {loss:.4f}" for plan, loss in report.plan_losses.items())
+            # three significant digits: on a trained LM the low-rank plans differ in the 6th decimal
+            losses = ", ".join(f"{plan} {loss:.3g}" for plan, loss in report.plan_losses.items())
             notes.append(f"- {size}, {arm}: kept `{report.plan}`; calibration loss (1 − logits cosine): {losses}")
 
     def record(size: str, arm: str, model: torch.nn.Module, kind: str, steps: int, start: float) -> float:
