@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary(rows: list[tuple[str, str, float, float]]) -> list[str]:
     """Per size, whether ``compress`` has a lower perplexity than every single family (before healing, and after
-    healing against the healed single family)."""
+    healing against the healed single family), and ``compress`` at COMQ's bytes against COMQ 4-bit."""
     out = []
     for size in dict.fromkeys(r[0] for r in rows):
         here = [r for r in rows if r[0] == size]
@@ -261,12 +261,22 @@ def summary(rows: list[tuple[str, str, float, float]]) -> list[str]:
             others = [r for r in here if not r[1].startswith("compress") and r[1].endswith(" + healing") == healed]
             if mine and others:
                 best = min(others, key=lambda r: r[3])
-                verdict = "lower" if mine[0] < best[3] else "not lower"
                 out.append(
-                    f"- {size}{', healed' if healed else ''}: compress {mine[0]:.2f} is {verdict} than the best "
-                    f"single family ({best[1]}, {best[3]:.2f})"
+                    f"- {size}{', healed' if healed else ''}: compress {mine[0]:.2f} is {_verdict(mine[0], best[3])} "
+                    f"the best single family ({best[1]}, {best[3]:.2f})"
                 )
+    for size, arm, share, ppl in rows:
+        comq = [r for r in rows if r[1] == "COMQ 4-bit" and abs(r[2] - share) < 5e-4]
+        if arm == "compress (COMQ's bytes)" and comq:
+            out.append(f"- {size}: compress {ppl:.2f} is {_verdict(ppl, comq[0][3])} COMQ 4-bit ({comq[0][3]:.2f})")
     return [*out, ""] if out else []
+
+
+def _verdict(mine: float, best: float) -> str:
+    """How ``mine`` compares with ``best`` at the two decimals the table shows (a kept row has no more)."""
+    if round(mine, 2) == round(best, 2):
+        return "equal (to two decimals) to"
+    return "lower than" if mine < best else "higher than"
 
 
 def plot(rows: list[tuple[str, str, float, float]], path: Path, dense: float) -> None:
