@@ -287,13 +287,19 @@ def plot(rows: list[tuple[str, str, float, float]], path: Path, dense: float) ->
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    # an arm that fails (here Kronecker alone, up to 40x dense) would flatten the others into one line: the axis spans
+    # the points within 10 % of dense, and the legend gives the worst perplexity of an arm that leaves it
+    shown = [ppl for *_, ppl in rows if ppl <= 1.1 * dense] + [dense]
+    top = max(shown) + 0.1 * (max(shown) - min(shown) + 1e-3)
     for arm in dict.fromkeys(row[1] for row in rows):
         points = sorted((share, ppl) for _, a, share, ppl in rows if a == arm)
-        ax.plot(*zip(*points, strict=True), marker="o", linestyle="--" if "healing" in arm else "-", label=arm)
+        worst = max(ppl for _, ppl in points)
+        label = arm if worst <= top else f"{arm} (up to {worst:,.0f}, off the axis)"
+        ax.plot(*zip(*points, strict=True), marker="o", linestyle="--" if "healing" in arm else "-", label=label)
     ax.axhline(dense, color="gray", linestyle=":", label="dense")
+    ax.set_ylim(min(shown) - 0.1 * (top - min(shown)), top)
     ax.set_xlabel("share of the dense linear layers in the blocks (params; bytes for the 1/8 arms)")
     ax.set_ylabel("held-out perplexity")
-    ax.set_yscale("log")
     ax.set_title("trained LLaMA, post-training compression")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
