@@ -13,8 +13,8 @@ Writes ``benchmarks/results/compress_llama_<date>.md/.json/.png``; the table is 
 stopped run keeps what it measured.
 
     python -m tensorslim train --preset 60m --method dense --steps 1000 --batch-size 4 --seq-len 256 --lr 2e-3 \
-        --out-dir /tmp/60m-dense
-    OMP_NUM_THREADS=1 python benchmarks/compress_llama.py --run /tmp/60m-dense --held-out 64 --block-steps 0
+        --out-dir runs/60m-dense
+    OMP_NUM_THREADS=1 python benchmarks/compress_llama.py --run runs/60m-dense --held-out 64 --block-steps 0
 """
 
 from __future__ import annotations
