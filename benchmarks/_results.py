@@ -100,13 +100,25 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return [*lines, ""]
 
 
+def result_stem(path: Path | str) -> Path:
+    """The stem of a result that ``path`` names: the ``.md`` file, the ``.json`` file or the stem itself."""
+    path = Path(path)
+    return path.with_suffix("") if path.suffix in (".md", ".json") else path
+
+
+def read(path: Path | str) -> dict[str, Any] | None:
+    """The JSON record (command, machine, result) that :func:`write` left for the result ``path`` names, or None."""
+    stem = result_stem(path)
+    record = stem.with_name(stem.name + ".json")
+    return json.loads(record.read_text()) if record.is_file() else None
+
+
 def write(path: Path, title: str, body: Sequence[str], *, data: Any = None, notes: Sequence[str] = ()) -> Path:
     """Write ``<path>.md`` (header + ``body``) and, when ``data`` is given, ``<path>.json`` with the machine record.
 
     ``path`` may name the ``.md`` file or its stem; its folder is made if missing. Returns the Markdown file.
     """
-    path = Path(path)
-    stem = path.with_suffix("") if path.suffix in (".md", ".json") else path
+    stem = result_stem(path)
     stem.parent.mkdir(parents=True, exist_ok=True)
     info = machine()
     markdown = stem.with_name(stem.name + ".md")

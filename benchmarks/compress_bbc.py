@@ -32,7 +32,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _results import command, machine, table, write  # noqa: E402
+from _results import command, machine, read, table, write  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,15 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def kept_arms(stem: Path, running: list[str]) -> dict[str, dict]:
-    """The arms of an earlier result at ``stem`` (``.json``) that this run does not measure: their command, date, load,
-    healing settings and rows, kept in the result file beside this run's arms."""
-    import json
-
-    path = stem.with_name(stem.name + ".json")
-    if not path.is_file():
+def kept_arms(path: Path, running: list[str]) -> dict[str, dict]:
+    """The arms of an earlier result at ``path`` that this run does not measure: their command, date, load, healing
+    settings and rows, kept in the result file beside this run's arms."""
+    record = read(path)
+    if record is None:
         return {}
-    record = json.loads(path.read_text())
     result = record["result"]
     arms = result.get("arms") or {  # a file of one run: its rows under its command
         arm: {

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import sys
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _results, when loaded by path
-from _results import table, write  # noqa: E402
+from _results import read, result_stem, table, write  # noqa: E402
 
 ARMS = (
     "SVD",
@@ -135,9 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str, float, float]] = []  # (size, arm, share, perplexity) for the plot and the summary
     notes: list[str] = []
     earlier: list[str] = []  # the commands that measured the kept rows
-    stem = Path(args.out).with_suffix("") if Path(args.out).suffix in (".md", ".json") else Path(args.out)
-    if args.keep and stem.with_name(stem.name + ".json").exists():
-        record_ = json.loads(stem.with_name(stem.name + ".json").read_text())
+    stem = result_stem(args.out)
+    if args.keep and (record_ := read(stem)) is not None:
         earlier = [*record_["result"].get("earlier", []), record_["command"]]
         lines = record_["result"]["rows"]
         notes = [n for n in stem.with_name(stem.name + ".md").read_text().splitlines() if ": kept `" in n]
